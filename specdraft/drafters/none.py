@@ -1,0 +1,28 @@
+"""The `none` drafter: proposes nothing, so every step is a plain one-token decode (the baseline)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from specdraft.drafters import register
+from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.sampling import SamplingParams
+
+
+class NoDrafter:
+    def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        pass
+
+    def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
+        return [EMPTY_DRAFT for _ in request_ids]
+
+    def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
+        pass
+
+    def end(self, request_id: str) -> None:
+        pass
+
+
+@register("none")
+def _create(**_: Any) -> NoDrafter:
+    return NoDrafter()
