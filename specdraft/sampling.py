@@ -37,3 +37,30 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def logits_to_probs(logits, temperature, top_k=None, top_p=None):
+    """Turn logits into the sampling distribution, row by row.
+
+    logits: [batch, T, vocab]; temperature: [batch] tensor (> 0 here); top_k, top_p: [batch]
+    tensors, or None when no row filters (decided on the host, so no device sync here).
+    Returns probabilities [batch, T, vocab]. The same function gives p (target) and q (drafter),
+    so both see identical filtering.
+    """
+    import torch
+
+    scaled = logits.float() / temperature[:, None, None]
+    if top_k is not None or top_p is not None:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        vocab = scaled.shape[-1]
+        ranks = torch.arange(vocab, device=scaled.device)
+        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if top_k is not None:
+            drop |= ranks >= torch.where(top_k > 0, top_k, vocab)[:, None, None]
+        if top_p is not None:
+            sorted_probs = sorted_logits.softmax(-1)
+            # Drop a token once the tokens ranked above it reach top_p (the top token always stays).
+            drop |= (sorted_probs.cumsum(-1) - sorted_probs) >= top_p[:, None, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
+    return scaled.softmax(-1)

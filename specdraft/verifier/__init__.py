@@ -1,0 +1,21 @@
+"""The shared batched verifier: one target forward pass checks the drafts of every active row.
+
+Terms, used the same way everywhere in specdraft:
+
+- **draft** `d1..dk`: tokens a drafter proposed after the row's last token; `q` is the distribution
+  they were drawn from (one-hot at `di` for deterministic drafters).
+- **accepted**: the leading draft tokens the target agrees with. Greedy: `di == argmax p_i`.
+  Sampling: `di` is accepted with probability `min(1, p_i(di) / q_i(di))`.
+- **rejected**: the first draft token that is not accepted; it and everything after it is dropped.
+- **recovered** token: emitted in place of a rejected one. Greedy: `argmax p_i`. Sampling: drawn from
+  `norm(max(0, p_i - q_i))`.
+- **bonus** token: emitted after a fully accepted draft (or an empty one), from `p_{k+1}`.
+
+Each step emits `accepted + 1` tokens per row: the accepted prefix and one recovered or bonus token.
+This makes greedy output identical to the target alone and sampled output distributed exactly as
+the target's (Leviathan et al. 2023, Theorem 1).
+"""
+
+from specdraft.verifier.verifier import StepResult, Verifier
+
+__all__ = ["StepResult", "Verifier"]
