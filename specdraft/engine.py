@@ -157,17 +157,24 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------
     def step(self) -> list[Delta]:
-        """Admit waiting requests (prefill), then one verify pass over all running rows."""
+        """Admit waiting requests (prefill), then one verify pass over all running rows.
+
+        A request admitted in this step also takes part in its verify pass, so it may get two deltas.
+        """
         deltas = []
         while self._waiting and len(self._running) < self.max_batch:
             deltas.append(self._admit(self._waiting.popleft()))
-        running = [r for r in self._running.values() if r.finish_reason is None and r.id not in {d.request_id for d in deltas}]
-        if running:
-            deltas.extend(self._decode(running))
+        self._retire_finished(deltas)
+        if self._running:
+            decoded = self._decode(list(self._running.values()))
+            self._retire_finished(decoded)
+            deltas.extend(decoded)
+        return deltas
+
+    def _retire_finished(self, deltas: list[Delta]) -> None:
         for delta in deltas:
             if delta.finish_reason is not None:
                 self._retire(self._running[delta.request_id])
-        return deltas
 
     def _admit(self, request: Request) -> Delta:
         self.drafter.begin(request.id, request.prompt_ids, request.params)
@@ -236,9 +243,11 @@ class Engine:
         ids = [self.submit(prompt, params) for prompt, params in requests]
         while self.has_work:
             self.step()
-        return [self.completion(self._done.pop(i)) for i in ids]
+        return [self.collect(i) for i in ids]
 
-    def completion(self, request: Request) -> Completion:
+    def collect(self, request_id: str) -> Completion:
+        """The finished request's completion (each finished request is collected once)."""
+        request = self._done.pop(request_id)
         return Completion(
             request.id,
             request.detok.text,

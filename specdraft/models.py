@@ -76,14 +76,14 @@ def resolve(spec: str | None) -> tuple[str, Path | str]:
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise ModelNotFoundError(f"model file not found: {path}")
+            raise ModelNotFoundError(f"model file not found: {spec}")
         return path.name, path
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} is a directory but has no config.json (not a Hugging Face model)")
         return path.name, path
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise ModelNotFoundError(f"model path not found: {path}")
+        raise ModelNotFoundError(f"model path not found: {spec}")
     return spec, spec  # a hub id, looked up in the local Hugging Face cache
 
 
@@ -135,21 +135,39 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-def load_model(spec: str | None = None, device: torch.device | str | None = None, dtype: str = "auto") -> LoadedModel:
+def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
+    return tokenizer, model
+
+
+def load_model(spec: str | None = None, device: torch.device | str | None = None, dtype: str = "auto") -> LoadedModel:
     device = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
     if isinstance(source, Path) and source.suffix == ".gguf":
         source = convert_gguf(source)
-    local_only = isinstance(source, Path) or _offline()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=local_only)
-    except OSError as exc:
-        where = "no hub download attempted (offline)" if local_only else "and the hub could not provide it"
-        raise ModelNotFoundError(f"model {spec!r} not found in the local Hugging Face cache; {where}: {exc}") from None
+        # Local files first: a model already on disk never touches the network.
+        tokenizer, model = _from_pretrained(source, torch_dtype, local_only=True)
+    except OSError:
+        if isinstance(source, Path) or _offline():
+            raise ModelNotFoundError(
+                f"model {spec!r} not found: not a local directory or .gguf file, not in the Hugging Face cache, "
+                "and no hub download attempted (offline: HF_HUB_OFFLINE=1)"
+            ) from None
+        try:
+            tokenizer, model = _from_pretrained(source, torch_dtype, local_only=False)
+        except OSError as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelNotFoundError(
+                f"model {spec!r} not found locally or in the Hugging Face cache, and the hub download failed: {first_line}"
+            ) from None
     model.to(device).eval()
     model.requires_grad_(False)
     eos = model.generation_config.eos_token_id

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the whole test suite, slow end-to-end tests included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+export TRANSFORMERS_VERBOSITY=error
+python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,117 @@
+"""`specdraft` command line: `generate` (one prompt), and the subcommands that grow with the project."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from specdraft.drafters import drafter_names
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        sys.stderr.write(f"specdraft: error: {message}\n")
+        sys.exit(2)
+
+
+def _positive(name: str):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {number}")
+        return number
+
+    return parse
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="HF id, local directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--drafter", default="ngram", choices=drafter_names(), help="how drafts are proposed (none = plain decoding)")
+    parser.add_argument("--draft-model", default=None, help="draft model for --drafter model/hybrid")
+    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, help="max draft length per step")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specdraft", description="Lossless speculative decoding with pluggable drafters.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate a completion for one prompt")
+    gen.add_argument("prompt", help="the prompt text ('-' reads stdin)")
+    add_model_options(gen)
+    gen.add_argument("--max-tokens", type=_positive("--max-tokens"), default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--no-chat", action="store_true", help="raw completion instead of the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and metrics")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from specdraft.engine import RequestError
+    from specdraft.runtime import build_runtime, encode_prompt
+    from specdraft.sampling import SamplingParams
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise RequestError("prompt is empty")
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, 1, args.device, args.dtype, args.draft_model)
+    engine = runtime.engine
+    prompt_ids = encode_prompt(runtime.target.tokenizer, prompt, chat=not args.no_chat)
+    request_id = engine.submit(prompt_ids, params)
+    while engine.has_work:
+        for delta in engine.step():
+            if not args.json:
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+    completion = engine.collect(request_id)
+    if args.json:
+        print(json.dumps(completion.to_dict()))
+    else:
+        m = completion.metrics
+        sys.stdout.write("\n")
+        print(
+            f"[{len(completion.token_ids)} tokens, {m['tokens_per_second']:.1f} tok/s, {m['steps']} steps, "
+            f"acceptance {m['acceptance_rate']:.2f}, finish {completion.finish_reason}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+COMMANDS = {"generate": _generate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from specdraft.engine import RequestError
+    from specdraft.models import ModelNotFoundError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (RequestError, ModelNotFoundError, ValueError) as exc:
+        print(f"specdraft: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Shared fixtures: a tiny random Llama built in-process, a toy tokenizer, scripted drafters,
+and the embedded SmolLM2 model for end-to-end checks."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.sampling import SamplingParams
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+TINY_VOCAB = 96
+
+
+class ToyTokenizer:
+    """Token i decodes to one printable character; enough for detokenization and stop strings."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def decode(self, ids: Sequence[int], **_) -> str:
+        return "".join(chr(32 + int(i) % 95) for i in ids)
+
+    def __call__(self, text: str):
+        class Out:
+            input_ids = [ord(c) - 32 for c in text]
+
+        return Out()
+
+
+def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    # Random init gives nearly flat logits; sharpen them so greedy continuations are varied, not ties.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return make_tiny_model()
+
+
+def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """Reference: Hugging Face generate, greedy, on the prompt alone."""
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([list(prompt_ids)]),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=0,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+class ScriptedDrafter:
+    """Drafts from a function of the request's context: `script(context, max_len) -> tokens`."""
+
+    def __init__(self, script: Callable[[list[int], int], Sequence[int]]) -> None:
+        self.script = script
+        self.contexts: dict[str, list[int]] = {}
+        self.ended: list[str] = []
+
+    def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self.contexts[request_id] = list(prompt_ids)
+
+    def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
+        drafts = []
+        for request_id, limit in zip(request_ids, max_lengths):
+            tokens = list(self.script(self.contexts[request_id], limit))[:limit]
+            drafts.append(Draft(np.asarray(tokens, dtype=np.int32)) if tokens else EMPTY_DRAFT)
+        return drafts
+
+    def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
+        self.contexts[request_id].extend(token_ids)
+
+    def end(self, request_id: str) -> None:
+        self.ended.append(request_id)
+        del self.contexts[request_id]
+
+
+def oracle_script(references: dict[tuple, list[int]], corrupt: Callable[[int, int], bool]):
+    """Drafts the true greedy continuation, corrupting position i of step s when corrupt(s, i).
+
+    references maps a prompt (tuple) to its plain greedy continuation.
+    """
+    steps = {"n": 0}
+
+    def script(context: list[int], limit: int) -> list[int]:
+        for prompt, continuation in references.items():
+            if tuple(context[: len(prompt)]) == prompt:
+                done = len(context) - len(prompt)
+                truth = continuation[done : done + limit]
+                break
+        else:
+            return []
+        steps["n"] += 1
+        return [(t + 1) % TINY_VOCAB if corrupt(steps["n"], i) else t for i, t in enumerate(truth)]
+
+    return script
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct, fp32 on CPU (converted once into the cache dir)."""
+    from specdraft.models import load_model
+
+    return load_model(None, device="cpu", dtype="float32")

@@ -1,0 +1,178 @@
+"""Engine + verifier on a tiny random Llama: greedy speculative output equals plain greedy output
+for any draft, in any batch; rollback restores plain-decoding state; stop rules."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specdraft.drafters import create_drafter
+from specdraft.engine import Engine, RequestError
+from specdraft.sampling import SamplingParams
+from specdraft.verifier import Verifier
+from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy, oracle_script
+
+PROMPTS = [
+    [5, 17, 42, 9, 9, 13],
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17],
+    [60],
+    [33, 34, 35, 33, 34, 35, 33, 34],
+]
+
+
+def make_engine(model, drafter, k=4, max_batch=8, max_context=256, eos=()):
+    return Engine(Verifier(model), drafter, ToyTokenizer(), eos, max_context, k=k, max_batch=max_batch)
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model):
+    return {tuple(p): hf_greedy(tiny_model, p, 40) for p in PROMPTS}
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 4, 7])
+@pytest.mark.parametrize("corrupt_every", [0, 1, 2, 3])
+def test_greedy_equals_plain_for_any_draft(tiny_model, references, k, corrupt_every):
+    """Drafts of every length 0..k, with mismatches at every position (corrupt_every=1: all wrong)."""
+    rng = random.Random(k * 10 + corrupt_every)
+    corrupt = (lambda s, i: False) if corrupt_every == 0 else (lambda s, i: rng.randrange(corrupt_every) == 0)
+    engine = make_engine(tiny_model, ScriptedDrafter(oracle_script(references, corrupt)), k=k)
+    for prompt in PROMPTS:
+        [done] = engine.run([(prompt, SamplingParams(max_tokens=40))])
+        assert done.token_ids == references[tuple(prompt)]
+        assert done.finish_reason == "length"
+
+
+def test_perfect_drafts_take_k_plus_one_tokens_per_step(tiny_model, references):
+    engine = make_engine(tiny_model, ScriptedDrafter(oracle_script(references, lambda s, i: False)), k=4)
+    [done] = engine.run([(PROMPTS[1], SamplingParams(max_tokens=40))])
+    # 1 token from prefill, then 39 tokens in steps of 5 (the last step is capped by the budget).
+    assert done.metrics["steps"] == 8
+    assert done.metrics["acceptance_rate"] == 1.0
+
+
+def test_batch_of_mixed_prompts_matches_each_alone(tiny_model, references):
+    """Rows of different lengths and drafts, finishing at different steps, joining mid-flight."""
+    lengths = [40, 7, 23, 1, 31, 12]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(lengths))]
+    rng = random.Random(0)
+    drafter = ScriptedDrafter(oracle_script(references, lambda s, i: rng.random() < 0.3))
+    engine = make_engine(tiny_model, drafter, k=5, max_batch=3)  # more requests than rows: continuous batching
+    done = engine.run([(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, lengths)])
+    for prompt, n, completion in zip(prompts, lengths, done):
+        assert completion.token_ids == references[tuple(prompt)][:n]
+    assert len(drafter.ended) == len(lengths) and not drafter.contexts
+    assert engine.verifier.row_ids == []
+
+
+def test_rollback_restores_plain_decoding_state(tiny_model, references):
+    """After rejected drafts, the cache holds exactly the keys/values plain decoding would hold."""
+    prompt = PROMPTS[1]
+    truth = references[tuple(prompt)]
+    verifier = Verifier(tiny_model)
+    first = verifier.add("r", prompt, SamplingParams())
+    assert first == truth[0]
+    # Draft 4 tokens: 2 right, then wrong ones; the verifier must keep prompt + first + 2 accepted.
+    from specdraft.drafters.base import Draft
+    import numpy as np
+
+    wrong = [(t + 1) % TINY_VOCAB for t in truth[3:5]]
+    result = verifier.step({"r": first}, {"r": Draft(np.array(truth[1:3] + wrong, dtype=np.int32))})
+    assert result["r"].tokens == truth[:4][1:] and result["r"].accepted == 2
+    length = verifier.length("r")
+    assert length == len(prompt) + 3
+
+    plain = DynamicCache(config=tiny_model.config)
+    with torch.inference_mode():
+        tiny_model(torch.tensor([prompt + truth[:3]]), past_key_values=plain, use_cache=True)
+    for layer in range(tiny_model.config.num_hidden_layers):
+        ours_k = verifier.cache._keys[layer][0, :, :length]
+        ours_v = verifier.cache._values[layer][0, :, :length]
+        torch.testing.assert_close(ours_k, plain.layers[layer].keys[0], rtol=0, atol=1e-10)
+        torch.testing.assert_close(ours_v, plain.layers[layer].values[0], rtol=0, atol=1e-10)
+    # And decoding goes on exactly as plain decoding.
+    result = verifier.step({"r": truth[3]}, {})
+    assert result["r"].tokens == [truth[4]]
+
+
+def test_eos_inside_accepted_draft_stops_at_eos(tiny_model, references):
+    prompt = PROMPTS[0]
+    truth = references[tuple(prompt)]
+    eos = truth[6]
+    stop_at = truth.index(eos)
+    engine = make_engine(tiny_model, ScriptedDrafter(oracle_script(references, lambda s, i: False)), k=7, eos=(eos,))
+    [done] = engine.run([(prompt, SamplingParams(max_tokens=40))])
+    assert done.token_ids == truth[: stop_at + 1]
+    assert done.finish_reason == "stop"
+    assert done.token_ids == hf_greedy(tiny_model, prompt, 40, eos_token_id=eos)
+
+
+def test_ignore_eos_keeps_going(tiny_model, references):
+    prompt = PROMPTS[0]
+    truth = references[tuple(prompt)]
+    engine = make_engine(tiny_model, create_drafter("none"), eos=(truth[2],))
+    [done] = engine.run([(prompt, SamplingParams(max_tokens=10, ignore_eos=True))])
+    assert done.token_ids == truth[:10]
+
+
+def test_context_limit_is_never_exceeded(tiny_model, references):
+    prompt = PROMPTS[1]  # 17 tokens
+    engine = make_engine(tiny_model, ScriptedDrafter(oracle_script(references, lambda s, i: False)), k=7, max_context=30)
+    [done] = engine.run([(prompt, SamplingParams(max_tokens=100))])
+    assert len(prompt) + len(done.token_ids) == 30
+    assert done.token_ids == references[tuple(prompt)][:13]
+    assert done.finish_reason == "length"
+
+
+def test_prompt_that_fills_the_context_is_rejected(tiny_model):
+    engine = make_engine(tiny_model, create_drafter("none"), max_context=8)
+    with pytest.raises(RequestError, match="prompt has 8 tokens; the model's context is 8"):
+        engine.submit(list(range(8)), SamplingParams())
+    with pytest.raises(RequestError, match="prompt is empty"):
+        engine.submit([], SamplingParams())
+
+
+def test_stop_string_truncates_text(tiny_model, references):
+    prompt = PROMPTS[2]
+    truth = references[tuple(prompt)]
+    text = ToyTokenizer().decode(truth)
+    stop = text[5:7]
+    first = text.find(stop)
+    engine = make_engine(tiny_model, create_drafter("ngram", k=4))
+    [done] = engine.run([(prompt, SamplingParams(max_tokens=40, stop=(stop,)))])
+    assert done.finish_reason == "stop"
+    assert done.text == text[:first]
+    assert done.token_ids == truth[: len(done.token_ids)]
+
+
+def test_max_tokens_one_stops_after_prefill(tiny_model, references):
+    engine = make_engine(tiny_model, create_drafter("ngram", k=4))
+    [done] = engine.run([(PROMPTS[0], SamplingParams(max_tokens=1))])
+    assert done.token_ids == references[tuple(PROMPTS[0])][:1]
+    assert done.metrics["steps"] == 0
+
+
+def test_seed_reproduces_sampled_output(tiny_model):
+    def sample(seed, drafter="ngram"):
+        engine = make_engine(tiny_model, create_drafter(drafter, k=4))
+        [done] = engine.run([(PROMPTS[3], SamplingParams(max_tokens=30, temperature=1.0, top_p=0.9, seed=seed))])
+        return done.token_ids
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+def test_greedy_and_sampled_rows_share_a_batch(tiny_model, references):
+    engine = make_engine(tiny_model, create_drafter("ngram", k=4))
+    done = engine.run(
+        [
+            (PROMPTS[0], SamplingParams(max_tokens=30)),
+            (PROMPTS[3], SamplingParams(max_tokens=30, temperature=0.8, top_k=20, seed=1)),
+            (PROMPTS[1], SamplingParams(max_tokens=30)),
+        ]
+    )
+    assert done[0].token_ids == references[tuple(PROMPTS[0])][:30]
+    assert done[2].token_ids == references[tuple(PROMPTS[1])][:30]
+    assert len(done[1].token_ids) == 30
