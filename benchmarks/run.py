@@ -1,0 +1,168 @@
+"""Per-domain benchmark: specdraft's drafters against Hugging Face's decoding on the same prompts.
+
+For every domain (code, JSON, prose) and prompt, greedy with a fixed token budget, in one run:
+specdraft with every registered drafter, Hugging Face `generate` (plain), its prompt lookup (at its
+default of 10 tokens and at our k), and its assisted generation when a draft model is given.
+Methods run interleaved prompt by prompt, so slow drift of the machine hits all of them alike.
+
+    python -m benchmarks.run [--prompts 12] [--max-tokens 128] [--k 5] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from benchmarks import peers
+from benchmarks.datasets import DOMAINS, load_domain
+from benchmarks.report import write_report
+from specdraft.drafters import create_drafter, drafter_names
+from specdraft.engine import Engine
+from specdraft.models import load_model
+from specdraft.runtime import encode_prompt
+from specdraft.sampling import SamplingParams
+from specdraft.verifier import Verifier
+
+RESULTS = Path(__file__).parent / "results"
+HF_PROMPT_LOOKUP_DEFAULT = 10
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU only, {torch.get_num_threads()} threads"
+    return f"{cpu}; {os.cpu_count()} cores; {device}"
+
+
+def near_tie(model, prompt_ids: list[int], reference: list[int], ours: list[int]) -> dict | None:
+    """First index where `ours` leaves the reference, and the target's top-2 logit margin there."""
+    index = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), None)
+    if index is None:
+        if len(ours) == len(reference):
+            return None
+        index = min(len(ours), len(reference))
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids + reference[:index]], device=model.device)).logits[0, -1]
+    top = logits.float().topk(2).values
+    return {"index": index, "margin": float(top[0] - top[1])}
+
+
+def specdraft_methods(loaded, k: int, draft_model: str | None) -> dict:
+    engines = {}
+    for name in drafter_names():
+        try:
+            drafter = create_drafter(name, k=k, vocab_size=loaded.model.get_output_embeddings().weight.shape[0],
+                                     device=loaded.model.device, draft_model=draft_model, target=loaded)
+        except (ValueError, OSError) as exc:  # e.g. a model drafter with no draft model given
+            print(f"skipping drafter {name!r}: {exc}")
+            continue
+        engines[f"specdraft-{name}"] = Engine(Verifier(loaded.model), drafter, loaded.tokenizer,
+                                              loaded.eos_token_ids, loaded.max_context, k=k, max_batch=1)
+    return engines
+
+
+def run_specdraft(engine: Engine, prompt_ids: list[int], max_tokens: int) -> dict:
+    start = time.perf_counter()
+    [done] = engine.run([(prompt_ids, SamplingParams(max_tokens=max_tokens))])
+    seconds = time.perf_counter() - start
+    m = done.metrics
+    return {
+        "token_ids": done.token_ids, "tokens": len(done.token_ids), "seconds": seconds,
+        "tokens_per_second": len(done.token_ids) / seconds, "steps": m["steps"],
+        "draft_tokens": m["draft_tokens"], "accepted_tokens": m["accepted_tokens"],
+        "accepted_per_step": m["accepted_per_step"], "per_position_acceptance": m["per_position_acceptance"],
+        "draft_seconds": m["draft_seconds"],
+    }
+
+
+def run_hf(fn, *args, **kwargs) -> dict:
+    result = fn(*args, **kwargs)
+    return {"token_ids": list(result.token_ids), "tokens": len(result.token_ids), "seconds": result.seconds,
+            "tokens_per_second": result.tokens_per_second}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Per-domain speculative decoding benchmark")
+    parser.add_argument("--prompts", type=int, default=12, help="prompts per domain")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("-k", "--k", type=int, default=5, help="our draft length (and HF prompt lookup's second setting)")
+    parser.add_argument("--domains", default=",".join(DOMAINS))
+    parser.add_argument("--model", default=None, help="target (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--draft-model", default=None, help="draft model for specdraft's model/hybrid drafters and HF assisted generation")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    loaded = load_model(args.model, device=None, dtype="auto")
+    assistant = load_model(args.draft_model, device=loaded.model.device, dtype="auto").model if args.draft_model else None
+    engines = specdraft_methods(loaded, args.k, args.draft_model)
+    hf_methods = {
+        "hf-generate": lambda ids: run_hf(peers.hf_generate, loaded.model, ids, args.max_tokens, loaded.eos_token_ids),
+        f"hf-prompt-lookup-k{HF_PROMPT_LOOKUP_DEFAULT}": lambda ids: run_hf(
+            peers.hf_prompt_lookup, loaded.model, ids, args.max_tokens, loaded.eos_token_ids, num_tokens=HF_PROMPT_LOOKUP_DEFAULT),
+        f"hf-prompt-lookup-k{args.k}": lambda ids: run_hf(
+            peers.hf_prompt_lookup, loaded.model, ids, args.max_tokens, loaded.eos_token_ids, num_tokens=args.k),
+    }
+    if assistant is not None:
+        hf_methods["hf-assisted"] = lambda ids: run_hf(peers.hf_assisted, loaded.model, assistant, ids, args.max_tokens, loaded.eos_token_ids)
+
+    # Warm-up: first calls pay one-off allocation and kernel selection costs.
+    warm = encode_prompt(loaded.tokenizer, "Say hello.")
+    for engine in engines.values():
+        run_specdraft(engine, warm, 8)
+    for fn in hf_methods.values():
+        fn(warm)
+
+    domains = [d.strip() for d in args.domains.split(",") if d.strip()]
+    prompts = {d: load_domain(d, args.prompts) for d in domains}
+    cells: dict[tuple[str, str], list[dict]] = {}
+    total = sum(len(p) for p in prompts.values()) * (len(engines) + len(hf_methods))
+    with tqdm(total=total, desc="benchmark", unit="run") as bar:
+        for domain in domains:
+            for prompt in prompts[domain]:
+                ids = encode_prompt(loaded.tokenizer, prompt.messages)
+                reference = None
+                for method, fn in list(hf_methods.items()) + [(m, e) for m, e in engines.items()]:
+                    bar.set_postfix_str(f"{domain} {prompt.id} {method}")
+                    row = fn(ids) if method in hf_methods else run_specdraft(fn, ids, args.max_tokens)
+                    if method == "hf-generate":
+                        reference = row["token_ids"]
+                    row["lossless"] = row["token_ids"] == reference
+                    if not row["lossless"]:
+                        row["divergence"] = near_tie(loaded.model, ids, reference, row["token_ids"])
+                    row["id"] = prompt.id
+                    row["source"] = prompt.source
+                    del row["token_ids"]
+                    cells.setdefault((domain, method), []).append(row)
+                    bar.update()
+
+    results = {
+        "machine": machine(),
+        "model": loaded.name,
+        "max_tokens": args.max_tokens,
+        "k": args.k,
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "prompts_per_domain": args.prompts,
+        "cells": [
+            {"domain": d, "method": m, "family": "hf" if m.startswith("hf-") else "specdraft", "prompts": rows}
+            for (d, m), rows in cells.items()
+        ],
+    }
+    write_report(results, args.out)
+    print(f"wrote {args.out}/results.md")
+
+
+if __name__ == "__main__":
+    main()

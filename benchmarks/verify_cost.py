@@ -1,0 +1,136 @@
+"""Verify-step cost on the embedded model: one verifier step for k = 0..8 draft tokens at batch
+1, 4, 8, 16, as ratios to a one-token step, and the share of step time spent outside the model
+forward (mask building, acceptance, the device-to-host copy, bookkeeping).
+
+    python -m benchmarks.verify_cost [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdraft.drafters.base import Draft
+from specdraft.models import load_model
+from specdraft.sampling import SamplingParams
+from specdraft.verifier import Verifier
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def measure(verifier: Verifier, batch: int, k: int, repeats: int, rng: np.random.Generator) -> dict:
+    rows = verifier.row_ids[:batch]
+    assert len(rows) == batch
+    lengths = list(verifier.cache.lengths)
+    totals, forwards = [], []
+    for _ in range(repeats + 1):
+        drafts = {r: Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for r in rows} if k else {}
+        before = verifier.forward_seconds
+        start = time.perf_counter()
+        verifier.step({r: 42 for r in rows}, drafts)
+        totals.append(time.perf_counter() - start)
+        forwards.append(verifier.forward_seconds - before)
+        verifier.cache.lengths[:] = lengths  # roll back: every repeat sees the same context
+    totals, forwards = totals[1:], forwards[1:]  # the first repeat warms allocations
+    return {
+        "batch": batch,
+        "k": k,
+        "step_ms": 1000 * statistics.median(totals),
+        "forward_ms": 1000 * statistics.median(forwards),
+        "outside_forward_share": 1 - sum(forwards) / sum(totals),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run)")
+    parser.add_argument("--context", type=int, default=256, help="tokens already in each row's cache")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    batches = [1, 4] if args.quick else [1, 4, 8, 16]
+    ks = [0, 1, 4] if args.quick else list(range(9))
+    repeats = 3 if args.quick else 9
+
+    loaded = load_model(None, device=None, dtype="auto")
+    verifier = Verifier(loaded.model)
+    rng = np.random.default_rng(0)
+    for b in range(max(batches)):
+        verifier.add(f"row{b}", rng.integers(0, 1000, size=args.context).tolist(), SamplingParams())
+    # Only the first `batch` rows take part: keep exactly that many in the verifier for each size.
+    cells = []
+    for batch in sorted(batches, reverse=True):
+        while len(verifier.row_ids) > batch:
+            verifier.remove(verifier.row_ids[-1])
+        for k in ks:
+            cells.append(measure(verifier, batch, k, repeats, rng))
+            print(json.dumps(cells[-1]))
+    base = {c["batch"]: c["step_ms"] for c in cells if c["k"] == 0}
+    one_token = base[1]
+    for c in cells:
+        c["ratio_to_k0_same_batch"] = c["step_ms"] / base[c["batch"]]
+        c["ratio_to_one_token_step"] = c["step_ms"] / one_token
+    result = {
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {loaded.model.device}",
+        "model": loaded.name,
+        "dtype": str(loaded.model.dtype),
+        "context": args.context,
+        "repeats": repeats,
+        "cells": sorted(cells, key=lambda c: (c["batch"], c["k"])),
+    }
+    write(result, args.out)
+
+
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_cost.json").write_text(json.dumps(result, indent=1))
+    cells = result["cells"]
+    batches = sorted({c["batch"] for c in cells})
+    ks = sorted({c["k"] for c in cells})
+    by = {(c["batch"], c["k"]): c for c in cells}
+    lines = [
+        "# Verify-step cost",
+        "",
+        f"Machine: {result['machine']}. Model: {result['model']} ({result['dtype']}). "
+        f"Each row holds {result['context']} tokens; median of {result['repeats']} steps per cell.",
+        "",
+        "Step time in ms, and in brackets the ratio to a one-token step (batch 1, k = 0):",
+        "",
+        "| k | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "| --- | " + " | ".join("---" for _ in batches) + " |",
+    ]
+    for k in ks:
+        row = [f"{by[b, k]['step_ms']:.1f} ({by[b, k]['ratio_to_one_token_step']:.2f}x)" for b in batches]
+        lines.append(f"| {k} | " + " | ".join(row) + " |")
+    lines += ["", "Share of step time outside the model forward (goal < 5%):", ""]
+    lines.append("| k | " + " | ".join(f"batch {b}" for b in batches) + " |")
+    lines.append("| --- | " + " | ".join("---" for _ in batches) + " |")
+    for k in ks:
+        lines.append(f"| {k} | " + " | ".join(f"{100 * by[b, k]['outside_forward_share']:.1f}%" for b in batches) + " |")
+    (out / "verify_cost.md").write_text("\n".join(lines) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for b in batches:
+        ax.plot(ks, [by[b, k]["ratio_to_one_token_step"] for k in ks], marker="o", label=f"batch {b}")
+    ax.set_xlabel("draft tokens per row (k)")
+    ax.set_ylabel("step time / one-token step")
+    ax.set_title("Verify cost, embedded SmolLM2-135M")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "verify_cost.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
