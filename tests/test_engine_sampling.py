@@ -13,9 +13,10 @@ from specdraft.verifier import Verifier
 from specdraft.verifier import verifier as verifier_module
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer
 
+pytestmark = pytest.mark.slow
 PROMPT = [5, 17, 42, 9]
 TEMPERATURE = 2.0
-RUNS = 3000
+RUNS = 20_000
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def exact(tiny_model):
 def sample_second_tokens(tiny_model, second) -> np.ndarray:
     likely = second.argmax(-1).tolist()  # the drafter guesses the most likely t2 given t1
     drafter = ScriptedDrafter(lambda context, limit: [likely[context[-1]]] if len(context) == len(PROMPT) + 1 else [])
-    engine = Engine(Verifier(tiny_model), drafter, ToyTokenizer(), (), 256, k=1, max_batch=64)
+    engine = Engine(Verifier(tiny_model), drafter, ToyTokenizer(), (), 256, k=1, max_batch=256)
     # max_tokens 3: the prefill gives t1, leaving room for a one-token draft (and a bonus) after it.
     done = engine.run([(PROMPT, SamplingParams(max_tokens=3, temperature=TEMPERATURE, seed=s)) for s in range(RUNS)])
     assert all(c.metrics["draft_tokens"] == 1 for c in done)  # every run verified a draft
@@ -45,7 +46,7 @@ def tvd(samples: np.ndarray, dist: torch.Tensor) -> float:
 
 def test_engine_sampling_matches_target_marginal(tiny_model, exact):
     _, second, marginal = exact
-    assert tvd(sample_second_tokens(tiny_model, second), marginal) < 0.05
+    assert tvd(sample_second_tokens(tiny_model, second), marginal) < 0.03  # sampling noise at 20k runs is ~0.017
 
 
 def test_negative_control_always_accepting_fails(tiny_model, exact, monkeypatch):
