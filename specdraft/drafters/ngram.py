@@ -1,13 +1,337 @@
-"""The default `ngram` drafter. For now the scanning prompt lookup; the indexed tables replace it."""
+"""The default `ngram` drafter: exact copies by prompt lookup, the n-gram frequency model for the rest,
+an adaptive draft length per request; deterministic drafts (probs None) at a per-step cost that does
+not grow with the context (indexed tables, see `ngram_table`).
+
+A draft of at most d = min(max_length, k) tokens (or fewer by the adaptive rule below), in three stages:
+1. Copy: the continuation of the longest (max_n down to copy_min_n), most recent earlier occurrence
+   of the context's suffix, up to d tokens and never past the end of the context.
+2. Chain: while the draft is shorter than d, predict the most frequent follower of the longest
+   context (max_n - 1 down to 1 tokens, over the context plus the draft so far) seen before, first
+   in the request's own table and then, at the same order, in the cross-request memory if enabled.
+   Its confidence is the share of that context's occurrences it followed; the draft stops before a
+   token whose confidence is below `min_confidence`, or when no context has been seen.
+3. EOS: the draft ends after an EOS token (kept: the target may accept it), unless the request
+   ignores EOS.
+
+Adaptive draft length, per request: k_cur starts at k. After a step whose draft had d >= 1 tokens
+of which a were accepted (read off the tokens passed to `accept`), a == 0 halves k_cur (to no less
+than 1), a == d >= k_cur raises it by 2 (to no more than k), anything else leaves it. k_cur caps a
+draft only in steps that draft for at least `adapt_from_batch` requests, and not when the copy comes
+from a match of at least `strong_copy_n` tokens (a copy in progress). Below that batch
+the verifier's cost barely grows with the draft (benchmarks/results/verify_cost.md, CPU, batch 1:
+one draft token costs 1.55x a plain step, five cost 1.75x), so a shorter draft loses more accepted
+tokens than it saves; at batch 16 five cost 3.1x a plain batch step and one 1.75x.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from numba import njit, types
+from numba.typed import List
 
 from specdraft.drafters import register
-from specdraft.drafters.prompt_lookup import ScanPromptLookupDrafter
+from specdraft.drafters import memory as mem
+from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.drafters.memory import NgramMemory
+from specdraft.drafters.ngram_table import BEST, BEST_COUNT, COUNT, FIELDS, extend, find, longest_match, new_table
+from specdraft.drafters.ngram_table import rehash, slots_for, warm_up
+from specdraft.sampling import SamplingParams
+
+# Per-request state: one int64 row of `meta` per slot.
+LENGTH = 0  # tokens in the context
+PROMPT_LENGTH = 1
+K_CUR = 2  # adaptive draft length
+DRAFTED = 3  # length of the last draft, which sits in tokens[LENGTH : LENGTH + DRAFTED]
+IGNORE_EOS = 4
+META_FIELDS = 5
+
+BEGIN_ROOM = 4096  # output tokens a request's buffers are sized for at `begin`
+
+
+@njit(cache=True, nogil=True)
+def _is_eos(token: int, eos: np.ndarray) -> bool:
+    for e in eos:
+        if token == e:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def draft_one(tokens, table, meta, slot, limit, adapt, copy_min_n, strong_n, min_confidence, eos,
+              mem_keys, mem_vals, mem_max_n, out) -> int:
+    """Write the request's draft into `out` and into its scratch tokens[length:]; return its length."""
+    length = meta[slot, LENGTH]
+    max_n = table.shape[0]
+    # Also bounded by the buffers (out is k wide), so that no state can make the kernel write out of bounds.
+    d = min(limit, out.shape[0], tokens.shape[0] - length)
+    start, n = longest_match(tokens, table, length, copy_min_n, max_n)
+    if adapt and n < strong_n:
+        d = min(d, meta[slot, K_CUR])
+    stop_at_eos = meta[slot, IGNORE_EOS] == 0
+    count = 0
+    while start >= 0 and count < d and start + count < length:
+        token = tokens[start + count]
+        tokens[length + count] = token
+        out[count] = token
+        count += 1
+        if stop_at_eos and _is_eos(token, eos):
+            meta[slot, DRAFTED] = count
+            return count
+    while count < d:
+        end = length + count
+        token, best_count, total = -1, 0, 0
+        for n in range(min(max_n - 1, end), 0, -1):
+            i = find(tokens, table, n, end - n)
+            if i >= 0:
+                token, best_count, total = table[n - 1, i, BEST], table[n - 1, i, BEST_COUNT], table[n - 1, i, COUNT]
+                break
+            j = mem.find_context(mem_keys, tokens, end - n, n) if n < mem_max_n else -1
+            if j >= 0:
+                token, best_count, total = mem_vals[j, mem.BEST], mem_vals[j, mem.BEST_COUNT], mem_vals[j, mem.COUNT]
+                break
+        if token < 0 or best_count < min_confidence * total:
+            break
+        tokens[end] = token
+        out[count] = token
+        count += 1
+        if stop_at_eos and _is_eos(token, eos):
+            break
+    meta[slot, DRAFTED] = count
+    return count
+
+
+@njit(cache=True, nogil=True)
+def draft_batch(tokens_by_slot, tables_by_slot, meta, slots, limits, adapt, copy_min_n, strong_n, min_confidence,
+                eos, mem_keys, mem_vals, mem_max_n, out, lengths) -> None:
+    """Drafts for many requests in one call: row b of `out` ([batch, k], padded with -1) and
+    lengths[b] for the request in slots[b], at most limits[b] tokens."""
+    for b in range(slots.shape[0]):
+        s = slots[b]
+        n = draft_one(tokens_by_slot[s], tables_by_slot[s], meta, s, limits[b], adapt, copy_min_n, strong_n,
+                      min_confidence, eos, mem_keys, mem_vals, mem_max_n, out[b])
+        out[b, n:] = -1
+        lengths[b] = n
+
+
+@njit(cache=True, nogil=True)
+def accept_tokens(tokens, table, meta, slot, new, k) -> None:
+    """Update k_cur from how much of the last draft `new` confirms, then append `new` to the context."""
+    length, drafted = meta[slot, LENGTH], meta[slot, DRAFTED]
+    if drafted > 0:
+        accepted = 0
+        while accepted < drafted and accepted < new.shape[0] and new[accepted] == tokens[length + accepted]:
+            accepted += 1
+        if accepted == 0:
+            meta[slot, K_CUR] = max(1, meta[slot, K_CUR] // 2)
+        elif accepted == drafted and drafted >= meta[slot, K_CUR]:
+            meta[slot, K_CUR] = min(k, meta[slot, K_CUR] + 2)
+    meta[slot, DRAFTED] = 0
+    meta[slot, LENGTH] = extend(tokens, table, length, new)
+
+
+_NO_MEMORY = (np.empty(0, dtype=np.int64), np.empty((0, mem.FIELDS), dtype=np.int32), 0)
+_TOKENS_TYPE = types.Array(types.int32, 1, "C")
+_TABLE_TYPE = types.Array(types.int32, 3, "C")
+
+
+# Typed-list operations as our own cached kernels: called from Python, numba would compile its own
+# on every start.
+@njit(cache=True)
+def _empty_tokens_list():
+    return List.empty_list(_TOKENS_TYPE)
+
+
+@njit(cache=True)
+def _empty_tables_list():
+    return List.empty_list(_TABLE_TYPE)
+
+
+@njit(cache=True)
+def _put(arrays, slot, array) -> None:
+    while len(arrays) <= slot:
+        arrays.append(array)
+    arrays[slot] = array
+
+
+class NgramDrafter:
+    """Prompt lookup plus n-gram model per request, with optional cross-request memory.
+
+    k: longest draft; max_n: longest n-gram indexed (contexts are up to max_n - 1 tokens);
+    copy_min_n: shortest suffix match that is copied (above max_n: never copy);
+    min_confidence: stop the model's chain below this count share;
+    adaptive, adapt_from_batch, strong_copy_n: the k_cur rule above (adaptive=False: drafts up to k);
+    eos_token_ids: where drafts end; memory: shared across requests (None: off).
+    """
+
+    def __init__(
+        self,
+        k: int = 5,
+        max_n: int = 4,
+        copy_min_n: int = 1,
+        min_confidence: float = 0.5,
+        adaptive: bool = True,
+        adapt_from_batch: int = 8,
+        strong_copy_n: int = 3,
+        eos_token_ids: Sequence[int] = (),
+        memory: NgramMemory | None = None,
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if max_n < 2:
+            raise ValueError(f"max_n must be >= 2, got {max_n}")
+        if copy_min_n < 1:
+            raise ValueError(f"copy_min_n must be >= 1, got {copy_min_n}")
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
+        if adapt_from_batch < 1:
+            raise ValueError(f"adapt_from_batch must be >= 1, got {adapt_from_batch}")
+        self.k, self.max_n, self.copy_min_n, self.min_confidence = k, max_n, copy_min_n, float(min_confidence)
+        self.adaptive, self.adapt_from_batch, self.strong_copy_n = adaptive, adapt_from_batch, strong_copy_n
+        self.eos = np.asarray(sorted(set(eos_token_ids)), dtype=np.int32)
+        self.memory = memory
+        self._slot_of: dict[str, int] = {}
+        self._free: list[int] = []
+        self._meta = np.zeros((0, META_FIELDS), dtype=np.int64)
+        # Per slot, the request's arrays: Python lists for per-request calls, typed lists mirroring
+        # them for the batch kernel (updated only when a request starts or an array grows).
+        self._tokens: list[np.ndarray] = []
+        self._tables: list[np.ndarray] = []
+        self._tokens_by_slot = _empty_tokens_list()
+        self._tables_by_slot = _empty_tables_list()
+        self._out = np.empty((0, k), dtype=np.int32)  # [batch, k], padded with -1
+        self._lengths = np.empty(0, dtype=np.int64)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile (or load from numba's cache) every kernel, so that no request pays for it."""
+        warm_up()
+        memory, self.memory = self.memory, None  # the warm-up request must not teach the shared memory
+        self.begin("warm-up", [1, 2, 3, 1, 2], SamplingParams())
+        self.begin("warm-up 2", [], SamplingParams())
+        self.propose(["warm-up"], [self.k])  # one request, then a batch: two entry points
+        self.propose(["warm-up", "warm-up 2"], [self.k, self.k])
+        self.accept("warm-up", [3, 1])
+        self.end("warm-up")
+        self.end("warm-up 2")
+        self.memory = memory
+
+    @property
+    def _memory_arrays(self) -> tuple[np.ndarray, np.ndarray, int]:
+        if self.memory is None:
+            return _NO_MEMORY
+        return self.memory.keys, self.memory.vals, self.memory.max_n
+
+    def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        assert request_id not in self._slot_of, f"request {request_id!r} already begun"
+        slot = self._take_slot()
+        prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
+        # Room for the prompt and (up to a point) its budget, so that decoding rarely has to grow them.
+        room = len(prompt) + min(params.max_tokens, BEGIN_ROOM)
+        tokens = np.empty(max(64, room + self.k), dtype=np.int32)
+        table = new_table(self.max_n, room)
+        self._set_arrays(slot, tokens, table)
+        self._meta[slot] = 0
+        self._meta[slot, K_CUR] = self.k
+        self._meta[slot, IGNORE_EOS] = params.ignore_eos
+        self._meta[slot, PROMPT_LENGTH] = len(prompt)
+        self._meta[slot, LENGTH] = extend(tokens, table, 0, prompt)
+        self._slot_of[request_id] = slot
+
+    def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
+        batch = len(request_ids)
+        if batch > len(self._out):
+            self._out = np.empty((2 * batch, self.k), dtype=np.int32)
+            self._lengths = np.empty(2 * batch, dtype=np.int64)
+        out = self._out[:batch]
+        adapt = self.adaptive and batch >= self.adapt_from_batch
+        settings = (adapt, self.copy_min_n, self.strong_copy_n, self.min_confidence, self.eos, *self._memory_arrays)
+        if batch == 1:  # the same kernel without the typed lists, whose unboxing costs ~2 us a call
+            slot = self._slot_of[request_ids[0]]
+            limit = int(max_lengths[0])
+            n = draft_one(self._tokens[slot], self._tables[slot], self._meta, slot, limit, *settings, out[0])
+            return [Draft(out[0, :n].copy()) if n else EMPTY_DRAFT]
+        slots = np.array([self._slot_of[r] for r in request_ids], dtype=np.int64)
+        limits = np.asarray(max_lengths, dtype=np.int64)
+        lengths = self._lengths[:batch]
+        draft_batch(self._tokens_by_slot, self._tables_by_slot, self._meta, slots, limits, *settings, out, lengths)
+        return [Draft(out[b, :n].copy()) if n else EMPTY_DRAFT for b, n in enumerate(lengths.tolist())]
+
+    def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
+        slot = self._slot_of[request_id]
+        new = np.asarray(token_ids, dtype=np.int32).reshape(-1)
+        tokens, table = self._tokens[slot], self._tables[slot]
+        end = int(self._meta[slot, LENGTH]) + len(new)
+        if end + self.k > len(tokens) or 2 * end > table.shape[1]:
+            tokens, table = self._grow(slot, end)
+        accept_tokens(tokens, table, self._meta, slot, new, self.k)
+
+    def end(self, request_id: str) -> None:
+        slot = self._slot_of.pop(request_id, None)
+        if slot is None:
+            return
+        if self.memory is not None:
+            length, prompt_length = self._meta[slot, LENGTH], self._meta[slot, PROMPT_LENGTH]
+            self.memory.learn(self._tokens[slot], int(prompt_length), int(length))
+        self._set_arrays(slot, np.empty(0, dtype=np.int32), np.zeros((self.max_n, 1, FIELDS), dtype=np.int32))
+        self._free.append(slot)
+
+    def table_nbytes(self, request_id: str) -> int:
+        """Bytes held for one request: its token buffer and its tables."""
+        slot = self._slot_of[request_id]
+        return self._tokens[slot].nbytes + self._tables[slot].nbytes
+
+    # -- slots and growth -------------------------------------------------------------------
+    def _take_slot(self) -> int:
+        if not self._free:
+            slot = len(self._tokens)
+            self._tokens.append(np.empty(0, dtype=np.int32))
+            self._tables.append(np.zeros((self.max_n, 1, FIELDS), dtype=np.int32))
+            self._set_arrays(slot, self._tokens[slot], self._tables[slot])
+            if slot >= len(self._meta):
+                grown = np.zeros((max(8, 2 * len(self._meta)), META_FIELDS), dtype=np.int64)
+                grown[: len(self._meta)] = self._meta
+                self._meta = grown
+            return slot
+        return self._free.pop()
+
+    def _set_arrays(self, slot: int, tokens: np.ndarray, table: np.ndarray) -> None:
+        self._tokens[slot], self._tables[slot] = tokens, table
+        _put(self._tokens_by_slot, slot, tokens)
+        _put(self._tables_by_slot, slot, table)
+
+    def _grow(self, slot: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Room for a context of `end` tokens plus a draft: doubling, so amortised O(1) per token."""
+        tokens, table = self._tokens[slot], self._tables[slot]
+        if end + self.k > len(tokens):
+            grown = np.empty(2 * (end + self.k), dtype=np.int32)
+            grown[: len(tokens)] = tokens  # the scratch too: `accept` compares the last draft with it
+            tokens = grown
+        if 2 * end > table.shape[1]:
+            table = rehash(tokens, table, slots_for(end))
+        self._set_arrays(slot, tokens, table)
+        return tokens, table
 
 
 @register("ngram")
-def _create(k: int = 5, **_: Any) -> ScanPromptLookupDrafter:
-    return ScanPromptLookupDrafter(k=k)
+def _create(
+    k: int = 5,
+    eos_token_ids: Sequence[int] | None = None,
+    target: Any = None,
+    memory: bool = False,
+    memory_path: str | None = None,
+    memory_capacity: int = 1 << 20,
+    **_: Any,
+) -> NgramDrafter:
+    """`eos_token_ids` default to the target's; `memory` (or a `memory_path` to load from) turns on
+    the cross-request memory."""
+    if eos_token_ids is None:
+        eos_token_ids = getattr(target, "eos_token_ids", ())
+    shared = None
+    if memory_path is not None and Path(memory_path).exists():
+        shared = NgramMemory.load(memory_path)
+    elif memory or memory_path is not None:
+        shared = NgramMemory(capacity=memory_capacity)
+    return NgramDrafter(k=k, eos_token_ids=eos_token_ids, memory=shared)
