@@ -15,6 +15,8 @@ from specdraft.sampling import SamplingParams
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 TINY_VOCAB = 96
+# The tiny-model tests run on CPU (CI); SPECDRAFT_TEST_DEVICE=cuda runs the same tests on a GPU.
+TEST_DEVICE = torch.device(os.environ.get("SPECDRAFT_TEST_DEVICE", "cpu"))
 
 
 class ToyTokenizer:
@@ -51,7 +53,7 @@ def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64):
     # Random init gives nearly flat logits; sharpen them so greedy continuations are varied, not ties.
     with torch.no_grad():
         model.lm_head.weight.mul_(40.0)
-    return model
+    return model.to(TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +65,7 @@ def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_i
     """Reference: Hugging Face generate, greedy, on the prompt alone."""
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([list(prompt_ids)]),
+            torch.tensor([list(prompt_ids)], device=model.device),
             max_new_tokens=max_new_tokens,
             min_new_tokens=0,
             do_sample=False,

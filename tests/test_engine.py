@@ -86,7 +86,7 @@ def test_rollback_restores_plain_decoding_state(tiny_model, references):
 
     plain = DynamicCache(config=tiny_model.config)
     with torch.inference_mode():
-        tiny_model(torch.tensor([prompt + truth[:3]]), past_key_values=plain, use_cache=True)
+        tiny_model(torch.tensor([prompt + truth[:3]], device=tiny_model.device), past_key_values=plain, use_cache=True)
     for layer in range(tiny_model.config.num_hidden_layers):
         ours_k = verifier.cache._keys[layer][0, :, :length]
         ours_v = verifier.cache._values[layer][0, :, :length]

@@ -23,8 +23,8 @@ RUNS = 20_000
 def exact(tiny_model):
     """p(t1 | prompt), p(t2 | prompt, t1) for every t1, and the marginal of t2."""
     with torch.inference_mode():
-        first = (tiny_model(torch.tensor([PROMPT])).logits[0, -1] / TEMPERATURE).softmax(-1)
-        batch = torch.tensor([PROMPT + [t] for t in range(TINY_VOCAB)])
+        first = (tiny_model(torch.tensor([PROMPT], device=tiny_model.device)).logits[0, -1] / TEMPERATURE).softmax(-1)
+        batch = torch.tensor([PROMPT + [t] for t in range(TINY_VOCAB)], device=tiny_model.device)
         second = (tiny_model(batch).logits[:, -1] / TEMPERATURE).softmax(-1)  # [t1, t2]
     return first, second, first @ second
 
@@ -41,7 +41,7 @@ def sample_second_tokens(tiny_model, second) -> np.ndarray:
 
 def tvd(samples: np.ndarray, dist: torch.Tensor) -> float:
     empirical = np.bincount(samples, minlength=TINY_VOCAB) / len(samples)
-    return 0.5 * float(np.abs(empirical - dist.double().numpy()).sum())
+    return 0.5 * float(np.abs(empirical - dist.double().cpu().numpy()).sum())
 
 
 def test_engine_sampling_matches_target_marginal(tiny_model, exact):
