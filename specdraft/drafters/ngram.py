@@ -16,11 +16,11 @@ A draft of at most d = min(max_length, k) tokens (or fewer by the adaptive rule 
 Adaptive draft length, per request: k_cur starts at k. After a step whose draft had d >= 1 tokens
 of which a were accepted (read off the tokens passed to `accept`), a == 0 halves k_cur (to no less
 than 1), a == d >= k_cur raises it by 2 (to no more than k), anything else leaves it. k_cur caps a
-draft only in steps that draft for at least `adapt_from_batch` requests, and not when the copy comes
-from a match of at least `strong_copy_n` tokens (a copy in progress). Below that batch
-the verifier's cost barely grows with the draft (benchmarks/results/verify_cost.md, CPU, batch 1:
-one draft token costs 1.55x a plain step, five cost 1.75x), so a shorter draft loses more accepted
-tokens than it saves; at batch 16 five cost 3.1x a plain batch step and one 1.75x.
+draft only in steps that draft for at least `adapt_from_batch` requests (default 1: always), and
+not when the copy comes from a match of at least `strong_copy_n` tokens (a copy in progress).
+Why: on CPU each verified draft token costs a good share of a step (benchmarks/results/verify_cost.md),
+so drafts that keep failing should shrink; measured in benchmarks/results/adaptive.md (12 prompts,
+batch 1: drafts up to k give 1.08x plain decoding, the adaptive rule 1.42x).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class NgramDrafter:
         copy_min_n: int = 1,
         min_confidence: float = 0.5,
         adaptive: bool = True,
-        adapt_from_batch: int = 8,
+        adapt_from_batch: int = 1,
         strong_copy_n: int = 3,
         eos_token_ids: Sequence[int] = (),
         memory: NgramMemory | None = None,
