@@ -226,6 +226,7 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
         "",
         f"- Machine: {results.get('machine', DASH)}",
         f"- Model: {results.get('model', DASH)}",
+        *([f"- Setup: {results['setup']}"] if results.get("setup") else []),
         f"- Date: {results.get('started', DASH)}",
         f"- Max new tokens: {results.get('max_tokens', DASH)}; our draft length k = {results.get('k', DASH)}; greedy",
         "",

@@ -106,17 +106,21 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(args.model, device=None, dtype="auto")
-    assistant = load_model(args.draft_model, device=loaded.model.device, dtype="auto").model if args.draft_model else None
+    device = loaded.model.device
+    # The peers run the stock Hugging Face model, as their users would; ours runs it as specdraft loads it.
+    stock = load_model(args.model, device=device, dtype="auto", few_rows_linears=False) if loaded.few_rows_linears else loaded
+    assistant = load_model(args.draft_model, device=device, dtype="auto", few_rows_linears=False).model if args.draft_model else None
     engines = specdraft_methods(loaded, args.k, args.draft_model)
+    eos = stock.eos_token_ids
     hf_methods = {
-        "hf-generate": lambda ids: run_hf(peers.hf_generate, loaded.model, ids, args.max_tokens, loaded.eos_token_ids),
+        "hf-generate": lambda ids: run_hf(peers.hf_generate, stock.model, ids, args.max_tokens, eos),
         f"hf-prompt-lookup-k{HF_PROMPT_LOOKUP_DEFAULT}": lambda ids: run_hf(
-            peers.hf_prompt_lookup, loaded.model, ids, args.max_tokens, loaded.eos_token_ids, num_tokens=HF_PROMPT_LOOKUP_DEFAULT),
+            peers.hf_prompt_lookup, stock.model, ids, args.max_tokens, eos, num_tokens=HF_PROMPT_LOOKUP_DEFAULT),
         f"hf-prompt-lookup-k{args.k}": lambda ids: run_hf(
-            peers.hf_prompt_lookup, loaded.model, ids, args.max_tokens, loaded.eos_token_ids, num_tokens=args.k),
+            peers.hf_prompt_lookup, stock.model, ids, args.max_tokens, eos, num_tokens=args.k),
     }
     if assistant is not None:
-        hf_methods["hf-assisted"] = lambda ids: run_hf(peers.hf_assisted, loaded.model, assistant, ids, args.max_tokens, loaded.eos_token_ids)
+        hf_methods["hf-assisted"] = lambda ids: run_hf(peers.hf_assisted, stock.model, assistant, ids, args.max_tokens, eos)
 
     # Warm-up: first calls pay one-off allocation and kernel selection costs.
     warm = encode_prompt(loaded.tokenizer, "Say hello.")
@@ -141,7 +145,7 @@ def main() -> None:
                         reference = row["token_ids"]
                     row["lossless"] = row["token_ids"] == reference
                     if not row["lossless"]:
-                        row["divergence"] = near_tie(loaded.model, ids, reference, row["token_ids"])
+                        row["divergence"] = near_tie(stock.model, ids, reference, row["token_ids"])
                     row["id"] = prompt.id
                     row["source"] = prompt.source
                     del row["token_ids"]
@@ -151,6 +155,9 @@ def main() -> None:
     results = {
         "machine": machine(),
         "model": loaded.name,
+        "setup": ("specdraft runs the model with its FewRowsLinear layers (fast skinny products on CPU); "
+                  "Hugging Face's methods run the stock model" if loaded.few_rows_linears
+                  else "specdraft and Hugging Face run the same stock model"),
         "max_tokens": args.max_tokens,
         "k": args.k,
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -25,40 +25,49 @@ from specdraft.verifier import Verifier
 RESULTS = Path(__file__).parent / "results"
 
 
-def measure(verifier: Verifier, batch: int, k: int, repeats: int, rng: np.random.Generator) -> dict:
+def measure(verifier: Verifier, batch: int, ks: list[int], repeats: int, rng: np.random.Generator) -> list[dict]:
+    """Step times for every k at this batch size, the ks interleaved within each repeat so that the
+    machine's drift hits them alike; every step starts from the same cache lengths."""
     rows = verifier.row_ids[:batch]
     assert len(rows) == batch
     lengths = list(verifier.cache.lengths)
-    totals, forwards = [], []
+    totals: dict[int, list[float]] = {k: [] for k in ks}
+    forwards: dict[int, list[float]] = {k: [] for k in ks}
     for _ in range(repeats + 1):
-        drafts = {r: Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for r in rows} if k else {}
-        before = verifier.forward_seconds
-        start = time.perf_counter()
-        verifier.step({r: 42 for r in rows}, drafts)
-        totals.append(time.perf_counter() - start)
-        forwards.append(verifier.forward_seconds - before)
-        verifier.cache.lengths[:] = lengths  # roll back: every repeat sees the same context
-    totals, forwards = totals[1:], forwards[1:]  # the first repeat warms allocations
-    return {
-        "batch": batch,
-        "k": k,
-        "step_ms": 1000 * statistics.median(totals),
-        "forward_ms": 1000 * statistics.median(forwards),
-        "outside_forward_share": 1 - sum(forwards) / sum(totals),
-    }
+        for k in ks:
+            drafts = {r: Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for r in rows} if k else {}
+            before = verifier.forward_seconds
+            start = time.perf_counter()
+            verifier.step({r: 42 for r in rows}, drafts)
+            totals[k].append(time.perf_counter() - start)
+            forwards[k].append(verifier.forward_seconds - before)
+            verifier.cache.lengths[:] = lengths  # roll back
+    cells = []
+    for k in ks:
+        total, forward = totals[k][1:], forwards[k][1:]  # the first repeat warms allocations
+        cells.append({
+            "batch": batch,
+            "k": k,
+            "step_ms": 1000 * statistics.median(total),
+            "forward_ms": 1000 * statistics.median(forward),
+            "outside_forward_share": 1 - sum(forward) / sum(total),
+        })
+    return cells
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run)")
     parser.add_argument("--context", type=int, default=256, help="tokens already in each row's cache")
+    parser.add_argument("--stock", action="store_true",
+                        help="the stock Hugging Face layers instead of FewRowsLinear (writes verify_cost_stock.*)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     batches = [1, 4] if args.quick else [1, 4, 8, 16]
     ks = [0, 1, 4] if args.quick else list(range(9))
-    repeats = 3 if args.quick else 9
+    repeats = 3 if args.quick else 15
 
-    loaded = load_model(None, device=None, dtype="auto")
+    loaded = load_model(None, device=None, dtype="auto", few_rows_linears=False if args.stock else None)
     verifier = Verifier(loaded.model)
     rng = np.random.default_rng(0)
     for b in range(max(batches)):
@@ -68,28 +77,29 @@ def main() -> None:
     for batch in sorted(batches, reverse=True):
         while len(verifier.row_ids) > batch:
             verifier.remove(verifier.row_ids[-1])
-        for k in ks:
-            cells.append(measure(verifier, batch, k, repeats, rng))
-            print(json.dumps(cells[-1]))
+        for cell in measure(verifier, batch, ks, repeats, rng):
+            cells.append(cell)
+            print(json.dumps(cell))
     base = {c["batch"]: c["step_ms"] for c in cells if c["k"] == 0}
     one_token = base[1]
     for c in cells:
         c["ratio_to_k0_same_batch"] = c["step_ms"] / base[c["batch"]]
         c["ratio_to_one_token_step"] = c["step_ms"] / one_token
     result = {
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {loaded.model.device}",
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {loaded.model.device}"
+                   + (", FewRowsLinear layers" if loaded.few_rows_linears else ""),
         "model": loaded.name,
         "dtype": str(loaded.model.dtype),
         "context": args.context,
         "repeats": repeats,
         "cells": sorted(cells, key=lambda c: (c["batch"], c["k"])),
     }
-    write(result, args.out)
+    write(result, args.out, "verify_cost_stock" if args.stock else "verify_cost")
 
 
-def write(result: dict, out: Path) -> None:
+def write(result: dict, out: Path, stem: str = "verify_cost") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "verify_cost.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     cells = result["cells"]
     batches = sorted({c["batch"] for c in cells})
     ks = sorted({c["k"] for c in cells})
@@ -98,7 +108,8 @@ def write(result: dict, out: Path) -> None:
         "# Verify-step cost",
         "",
         f"Machine: {result['machine']}. Model: {result['model']} ({result['dtype']}). "
-        f"Each row holds {result['context']} tokens; median of {result['repeats']} steps per cell.",
+        f"Each row holds {result['context']} tokens; median of {result['repeats']} steps per cell, "
+        "the ks interleaved within each repeat. Run with `python -m benchmarks.verify_cost`.",
         "",
         "Step time in ms, and in brackets the ratio to a one-token step (batch 1, k = 0):",
         "",
@@ -113,7 +124,7 @@ def write(result: dict, out: Path) -> None:
     lines.append("| --- | " + " | ".join("---" for _ in batches) + " |")
     for k in ks:
         lines.append(f"| {k} | " + " | ".join(f"{100 * by[b, k]['outside_forward_share']:.1f}%" for b in batches) + " |")
-    (out / "verify_cost.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib
 
@@ -129,7 +140,7 @@ def write(result: dict, out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "verify_cost.png", dpi=120)
+    fig.savefig(out / f"{stem}.png", dpi=120)
 
 
 if __name__ == "__main__":
