@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.run import machine
 from specdraft.drafters.ngram import NgramDrafter
 from specdraft.drafters.prompt_lookup import ScanPromptLookupDrafter
 from specdraft.sampling import SamplingParams
@@ -226,18 +225,6 @@ def time_kernel_only(drafter: NgramDrafter, ids: list[str], calls: int = 50) -> 
         )
         times.append((time.perf_counter_ns() - start) / 1e9)
     return times
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}; {os.cpu_count()} cores (shared with other jobs)"
 
 
 def main() -> None:
