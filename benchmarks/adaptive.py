@@ -27,6 +27,7 @@ from specdraft.engine import Engine
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
 from specdraft.sampling import SamplingParams
+from specdraft.verifier import Verifier
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -42,8 +43,6 @@ def drafters(k: int, eos: tuple[int, ...]) -> dict:
 
 def run_once(loaded, drafter, prompts: list[list[int]], k: int, batch: int, max_tokens: int,
              domains: list[str] | None = None) -> dict:
-    from specdraft.verifier import Verifier
-
     engine = Engine(Verifier(loaded.model), drafter, loaded.tokenizer, loaded.eos_token_ids, loaded.max_context,
                     k=k, max_batch=batch)
     start = time.perf_counter()
