@@ -26,7 +26,7 @@ from specdraft.drafters.ngram import NgramDrafter
 from specdraft.engine import Engine
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 
 RESULTS = Path(__file__).parent / "results"

@@ -23,7 +23,7 @@ import torch
 from benchmarks.run import machine
 from specdraft.drafters.ngram import NgramDrafter
 from specdraft.drafters.prompt_lookup import ScanPromptLookupDrafter
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
 VOCAB = 32_000

@@ -23,11 +23,11 @@ from tqdm import tqdm
 from benchmarks import peers
 from benchmarks.datasets import DOMAINS, load_domain
 from benchmarks.report import write_report
-from specdraft.drafters import create_drafter, drafter_names
+from specdraft.drafters import create_drafter, drafter_names, drafter_options
 from specdraft.engine import Engine
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 
 RESULTS = Path(__file__).parent / "results"
@@ -64,8 +64,8 @@ def specdraft_methods(loaded, k: int, draft_model: str | None) -> dict:
     engines = {}
     for name in drafter_names():
         try:
-            drafter = create_drafter(name, k=k, vocab_size=loaded.model.get_output_embeddings().weight.shape[0],
-                                     device=loaded.model.device, draft_model=draft_model, target=loaded)
+            options = {"draft_model": draft_model} if "draft_model" in drafter_options(name) else {}
+            drafter = create_drafter(name, k=k, target=loaded, **options)
         except (ValueError, OSError) as exc:  # e.g. a model drafter with no draft model given
             print(f"skipping drafter {name!r}: {exc}")
             continue

@@ -19,7 +19,7 @@ import torch
 
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 
 RESULTS = Path(__file__).parent / "results"

@@ -15,9 +15,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from specdraft.drafters.base import Drafter
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams, check_num_speculative_tokens
 from specdraft.text import IncrementalDetokenizer
-from specdraft.verifier import Verifier
+from specdraft.verifier import InvalidDraftError, Verifier
 
 
 class RequestError(ValueError):
@@ -78,6 +78,7 @@ class Request:
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     last_token: int | None = None
+    error: str | None = None  # why the request failed (finish_reason "error")
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Delta:
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,15 +100,19 @@ class Completion:
     prompt_token_ids: list[int]
     finish_reason: str
     metrics: dict
+    error: str | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "prompt_token_ids": self.prompt_token_ids,
             "finish_reason": self.finish_reason,
             "metrics": self.metrics,
         }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
 
 
 class Engine:
@@ -120,8 +126,7 @@ class Engine:
         k: int = 5,
         max_batch: int = 8,
     ) -> None:
-        if not 0 <= k <= 64:
-            raise ValueError(f"num_speculative_tokens must be between 0 and 64, got {k}")
+        check_num_speculative_tokens(k, "k")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.verifier, self.drafter, self.tokenizer = verifier, drafter, tokenizer
@@ -173,7 +178,7 @@ class Engine:
 
     def _retire_finished(self, deltas: list[Delta]) -> None:
         for delta in deltas:
-            if delta.finish_reason is not None:
+            if delta.finish_reason is not None and delta.request_id in self._running:
                 self._retire(self._running[delta.request_id])
 
     def _admit(self, request: Request) -> Delta:
@@ -190,10 +195,17 @@ class Engine:
         draft_seconds = (time.perf_counter() - start) / len(running)
         for request, draft, budget in zip(running, drafts, budgets):
             assert len(draft) <= min(self.k, budget), (len(draft), budget)
-        results = self.verifier.step(
-            {r.id: r.last_token for r in running}, {r.id: d for r, d in zip(running, drafts) if len(d)}
-        )
         deltas = []
+        while True:
+            try:
+                results = self.verifier.step(
+                    {r.id: r.last_token for r in running}, {r.id: d for r, d in zip(running, drafts) if len(d)}
+                )
+                break
+            except InvalidDraftError as exc:  # the drafter's fault: that request fails, the others go on
+                b = next(i for i, r in enumerate(running) if r.id == exc.row_id)
+                deltas.append(self._fail(running.pop(b), str(exc)))
+                drafts.pop(b)
         for request, draft in zip(running, drafts):
             result = results[request.id]
             request.metrics.record(len(draft), result.accepted)
@@ -228,6 +240,11 @@ class Engine:
             self.drafter.accept(request.id, kept)
         return Delta(request.id, kept, text, request.finish_reason)
 
+    def _fail(self, request: Request, error: str) -> Delta:
+        request.finish_reason, request.error = "error", error
+        self._retire(request)
+        return Delta(request.id, [], request.detok.flush(), "error", error)
+
     def _retire(self, request: Request) -> None:
         request.metrics.finished = time.perf_counter()
         self.verifier.remove(request.id)
@@ -255,4 +272,5 @@ class Engine:
             list(request.prompt_ids),
             request.finish_reason,
             request.metrics.to_dict(len(request.generated)),
+            request.error,
         )

@@ -30,14 +30,8 @@ def build_runtime(
     max_context: int | None = None,
 ) -> Runtime:
     target = load_model(model, device=device, dtype=dtype)
-    drafter_impl = create_drafter(
-        drafter,
-        k=k,
-        vocab_size=target.model.get_output_embeddings().weight.shape[0],
-        device=target.model.device,
-        draft_model=draft_model,
-        target=target,
-    )
+    options = {"draft_model": draft_model} if draft_model is not None else {}
+    drafter_impl = create_drafter(drafter, k=k, target=target, **options)
     context = min(max_context, target.max_context) if max_context else target.max_context
     engine = Engine(Verifier(target.model), drafter_impl, target.tokenizer, target.eos_token_ids, context, k=k, max_batch=max_batch)
     return Runtime(engine, target, drafter)

@@ -1,66 +1,81 @@
-"""Per-request sampling parameters, validated once at the edge and shared by drafters and verifier."""
+"""Sampling math shared by the verifier (p, the target) and drafters (q): the filtered distribution,
+inverse-CDF draws, and random numbers keyed by (seed, position) instead of drawn from a stream.
+
+Why keyed draws: a request's random numbers must not depend on what else runs in its batch, nor on
+how long its drafts are. Each draw is a pure function of the request's seed, the absolute position of
+the token it decides, and a stream id, so a seeded request gives the same tokens alone, in any batch,
+and with rows joining or leaving (`tests/test_seeded_sampling.py`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numpy as np
+import torch
+
+# Stream ids: which decision at a position a uniform belongs to.
+SAMPLE = 0  # the target's own draw from p (also the bonus token), and the test of deterministic drafts
+ACCEPT = 1  # the acceptance test u * q(d) < p(d) of a probabilistic draft
+RESIDUAL = 2  # the recovered token's draw from norm(max(0, p - q))
+DRAFT = 3  # a probabilistic drafter's draw from q
+STREAMS = 4
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request turns logits into tokens and when it stops.
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection on uint64 whose outputs pass BigCrush for counter inputs."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
 
-    temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 disable those filters.
+
+def keyed_uniforms(seeds: np.ndarray, positions: np.ndarray, stream: int) -> np.ndarray:
+    """U[0, 1) draws, one per (seed, position) pair (broadcast), as float64 with 53 random bits."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.asarray(seeds, dtype=np.uint64) * _GOLDEN + np.uint64(0x632BE59BD9B4E019))
+        counter = np.asarray(positions, dtype=np.uint64) * np.uint64(STREAMS) + np.uint64(stream)
+        bits = _mix(key ^ _mix(counter + _GOLDEN))
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Sample index i with probability dist[..., i] / dist.sum(-1): the first i whose CDF exceeds u.
+
+    dist: [..., vocab] non-negative, need not be normalised; u: [...] uniforms in [0, 1).
+    A token of probability 0 is never returned (its CDF step is empty).
     """
-
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed!r}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+    cdf = dist.cumsum(-1)  # [..., vocab]
+    scaled = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1).contiguous()  # [..., 1]
+    index = torch.searchsorted(cdf.contiguous(), scaled, right=True).squeeze(-1)
+    # u * total can round up to total itself (odds ~2^-24): then take the most likely token.
+    return torch.where(index < dist.shape[-1], index, dist.argmax(-1))
 
 
-def logits_to_probs(logits, temperature, top_k=None, top_p=None):
-    """Turn logits into the sampling distribution, row by row.
+def logits_to_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
+                    top_p: torch.Tensor | None = None) -> torch.Tensor:
+    """The sampling distribution, row by row, composed like Hugging Face `generate` and vLLM:
+    temperature, then top-k, then top-p over what top-k kept, renormalised.
 
-    logits: [batch, T, vocab]; temperature: [batch] tensor (> 0 here); top_k, top_p: [batch]
-    tensors, or None when no row filters (decided on the host, so no device sync here).
-    Returns probabilities [batch, T, vocab]. The same function gives p (target) and q (drafter),
-    so both see identical filtering.
+    logits: [batch, T, vocab]; temperature: [batch] (> 0); top_k, top_p: [batch] tensors (0 and 1.0
+    disable them per row), or None when no row filters (decided on the host: no device sync here).
+    Ties, as in transformers: top-k keeps every token tied with the k-th largest logit. top-p removes
+    tokens from the least likely up while their cumulative probability is <= 1 - top_p and always
+    keeps the most likely token; tokens tied exactly at that boundary are ordered by `torch.sort`, the
+    same call transformers and vLLM make, so all three drop the same ones. The same function gives p
+    (target) and q (drafter).
+    Returns probabilities [batch, T, vocab], float32.
     """
-    import torch
-
     scaled = logits.float() / temperature[:, None, None]
-    if top_k is not None or top_p is not None:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    if top_k is not None:
         vocab = scaled.shape[-1]
-        ranks = torch.arange(vocab, device=scaled.device)
-        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
-        if top_k is not None:
-            drop |= ranks >= torch.where(top_k > 0, top_k, vocab)[:, None, None]
-        if top_p is not None:
-            sorted_probs = sorted_logits.softmax(-1)
-            # Drop a token once the tokens ranked above it reach top_p (the top token always stays).
-            drop |= (sorted_probs.cumsum(-1) - sorted_probs) >= top_p[:, None, None]
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        scaled = torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # [batch]
+        kth = scaled.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None, None].expand(*scaled.shape[:2], 1))
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p is not None:
+        ascending, order = scaled.sort(dim=-1)  # [batch, T, vocab]
+        cumulative = ascending.softmax(-1).cumsum(-1)
+        remove = cumulative <= (1.0 - top_p)[:, None, None]
+        remove[..., -1] = False
+        scaled = scaled.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
     return scaled.softmax(-1)

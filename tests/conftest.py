@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdraft.drafters.base import EMPTY_DRAFT, Draft
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 TINY_VOCAB = 96
@@ -35,7 +35,7 @@ class ToyTokenizer:
         return Out()
 
 
-def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64):
+def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, sharpen: float = 40.0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -52,7 +52,7 @@ def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64):
     model = LlamaForCausalLM(config).to(dtype).eval()
     # Random init gives nearly flat logits; sharpen them so greedy continuations are varied, not ties.
     with torch.no_grad():
-        model.lm_head.weight.mul_(40.0)
+        model.lm_head.weight.mul_(sharpen)
     return model.to(TEST_DEVICE)
 
 

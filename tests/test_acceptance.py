@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdraft.sampling import inverse_cdf
 from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
 
 V = 8
@@ -89,10 +90,10 @@ def run_sampler(q_for_draft, q_given, draft_fixed, seed: int = 0, target: torch.
         draft = torch.stack([torch.multinomial(q_for_draft[i], N, replacement=True, generator=gen) for i in range(K)], 1)
     else:
         draft = torch.tensor(draft_fixed).expand(N, K)
-    uniform = torch.rand(N, K, generator=gen)
-    exponential = torch.empty(N, V).exponential_(generator=gen)
-    q = None if q_given is None else q_given.expand(N, K, V)
-    return draft, rejection_sample(p, draft, q, uniform, exponential)
+    u = torch.rand(N, K + 1, 3, generator=gen)
+    if q_given is None:
+        return draft, rejection_sample(p, draft, u)
+    return draft, rejection_sample(p, draft, u, q_given.expand(N, K, V), torch.ones(N, dtype=torch.bool))
 
 
 def emitted_at(tokens: torch.Tensor, accepted: torch.Tensor, position: int) -> torch.Tensor:
@@ -142,18 +143,44 @@ def test_token_with_zero_target_probability_is_never_emitted():
     p = p / p.sum(-1, keepdim=True)
     gen = torch.Generator().manual_seed(4)
     draft = torch.full((N, K), 6)
-    uniform = torch.rand(N, K, generator=gen)
-    exponential = torch.empty(N, V).exponential_(generator=gen)
-    for q in (None, Q.expand(N, K, V)):
-        tokens, accepted = rejection_sample(p.expand(N, K + 1, V), draft, q, uniform, exponential)
+    u = torch.rand(N, K + 1, 3, generator=gen)
+    for q, probabilistic in ((None, None), (Q.expand(N, K, V), torch.ones(N, dtype=torch.bool))):
+        tokens, accepted = rejection_sample(p.expand(N, K + 1, V), draft, u, q, probabilistic)
         assert accepted.max().item() == 0
         assert not (tokens == 6).any()
 
 
 def test_empty_draft_samples_from_p():
     gen = torch.Generator().manual_seed(5)
-    tokens, accepted = rejection_sample(
-        P[:1].expand(N, 1, V), torch.empty(N, 0, dtype=torch.long), None, torch.empty(N, 0), torch.empty(N, V).exponential_(generator=gen)
-    )
+    u = torch.rand(N, 1, 3, generator=gen)
+    tokens, accepted = rejection_sample(P[:1].expand(N, 1, V), torch.empty(N, 0, dtype=torch.long), u)
     assert accepted.max().item() == 0
     assert tvd(tokens[:, 0], P[0]) < 0.01
+
+
+def test_deterministic_rows_emit_the_targets_own_draws_whatever_was_drafted():
+    """The coupled test: with the same uniforms, any deterministic draft yields the tokens that
+    sampling each position from p with those uniforms yields (here p does not depend on the prefix)."""
+    gen = torch.Generator().manual_seed(6)
+    u = torch.rand(N, K + 1, 3, generator=gen)
+    p = P_DET.expand(N, K + 1, V)
+    plain = inverse_cdf(p, u[..., 0])  # [N, K + 1]
+    for draft in ([1, 3, 5], [0, 0, 0], [1, PAD, PAD]):
+        tokens, accepted = rejection_sample(p, torch.tensor(draft).expand(N, K), u)
+        emitted = accepted + 1
+        for row in range(0, N, 997):
+            assert tokens[row, : emitted[row]].tolist() == plain[row, : emitted[row]].tolist()
+
+
+def test_mixed_rows_follow_their_own_rule():
+    """One batch, probabilistic and deterministic rows: each row's output depends on its own inputs only."""
+    gen = torch.Generator().manual_seed(7)
+    u = torch.rand(N, K + 1, 3, generator=gen)
+    draft = torch.stack([torch.multinomial(Q[i], N, replacement=True, generator=gen) for i in range(K)], 1)
+    p, q = P.expand(N, K + 1, V), Q.expand(N, K, V)
+    probabilistic = torch.arange(N) % 2 == 0
+    mixed = rejection_sample(p, draft, u, q, probabilistic)
+    alone_q = rejection_sample(p, draft, u, q, torch.ones(N, dtype=torch.bool))
+    alone_det = rejection_sample(p, draft, u)
+    for ours, alone, rows in ((mixed, alone_q, probabilistic), (mixed, alone_det, ~probabilistic)):
+        assert torch.equal(ours[0][rows], alone[0][rows]) and torch.equal(ours[1][rows], alone[1][rows])

@@ -15,7 +15,7 @@ from specdraft.drafters.ngram import NgramDrafter
 from specdraft.drafters.ngram_table import BEST, BEST_COUNT, COUNT, extend, find, longest_match, new_table, rehash
 from specdraft.drafters.ngram_table import slots_for
 from specdraft.drafters.prompt_lookup import scan_lookup
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 
 EXAMPLES = 120
 
@@ -506,10 +506,11 @@ def test_memory_stays_under_its_cap():
 
 
 # -- registry and validation ---------------------------------------------------------------------
-def test_registry_builds_the_indexed_drafter_and_ignores_unknown_options():
-    drafter = create_drafter("ngram", k=7, vocab_size=100, device="cpu", draft_model=None)
+def test_registry_builds_the_indexed_drafter_with_its_options():
+    drafter = create_drafter("ngram", k=7, max_n=5, copy_min_n=2, min_confidence=0.25, adaptive=False)
     assert isinstance(drafter, NgramDrafter) and isinstance(drafter, Drafter)
-    assert drafter.k == 7 and drafter.memory is None
+    assert (drafter.k, drafter.max_n, drafter.copy_min_n, drafter.min_confidence) == (7, 5, 2, 0.25)
+    assert drafter.memory is None and not drafter.adaptive
 
 
 def test_registry_takes_eos_from_the_target():
@@ -522,7 +523,6 @@ def test_registry_takes_eos_from_the_target():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"k": 0}, "k must be >= 1, got 0"),
         ({"max_n": 1}, "max_n must be >= 2, got 1"),
         ({"copy_min_n": 0}, "copy_min_n must be >= 1, got 0"),
         ({"min_confidence": 1.5}, r"min_confidence must be in \[0, 1\], got 1.5"),

@@ -14,7 +14,7 @@ import torch
 from specdraft.drafters import create_drafter
 from specdraft.engine import Engine
 from specdraft.runtime import encode_prompt
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from tests.prompts import E2E_PROMPTS
 

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from specdraft.drafters import create_drafter
 from specdraft.engine import Engine, RequestError
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy, oracle_script
 

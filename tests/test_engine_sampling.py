@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from specdraft.engine import Engine
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
+from specdraft.sampling import inverse_cdf
+from specdraft.verifier import acceptance
 from specdraft.verifier import verifier as verifier_module
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer
 
@@ -51,10 +53,11 @@ def test_engine_sampling_matches_target_marginal(tiny_model, exact):
 
 def test_negative_control_always_accepting_fails(tiny_model, exact, monkeypatch):
     _, second, marginal = exact
-    honest = verifier_module.rejection_sample
-
-    def accept_everything(p, draft, q, uniform, exponential):
-        return honest(p, draft, q, torch.zeros_like(uniform) - 1.0, exponential)  # u < 0: every test passes
+    def accept_everything(p, draft, u, q=None, probabilistic=None):
+        accepted = (draft >= 0).sum(dim=1)  # every draft token "accepted"; then an honest bonus draw
+        at = accepted[:, None, None].expand(-1, 1, p.shape[-1])
+        bonus = inverse_cdf(p.gather(1, at).squeeze(1), u[:, :, 0].gather(1, accepted[:, None]).squeeze(1))
+        return acceptance._emit(draft, accepted, bonus), accepted
 
     monkeypatch.setattr(verifier_module, "rejection_sample", accept_everything)
     assert tvd(sample_second_tokens(tiny_model, second), marginal) > 0.1

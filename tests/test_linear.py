@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdraft.engine import Engine
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from specdraft.verifier.linear import MAX_ROWS, FewRowsLinear, use_few_rows_linears
 from tests.conftest import ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script

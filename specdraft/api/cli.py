@@ -29,11 +29,22 @@ def _positive(name: str):
     return parse
 
 
+def _draft_length(value: str) -> int:
+    from specdraft.params import check_num_speculative_tokens
+
+    try:
+        return check_num_speculative_tokens(int(value), "--num-speculative-tokens")
+    except ValueError as exc:
+        message = str(exc) if value.strip().lstrip("-").isdigit() else f"--num-speculative-tokens must be an integer, got {value!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF id, local directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default="ngram", choices=drafter_names(), help="how drafts are proposed (none = plain decoding)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter model/hybrid")
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, help="max draft length per step")
+    parser.add_argument("-k", "--num-speculative-tokens", type=_draft_length, default=5,
+                        help="longest draft per step (0..64; 0 = plain decoding)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
@@ -59,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     from specdraft.engine import RequestError
     from specdraft.runtime import build_runtime, encode_prompt
-    from specdraft.sampling import SamplingParams
+    from specdraft.params import SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():

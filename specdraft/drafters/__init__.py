@@ -1,17 +1,24 @@
 """Drafter registry: maps a name (`none`, `ngram`, `model`, `hybrid`, ...) to a factory.
 
-A factory takes keyword arguments and uses those it needs; every drafter is built with
-`create_drafter(name, k=..., vocab_size=..., device=..., draft_model=...)`.
+Every drafter is built with `create_drafter(name, k=..., target=..., **options)`:
+- `k`: the longest draft it will ever be asked for (it sizes its buffers for it);
+- `target`: the loaded target model (`specdraft.models.LoadedModel`), handed only to factories that
+  declare a `target` parameter (for its EOS ids, vocabulary, device, weights);
+- `options`: the drafter's own keyword arguments. A factory declares each one it takes; an option it
+  does not declare is refused with a message naming it and the options it does take.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 from specdraft.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from specdraft.params import check_num_speculative_tokens
 
 DrafterFactory = Callable[..., Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
+_SUPPLIED = ("k", "target")  # passed by the registry itself, not user options
 
 
 def register(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
@@ -28,11 +35,35 @@ def drafter_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create_drafter(name: str, **options: Any) -> Drafter:
+def drafter_options(name: str) -> list[str]:
+    """The options a drafter's factory takes (besides `k` and `target`)."""
+    parameters = inspect.signature(_factory(name)).parameters
+    return [p for p in parameters if p not in _SUPPLIED]
+
+
+def needs_target(name: str) -> bool:
+    """Whether the drafter is built from the target model (it cannot run without one)."""
+    return "target" in inspect.signature(_factory(name)).parameters
+
+
+def create_drafter(name: str, *, k: int = 5, target: Any = None, **options: Any) -> Drafter:
+    factory = _factory(name)
+    check_num_speculative_tokens(k, "k")
+    takes = drafter_options(name)
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        listed = ", ".join(takes) if takes else "none"
+        raise ValueError(f"drafter {name!r} has no option {unknown[0]!r}; its options: {listed}")
+    parameters = inspect.signature(factory).parameters
+    supplied = {key: value for key, value in (("k", k), ("target", target)) if key in parameters}
+    return factory(**supplied, **options)
+
+
+def _factory(name: str) -> DrafterFactory:
     _load_builtin()
     if name not in _REGISTRY:
         raise ValueError(f"unknown drafter {name!r}; choose one of: {', '.join(drafter_names())}")
-    return _REGISTRY[name](**options)
+    return _REGISTRY[name]
 
 
 def _load_builtin() -> None:
@@ -40,4 +71,5 @@ def _load_builtin() -> None:
     from specdraft.drafters import ngram, none, prompt_lookup  # noqa: F401
 
 
-__all__ = ["Draft", "Drafter", "EMPTY_DRAFT", "create_drafter", "drafter_names", "register"]
+__all__ = ["Draft", "Drafter", "EMPTY_DRAFT", "create_drafter", "drafter_names", "drafter_options", "needs_target",
+           "register"]

@@ -13,7 +13,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from specdraft.drafters.base import EMPTY_DRAFT, Draft
 from specdraft.drafters.memory import NgramMemory
 from specdraft.drafters.ngram_table import BEST, BEST_COUNT, COUNT, FIELDS, extend, find, longest_match, new_table
 from specdraft.drafters.ngram_table import rehash, slots_for, warm_up
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 
 # Per-request state: one int64 row of `meta` per slot.
 LENGTH = 0  # tokens in the context
@@ -179,8 +179,7 @@ class NgramDrafter:
         eos_token_ids: Sequence[int] = (),
         memory: NgramMemory | None = None,
     ) -> None:
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        assert k >= 0, k  # checked where requests and drafters are built (`specdraft.params`)
         if max_n < 2:
             raise ValueError(f"max_n must be >= 2, got {max_n}")
         if copy_min_n < 1:
@@ -318,16 +317,19 @@ class NgramDrafter:
 
 @register("ngram")
 def _create(
-    k: int = 5,
-    eos_token_ids: Sequence[int] | None = None,
+    k: int,
     target: Any = None,
+    eos_token_ids: Sequence[int] | None = None,
+    max_n: int = 4,
+    copy_min_n: int = 1,
+    min_confidence: float = 0.5,
+    adaptive: bool = True,
     memory: bool = False,
     memory_path: str | None = None,
     memory_capacity: int = 1 << 20,
-    **_: Any,
 ) -> NgramDrafter:
     """`eos_token_ids` default to the target's; `memory` (or a `memory_path` to load from) turns on
-    the cross-request memory."""
+    the cross-request memory. The other options are `NgramDrafter`'s."""
     if eos_token_ids is None:
         eos_token_ids = getattr(target, "eos_token_ids", ())
     shared = None
@@ -335,4 +337,5 @@ def _create(
         shared = NgramMemory.load(memory_path)
     elif memory or memory_path is not None:
         shared = NgramMemory(capacity=memory_capacity)
-    return NgramDrafter(k=k, eos_token_ids=eos_token_ids, memory=shared)
+    return NgramDrafter(k=k, max_n=max_n, copy_min_n=copy_min_n, min_confidence=min_confidence, adaptive=adaptive,
+                        eos_token_ids=eos_token_ids, memory=shared)

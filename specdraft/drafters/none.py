@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from specdraft.drafters import register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 
 
 class NoDrafter:
@@ -24,5 +24,5 @@ class NoDrafter:
 
 
 @register("none")
-def _create(**_: Any) -> NoDrafter:
+def _create() -> NoDrafter:
     return NoDrafter()

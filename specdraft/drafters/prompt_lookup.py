@@ -7,14 +7,14 @@ measured against.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from numba import njit
 
 from specdraft.drafters import register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft
-from specdraft.sampling import SamplingParams
+from specdraft.params import SamplingParams
 
 
 @njit(cache=True, nogil=True)
@@ -87,5 +87,6 @@ class ScanPromptLookupDrafter:
 
 
 @register("prompt-lookup-scan")
-def _create(k: int = 5, **_: Any) -> ScanPromptLookupDrafter:
-    return ScanPromptLookupDrafter(k=k)
+def _create(k: int, min_n: int = 1, max_n: int = 3) -> ScanPromptLookupDrafter:
+    """`min_n`..`max_n`: the suffix lengths matched, longest first."""
+    return ScanPromptLookupDrafter(k=k, min_n=min_n, max_n=max_n)

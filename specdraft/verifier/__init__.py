@@ -5,17 +5,20 @@ Terms, used the same way everywhere in specdraft:
 - **draft** `d1..dk`: tokens a drafter proposed after the row's last token; `q` is the distribution
   they were drawn from (one-hot at `di` for deterministic drafters).
 - **accepted**: the leading draft tokens the target agrees with. Greedy: `di == argmax p_i`.
-  Sampling: `di` is accepted with probability `min(1, p_i(di) / q_i(di))`.
+  Sampling: `di` is accepted with probability `min(1, p_i(di) / q_i(di))`. For a deterministic
+  draft (q one-hot, so that probability is `p_i(di)`) the test is `di == y_i`, where `y_i` is the
+  target's own draw from `p_i` with the row's keyed uniform for that position.
 - **rejected**: the first draft token that is not accepted; it and everything after it is dropped.
 - **recovered** token: emitted in place of a rejected one. Greedy: `argmax p_i`. Sampling: drawn from
-  `norm(max(0, p_i - q_i))`.
-- **bonus** token: emitted after a fully accepted draft (or an empty one), from `p_{k+1}`.
+  `norm(max(0, p_i - q_i))`; for a deterministic draft that draw is `y_i` itself.
+- **bonus** token: emitted after a fully accepted draft (or an empty one): `argmax p_{k+1}`, or `y_{k+1}`.
 
 Each step emits `accepted + 1` tokens per row: the accepted prefix and one recovered or bonus token.
 This makes greedy output identical to the target alone and sampled output distributed exactly as
-the target's (Leviathan et al. 2023, Theorem 1).
+the target's (Leviathan et al. 2023, Theorem 1). With deterministic drafters (`none`, `ngram`) a
+seeded sampled row emits exactly the tokens plain sampling with the same seed emits, in any batch.
 """
 
-from specdraft.verifier.verifier import StepResult, Verifier
+from specdraft.verifier.verifier import InvalidDraftError, StepResult, Verifier
 
-__all__ = ["StepResult", "Verifier"]
+__all__ = ["InvalidDraftError", "StepResult", "Verifier"]

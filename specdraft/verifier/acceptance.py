@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, inverse_cdf
+
 PAD = -1
 
 
@@ -40,40 +42,45 @@ def greedy_accept(logits: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tens
 def rejection_sample(
     p: torch.Tensor,
     draft: torch.Tensor,
-    q: torch.Tensor | None,
-    uniform: torch.Tensor,
-    exponential: torch.Tensor,
+    u: torch.Tensor,
+    q: torch.Tensor | None = None,
+    probabilistic: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023), exact in distribution.
 
-    p: [batch, k + 1, vocab] target distribution at [last token, d1..dk].
-    draft: [batch, k] with pad -1; q: [batch, k, vocab] the drafter's distribution, or None for
-    deterministic drafts (q one-hot at the drafted token).
-    uniform: [batch, k] U(0, 1) draws; exponential: [batch, vocab] Exp(1) draws, used to sample the
-    final token as argmax(dist / exponential) (an exponential race: exact sampling from dist).
+    p: [batch, k + 1, vocab] target distribution at [last token, d1..dk]; draft: [batch, k], pad -1.
+    u: [batch, k + 1, 3] uniforms per position for the streams SAMPLE, ACCEPT, RESIDUAL
+    (`specdraft.sampling`). q: [batch, k, vocab] the drafter's distribution for the rows where
+    `probabilistic` [batch] is True; the other rows' drafts are deterministic (q one-hot).
+
+    Every position t has the target's own draw y_t = inverse_cdf(p_t, u_t). A deterministic draft
+    token d_t is accepted when y_t == d_t, an event of probability p_t(d_t) = min(1, p/q) for a
+    one-hot q; at the first rejection y_t is the recovered token (distributed as p_t without d_t,
+    i.e. norm(max(0, p_t - q_t))). So the row emits y_0, y_1, ... exactly as plain sampling with the
+    same draws would, whatever was drafted. A probabilistic draft token is accepted when
+    u * q(d) < p(d), and a rejection draws the recovered token from norm(max(0, p - q)). The bonus
+    token after a fully accepted draft is y at that position.
     """
     batch, k = draft.shape
+    y = inverse_cdf(p, u[..., SAMPLE])  # [batch, k + 1]
     valid = draft >= 0  # [batch, k]
-    safe_draft = draft.clamp(min=0)[:, :, None]  # [batch, k, 1]
-    p_draft = p[:, :k].gather(2, safe_draft).squeeze(2)  # [batch, k]
-    if q is None:
-        # q(d) = 1, so accept with probability p(d).
-        accept = uniform < p_draft
-        residual = p[:, :k].scatter(2, safe_draft, 0.0)  # max(0, p - onehot(d))
-    else:
+    accept = y[:, :k] == draft
+    if q is not None:
+        safe_draft = draft.clamp(min=0)[:, :, None]  # [batch, k, 1]
+        p_draft = p[:, :k].gather(2, safe_draft).squeeze(2)  # [batch, k]
         q_draft = q.gather(2, safe_draft).squeeze(2)
-        accept = uniform * q_draft < p_draft  # u < p/q without dividing by q = 0
-        residual = (p[:, :k] - q).clamp(min=0.0)
+        tested = u[:, :k, ACCEPT].to(p.dtype) * q_draft < p_draft  # u < p/q without dividing by q = 0
+        accept = torch.where(probabilistic[:, None], tested, accept)
     accepted = _accepted_prefix(accept & valid)
-
-    # Final token: recovered from norm(residual) at the first rejection, or bonus from p after a full
-    # acceptance (position `accepted` is then the first pad, or k).
-    rejected = accepted < valid.sum(dim=1)  # [batch]
-    at = accepted[:, None, None].expand(batch, 1, p.shape[-1])
-    bonus = p.gather(1, at).squeeze(1)  # [batch, vocab]
-    recovered = residual.gather(1, at.clamp(max=max(k - 1, 0))).squeeze(1) if k else bonus
-    # A residual of all zeros means p == q there; rejection then has probability 0.
-    recovered = torch.where(recovered.sum(-1, keepdim=True) > 0, recovered, bonus)
-    dist = torch.where(rejected[:, None], recovered, bonus)  # unnormalised is fine for the race
-    final = (dist / exponential).argmax(dim=-1)
+    final = y.gather(1, accepted[:, None]).squeeze(1)  # bonus, or a deterministic row's recovered token
+    if q is not None and k:
+        at = accepted.clamp(max=k - 1)  # [batch]
+        index = at[:, None, None].expand(batch, 1, p.shape[-1])
+        p_at, q_at = p.gather(1, index).squeeze(1), q.gather(1, index).squeeze(1)  # [batch, vocab]
+        residual = (p_at - q_at).clamp(min=0.0)
+        # A residual of all zeros means p == q there; rejection then has probability 0.
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
+        recovered = inverse_cdf(residual, u[:, :k, RESIDUAL].gather(1, at[:, None]).squeeze(1))
+        rejected = probabilistic & (accepted < valid.sum(dim=1))
+        final = torch.where(rejected, recovered, final)
     return _emit(draft, accepted, final), accepted

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from specdraft.drafters.base import Draft
-from specdraft.sampling import SamplingParams, logits_to_probs
+from specdraft.params import SamplingParams
+from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, keyed_uniforms, logits_to_probs
 from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
 from specdraft.verifier.cache import RowKVCache
 
@@ -24,10 +25,18 @@ class StepResult:
     accepted: int
 
 
+class InvalidDraftError(ValueError):
+    """A drafter proposed something the verifier cannot check (e.g. a token outside the vocabulary)."""
+
+    def __init__(self, row_id: str, message: str) -> None:
+        super().__init__(f"request {row_id}: {message}")
+        self.row_id = row_id
+
+
 @dataclass
 class _Row:
     params: SamplingParams
-    generator: torch.Generator | None
+    seed: int  # keys the row's random draws (`specdraft.sampling.keyed_uniforms`)
 
 
 class Verifier:
@@ -45,11 +54,8 @@ class Verifier:
         """Prefill a new row with its prompt; return the first generated token."""
         assert row_id not in self._rows, row_id
         assert len(prompt_ids) > 0
-        generator = None
-        if not params.greedy:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2**63))
-        self._rows[row_id] = _Row(params, generator)
+        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self._rows[row_id] = _Row(params, seed)
         slot = self.cache.add_row()
         self._order.append(row_id)
         ids = torch.as_tensor(np.asarray(prompt_ids, dtype=np.int64), device=self.device)[None, :]
@@ -57,7 +63,8 @@ class Verifier:
             chunk = ids[:, start : start + PREFILL_CHUNK]
             logits = self._forward(slice(slot, slot + 1), chunk, logits_to_keep=1)  # [1, 1, vocab]
             self.cache.lengths[slot] += chunk.shape[1]
-        tokens, _ = self._accept([row_id], logits, torch.empty((1, 0), dtype=torch.int64, device=self.device), [None])
+        no_draft = torch.empty((1, 0), dtype=torch.int64, device=self.device)
+        tokens, _ = self._accept([row_id], logits, no_draft, [None], np.array([len(prompt_ids)]))
         return int(tokens[0, 0])
 
     def remove(self, row_id: str) -> None:
@@ -81,6 +88,8 @@ class Verifier:
         """Verify every active row's draft in one forward pass (rows without a draft take one token)."""
         order = self._order
         assert set(last_tokens) == set(order), "every active row takes part in each step"
+        for row_id, d in drafts.items():
+            self._check_draft(row_id, d)
         k = max((len(drafts[r]) for r in order if r in drafts), default=0)
         draft = np.full((len(order), k), PAD, dtype=np.int64)
         for b, row_id in enumerate(order):
@@ -88,8 +97,10 @@ class Verifier:
                 draft[b, : len(drafts[row_id])] = drafts[row_id].token_ids
         inputs = np.concatenate([np.array([[last_tokens[r]] for r in order], dtype=np.int64), np.maximum(draft, 0)], 1)
         draft_t = torch.as_tensor(draft, device=self.device)  # [batch, k]
+        # Row b's last token sits at position lengths[b]; its logits decide the token after it.
+        first_position = np.asarray(self.cache.lengths, dtype=np.int64) + 1  # [batch]
         logits = self._forward(slice(0, len(order)), torch.as_tensor(inputs, device=self.device))  # [batch, k+1, vocab]
-        tokens, accepted = self._accept(order, logits, draft_t, [drafts.get(r) for r in order])
+        tokens, accepted = self._accept(order, logits, draft_t, [drafts.get(r) for r in order], first_position)
         results = {}
         for b, row_id in enumerate(order):
             n = int(accepted[b])
@@ -120,14 +131,29 @@ class Verifier:
         self.forward_seconds += time.perf_counter() - start
         return out.logits
 
-    def _accept(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None]):
-        """Apply each row's acceptance rule; return host arrays tokens [batch, k + 1] and accepted [batch]."""
+    def _check_draft(self, row_id: str, draft: Draft) -> None:
+        if not len(draft):
+            return
+        low, high = int(draft.token_ids.min()), int(draft.token_ids.max())
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            raise InvalidDraftError(row_id, f"draft token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if draft.probs is not None and tuple(draft.probs.shape) != (len(draft), self.vocab_size):
+            raise InvalidDraftError(
+                row_id, f"draft probabilities have shape {tuple(draft.probs.shape)}, expected ({len(draft)}, {self.vocab_size})")
+
+    def _accept(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
+                first_position: np.ndarray):
+        """Apply each row's acceptance rule; return host arrays tokens [batch, k + 1] and accepted [batch].
+
+        first_position [batch]: the position in its row of the token that logits[b, 0] decides.
+        """
         rows = [self._rows[r] for r in order]
         greedy = [b for b, row in enumerate(rows) if row.params.greedy]
         if len(greedy) == len(rows):
             tokens, accepted = greedy_accept(logits, draft)
         else:
-            tokens, accepted = self._sample(rows, logits, draft, drafts)
+            tokens, accepted = self._sample(rows, logits, draft, drafts, first_position)
             if greedy:
                 index = torch.as_tensor(greedy, device=self.device)
                 g_tokens, g_accepted = greedy_accept(logits[index], draft[index])
@@ -136,31 +162,25 @@ class Verifier:
         host = torch.cat([tokens, accepted[:, None]], dim=1).cpu().numpy()
         return host[:, :-1], host[:, -1]
 
-    def _sample(self, rows: Sequence[_Row], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None]):
+    def _sample(self, rows: Sequence[_Row], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
+                first_position: np.ndarray):
         batch, k = draft.shape
         params = [row.params for row in rows]
         temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=self.device)
         top_k = torch.tensor([p.top_k for p in params], device=self.device) if any(p.top_k for p in params) else None
         top_p = torch.tensor([p.top_p for p in params], device=self.device) if any(p.top_p < 1 for p in params) else None
         p = logits_to_probs(logits, temperature, top_k, top_p)  # [batch, k + 1, vocab]
-        q = None
+        q = probabilistic = None
         if any(d is not None and d.probs is not None for d in drafts):
             q = torch.zeros((batch, k, p.shape[-1]), dtype=p.dtype, device=self.device)
             for b, d in enumerate(drafts):
-                if d is None or not len(d):
-                    continue
-                if d.probs is not None:
+                if d is not None and d.probs is not None:
                     q[b, : len(d)] = d.probs.to(p.dtype)
-                else:
-                    q[b, torch.arange(len(d)), torch.as_tensor(d.token_ids, device=self.device)] = 1.0
-        uniform = torch.empty((batch, k), device=self.device)
-        exponential = torch.empty((batch, p.shape[-1]), device=self.device)
-        for b, row in enumerate(rows):
-            generator = row.generator
-            if generator is None:  # greedy rows are overwritten by the caller; any draw will do
-                uniform[b].fill_(0.5)
-                exponential[b].fill_(1.0)
-                continue
-            uniform[b].uniform_(generator=generator)
-            exponential[b].exponential_(generator=generator)
-        return rejection_sample(p, draft, q, uniform, exponential)
+            flags = [d is not None and d.probs is not None for d in drafts]
+            probabilistic = torch.tensor(flags, device=self.device)
+        # Each row's draws depend only on its seed and the positions they decide (never on the batch).
+        seeds = np.array([row.seed for row in rows], dtype=np.uint64)[:, None]  # [batch, 1]
+        positions = first_position[:, None] + np.arange(k + 1)[None, :]  # [batch, k + 1]
+        u = np.stack([keyed_uniforms(seeds, positions, s) for s in (SAMPLE, ACCEPT, RESIDUAL)], -1)  # [batch, k + 1, 3]
+        u = torch.as_tensor(u.astype(np.float32), device=self.device)
+        return rejection_sample(p, draft, u, q, probabilistic)

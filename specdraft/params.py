@@ -1,0 +1,73 @@
+"""Per-request options, validated once where a request enters (CLI, HTTP server, library call) and
+trusted everywhere after: how it samples and stops (`SamplingParams`) and how it speculates
+(`SpeculationParams`). Every check raises ValueError with a message that names the bad value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_SPECULATIVE_TOKENS = 64  # the longest draft any request may ask for
+
+
+def check_num_speculative_tokens(k: object, name: str = "num_speculative_tokens") -> int:
+    """The one check of a draft length: an integer in 0..MAX_SPECULATIVE_TOKENS (0 = plain decoding)."""
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise ValueError(f"{name} must be an integer, got {k!r}")
+    if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(f"{name} must be between 0 and {MAX_SPECULATIVE_TOKENS}, got {k}")
+    return k
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request turns logits into tokens and when it stops.
+
+    temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 disable those filters. A seed fixes
+    the request's random draws (see `specdraft.sampling`); without one, each request draws its own.
+    """
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpeculationParams:
+    """Which drafter proposes a request's tokens, and its longest draft per step.
+
+    `num_speculative_tokens` None means "auto": the engine's maximum. Either way it is an upper
+    bound; the engine's cost-aware policy picks each step's draft length below it (0 included).
+    Whether the named drafter exists is checked by the engine that serves the request.
+    """
+
+    drafter: str = "ngram"
+    num_speculative_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.drafter, str) or not self.drafter:
+            raise ValueError(f"drafter must be a non-empty name, got {self.drafter!r}")
+        if self.num_speculative_tokens is not None:
+            check_num_speculative_tokens(self.num_speculative_tokens)
