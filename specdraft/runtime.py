@@ -1,14 +1,15 @@
-"""Assemble a ready engine from user-level choices (model, drafter, k) and encode prompts."""
+"""Assemble a ready engine from user-level choices (model, drafters, k) and encode prompts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-from specdraft.drafters import create_drafter
+from specdraft.drafters import Drafter, create_drafter, drafter_options
 from specdraft.engine import Engine, RequestError
-from specdraft.models import LoadedModel, load_model
+from specdraft.models import LoadedModel, load_draft_model, load_model
 from specdraft.verifier import Verifier
 
 
@@ -16,7 +17,24 @@ from specdraft.verifier import Verifier
 class Runtime:
     engine: Engine
     target: LoadedModel
-    drafter_name: str
+    drafter_name: str  # the default drafter
+
+
+def build_drafters(names: Sequence[str], k: int, target: LoadedModel, draft_model: str | None = None,
+                   dtype: str = "auto", ngram_options: dict | None = None) -> dict[str, Drafter]:
+    """Build and warm each named drafter once. The drafters that draft with a model (`model`,
+    `hybrid`) share one draft model, loaded (or built) once."""
+    with_model = [n for n in names if "draft_model" in drafter_options(n)]
+    if draft_model is not None and not with_model:
+        raise ValueError(f"a draft model is used by the model and hybrid drafters, not by {', '.join(map(repr, names))}")
+    shared = load_draft_model(draft_model, target, dtype) if with_model else None
+    drafters = {}
+    for name in names:
+        options = {"draft_model": shared} if name in with_model else {}
+        if name == "ngram" and ngram_options:
+            options.update(ngram_options)
+        drafters[name] = create_drafter(name, k=k, target=target, **options)
+    return drafters
 
 
 def build_runtime(
@@ -28,12 +46,17 @@ def build_runtime(
     dtype: str = "auto",
     draft_model: str | None = None,
     max_context: int | None = None,
+    drafters: Sequence[str] | None = None,
+    adaptive: bool = True,
+    ngram_options: dict | None = None,
 ) -> Runtime:
+    """drafter: the default drafter; drafters: every drafter requests may choose (default: just it)."""
+    names = list(dict.fromkeys([drafter, *(drafters or [])]))
     target = load_model(model, device=device, dtype=dtype)
-    options = {"draft_model": draft_model} if draft_model is not None else {}
-    drafter_impl = create_drafter(drafter, k=k, target=target, **options)
+    built = build_drafters(names, k, target, draft_model, dtype, ngram_options)
     context = min(max_context, target.max_context) if max_context else target.max_context
-    engine = Engine(Verifier(target.model), drafter_impl, target.tokenizer, target.eos_token_ids, context, k=k, max_batch=max_batch)
+    engine = Engine(Verifier(target.model), built, target.tokenizer, target.eos_token_ids, context, k=k,
+                    max_batch=max_batch, default_drafter=drafter, adaptive=adaptive)
     return Runtime(engine, target, drafter)
 
 

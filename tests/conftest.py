@@ -22,11 +22,14 @@ TEST_DEVICE = torch.device(os.environ.get("SPECDRAFT_TEST_DEVICE", "cpu"))
 class ToyTokenizer:
     """Token i decodes to one printable character; enough for detokenization and stop strings."""
 
-    eos_token_id = None
+    eos_token_id = bos_token_id = pad_token_id = unk_token_id = None
     chat_template = None
 
     def decode(self, ids: Sequence[int], **_) -> str:
         return "".join(chr(32 + int(i) % 95) for i in ids)
+
+    def encode(self, text: str) -> list[int]:
+        return [(ord(c) - 32) % TINY_VOCAB for c in text]
 
     def __call__(self, text: str):
         class Out:
@@ -35,19 +38,21 @@ class ToyTokenizer:
         return Out()
 
 
-def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, sharpen: float = 40.0):
+def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, sharpen: float = 40.0, layers: int = 2,
+                    vocab_size: int = TINY_VOCAB, **config_overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=TINY_VOCAB,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
         tie_word_embeddings=False,
+        **config_overrides,
     )
     model = LlamaForCausalLM(config).to(dtype).eval()
     # Random init gives nearly flat logits; sharpen them so greedy continuations are varied, not ties.
@@ -63,9 +68,11 @@ def tiny_model():
 
 def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
     """Reference: Hugging Face generate, greedy, on the prompt alone."""
+    input_ids = torch.tensor([list(prompt_ids)], device=model.device)
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([list(prompt_ids)], device=model.device),
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),  # else generate masks prompt tokens equal to pad_token_id
             max_new_tokens=max_new_tokens,
             min_new_tokens=0,
             do_sample=False,
@@ -80,6 +87,8 @@ def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_i
 
 class ScriptedDrafter:
     """Drafts from a function of the request's context: `script(context, max_len) -> tokens`."""
+
+    cheap = True
 
     def __init__(self, script: Callable[[list[int], int], Sequence[int]]) -> None:
         self.script = script
@@ -140,3 +149,27 @@ def embedded_stock():
     from specdraft.models import load_model
 
     return load_model(None, device="cpu", dtype="float32", few_rows_linears=False)
+
+
+def loaded(model, name: str = "tiny", tokenizer=None, eos: tuple[int, ...] = ()):
+    """Wrap an in-process model as the loader would return it."""
+    from specdraft.models import LoadedModel
+
+    return LoadedModel(model, tokenizer or ToyTokenizer(), name, None, model.config.max_position_embeddings, eos)
+
+
+def shallow_copy_of(model, keep: Sequence[int], seed: int = 99):
+    """A draft model: a new model with `len(keep)` layers holding the given layers of `model` (and its
+    embeddings, norm and output layer), so its predictions are related to the target's."""
+    draft = make_tiny_model(seed=seed, dtype=next(model.parameters()).dtype, layers=len(keep),
+                            vocab_size=model.config.vocab_size)
+    state = {}
+    for key, value in model.state_dict().items():
+        if ".layers." in key:
+            index = int(key.split(".layers.")[1].split(".")[0])
+            if index not in keep:
+                continue
+            key = key.replace(f".layers.{index}.", f".layers.{list(keep).index(index)}.")
+        state[key] = value
+    draft.load_state_dict(state)
+    return draft

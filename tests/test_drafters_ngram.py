@@ -83,7 +83,7 @@ class RefMemory:
 class RefDrafter:
     """The `ngram` drafter's rules (module docstring of specdraft.drafters.ngram), written plainly."""
 
-    def __init__(self, k, max_n=4, copy_min_n=1, min_confidence=0.5, adaptive=True, adapt_from_batch=1,
+    def __init__(self, k, max_n=4, copy_min_n=1, min_confidence=0.5, adaptive=False, adapt_from_batch=1,
                  strong_copy_n=3, eos=(), memory=None):
         self.k, self.max_n, self.copy_min_n, self.min_confidence = k, max_n, copy_min_n, min_confidence
         self.adaptive, self.adapt_from_batch, self.strong_copy_n = adaptive, adapt_from_batch, strong_copy_n
@@ -373,12 +373,13 @@ def adaptive_lengths(rejected_steps: set[int], steps: int = 6, **options) -> lis
     "options, expected",
     [
         # Halve after a rejected first token, +2 after a full draft of k_cur tokens.
-        ({"adapt_from_batch": 1, "strong_copy_n": 9}, [5, 2, 4, 5, 5, 2]),
+        ({"adaptive": True, "adapt_from_batch": 1, "strong_copy_n": 9}, [5, 2, 4, 5, 5, 2]),
         # A copy from a 4-token match ignores k_cur: only the step right after the rejection is short.
-        ({"adapt_from_batch": 1}, [5, 2, 5, 5, 5, 2]),
+        ({"adaptive": True, "adapt_from_batch": 1}, [5, 2, 5, 5, 5, 2]),
         # One request per step, below adapt_from_batch: drafts stay at k.
-        ({"adapt_from_batch": 2, "strong_copy_n": 9}, [5, 5, 5, 5, 5, 5]),
-        ({"adapt_from_batch": 1, "strong_copy_n": 9, "adaptive": False}, [5, 5, 5, 5, 5, 5]),
+        ({"adaptive": True, "adapt_from_batch": 2, "strong_copy_n": 9}, [5, 5, 5, 5, 5, 5]),
+        # Off (the default: the engine's cost-aware policy owns draft lengths): drafts stay at k.
+        ({"adapt_from_batch": 1, "strong_copy_n": 9}, [5, 5, 5, 5, 5, 5]),
     ],
 )
 def test_adaptive_draft_length(options, expected):

@@ -66,7 +66,7 @@ def test_batch_of_eight_matches_each_prompt_alone(embedded, embedded_stock):
     prompts = list(E2E_PROMPTS.values()) + ["Name three primary colours.", "What is 12 times 12? Explain briefly."]
     lengths = [96, 64, 80, 48, 96, 32, 40, 72]  # rows finish at different steps
     ids = [encode_prompt(embedded.tokenizer, p) for p in prompts]
-    engine = Engine(Verifier(embedded.model), create_drafter("ngram", k=5), embedded.tokenizer,
+    engine = Engine(Verifier(embedded.model), {"ngram": create_drafter("ngram", k=5)}, embedded.tokenizer,
                     embedded.eos_token_ids, embedded.max_context, k=5, max_batch=8)
     done = engine.run([(p, SamplingParams(max_tokens=n)) for p, n in zip(ids, lengths)])
     for prompt_ids, n, completion in zip(ids, lengths, done):
@@ -79,7 +79,7 @@ def test_sampling_with_seed_is_reproducible(embedded):
     params = SamplingParams(max_tokens=48, temperature=0.8, top_p=0.95, seed=1234)
 
     def run():
-        engine = Engine(Verifier(embedded.model), create_drafter("ngram", k=5), embedded.tokenizer,
+        engine = Engine(Verifier(embedded.model), {"ngram": create_drafter("ngram", k=5)}, embedded.tokenizer,
                         embedded.eos_token_ids, embedded.max_context, k=5)
         return engine.run([(ids, params)])[0].token_ids
 

@@ -24,7 +24,8 @@ PROMPTS = [
 
 
 def make_engine(model, drafter, k=4, max_batch=8, max_context=256, eos=()):
-    return Engine(Verifier(model), drafter, ToyTokenizer(), eos, max_context, k=k, max_batch=max_batch)
+    return Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), eos, max_context, k=k, max_batch=max_batch,
+                  adaptive=False)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_rollback_restores_plain_decoding_state(tiny_model, references):
     prompt = PROMPTS[1]
     truth = references[tuple(prompt)]
     verifier = Verifier(tiny_model)
-    first = verifier.add("r", prompt, SamplingParams())
+    first = verifier.admit("r", prompt, SamplingParams())
     assert first == truth[0]
     # Draft 4 tokens: 2 right, then wrong ones; the verifier must keep prompt + first + 2 accepted.
     from specdraft.drafters.base import Draft
@@ -88,8 +89,7 @@ def test_rollback_restores_plain_decoding_state(tiny_model, references):
     with torch.inference_mode():
         tiny_model(torch.tensor([prompt + truth[:3]], device=tiny_model.device), past_key_values=plain, use_cache=True)
     for layer in range(tiny_model.config.num_hidden_layers):
-        ours_k = verifier.cache._keys[layer][0, :, :length]
-        ours_v = verifier.cache._values[layer][0, :, :length]
+        ours_k, ours_v = verifier.rows.cache.entries(layer, verifier.rows.slot("r"))
         torch.testing.assert_close(ours_k, plain.layers[layer].keys[0], rtol=0, atol=1e-10)
         torch.testing.assert_close(ours_v, plain.layers[layer].values[0], rtol=0, atol=1e-10)
     # And decoding goes on exactly as plain decoding.
@@ -176,3 +176,43 @@ def test_greedy_and_sampled_rows_share_a_batch(tiny_model, references):
     assert done[0].token_ids == references[tuple(PROMPTS[0])][:30]
     assert done[2].token_ids == references[tuple(PROMPTS[1])][:30]
     assert len(done[1].token_ids) == 30
+
+
+def test_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tiny_model, references):
+    """Running rows get a token in every step while a long prompt is admitted over several steps."""
+    engine = Engine(Verifier(tiny_model), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, k=4,
+                    max_batch=4, prefill_budget=8)
+    short = [engine.submit(p, SamplingParams(max_tokens=40)) for p in PROMPTS[:2]]
+    for _ in range(3):
+        engine.step()
+    long_prompt = [(7 * i) % TINY_VOCAB for i in range(60)]
+    long_id = engine.submit(long_prompt, SamplingParams(max_tokens=10))
+    steps_until_first = 0
+    while True:
+        deltas = {d.request_id: d for d in engine.step()}
+        steps_until_first += 1
+        assert all(r in deltas and deltas[r].token_ids for r in short)  # no stream stalls
+        if long_id in deltas:
+            break
+    assert steps_until_first == 60 // 8 + 1  # 8 prompt tokens a step
+    while engine.has_work:
+        engine.step()
+    for request_id, prompt in zip(short, PROMPTS[:2]):
+        assert engine.collect(request_id).token_ids == references[tuple(prompt)]
+    assert engine.collect(long_id).token_ids == hf_greedy(tiny_model, long_prompt, 10)
+
+
+def test_cancel_frees_rows_and_drafter_state_in_every_phase(tiny_model):
+    drafter = ScriptedDrafter(lambda context, limit: [1] * limit)
+    engine = Engine(Verifier(tiny_model), {"scripted": drafter}, ToyTokenizer(), (), 256, k=4, max_batch=2,
+                    prefill_budget=4)
+    running = engine.submit(PROMPTS[1], SamplingParams(max_tokens=50))
+    engine.step()
+    prefilling = engine.submit(list(range(1, 30)), SamplingParams(max_tokens=50))
+    waiting = engine.submit(PROMPTS[0], SamplingParams(max_tokens=50))
+    engine.step()  # the second prompt is part-way through its prefill; the third waits for a row
+    for request_id in (running, prefilling, waiting):
+        engine.cancel(request_id)
+        assert engine.collect(request_id).finish_reason == "cancelled"
+    assert not engine.has_work and engine.verifier.row_ids == [] and not drafter.contexts
+    assert engine.verifier.rows.cache.rows == 0

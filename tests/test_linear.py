@@ -9,7 +9,7 @@ import torch
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
-from specdraft.verifier.linear import MAX_ROWS, FewRowsLinear, use_few_rows_linears
+from specdraft.backend.linear import MAX_ROWS, FewRowsLinear, use_few_rows_linears
 from tests.conftest import ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script
 from tests.test_engine import PROMPTS, references  # noqa: F401  (fixture)
 
@@ -40,7 +40,7 @@ def test_swapped_model_decodes_like_the_stock_model(references):  # noqa: F811
     model = make_tiny_model()  # the same weights as the `tiny_model` the references come from
     use_few_rows_linears(model)
     drafter = ScriptedDrafter(oracle_script(references, lambda s, i: i == 2))  # verify steps of every width
-    engine = Engine(Verifier(model), drafter, ToyTokenizer(), (), 256, k=4, max_batch=4)
+    engine = Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), (), 256, k=4, max_batch=4, adaptive=False)
     done = engine.run([(p, SamplingParams(max_tokens=40)) for p in PROMPTS])
     for prompt, completion in zip(PROMPTS, done):
         assert completion.token_ids == references[tuple(prompt)]

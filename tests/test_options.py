@@ -63,7 +63,7 @@ def test_prompt_lookup_scan_takes_its_ngram_sizes():
 
 def test_engine_refuses_a_bad_maximum_draft_length(tiny_model):
     with pytest.raises(ValueError, match="k must be between 0 and 64, got 65"):
-        Engine(Verifier(tiny_model), create_drafter("none"), ToyTokenizer(), (), 256, k=65)
+        Engine(Verifier(tiny_model), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, k=65)
 
 
 @pytest.mark.parametrize("bad", [TINY_VOCAB, -1, 10**6])
@@ -76,7 +76,8 @@ def test_out_of_vocabulary_draft_fails_its_request_alone(tiny_model, bad):
     def script(context, limit):
         return [bad, 3] if tuple(context[:3]) == poisoned and len(context) > 4 else []
 
-    engine = Engine(Verifier(tiny_model), ScriptedDrafter(script), ToyTokenizer(), (), 256, k=4, max_batch=3)
+    engine = Engine(Verifier(tiny_model), {"scripted": ScriptedDrafter(script)}, ToyTokenizer(), (), 256, k=4, max_batch=3,
+                    adaptive=False)
     done = engine.run([(p, SamplingParams(max_tokens=12)) for p in prompts])
     assert done[1].finish_reason == "error"
     assert f"draft token id {bad} is outside the vocabulary (0..{TINY_VOCAB - 1})" in done[1].error
@@ -90,7 +91,22 @@ def test_verifier_rejects_bad_draft_probabilities(tiny_model):
     import torch
 
     verifier = Verifier(tiny_model)
-    first = verifier.add("r", [1, 2, 3], SamplingParams(temperature=1.0, seed=1))
+    first = verifier.admit("r", [1, 2, 3], SamplingParams(temperature=1.0, seed=1))
     draft = Draft(np.array([4, 5], dtype=np.int32), probs=torch.full((2, TINY_VOCAB - 1), 1.0 / (TINY_VOCAB - 1)))
     with pytest.raises(InvalidDraftError, match=r"draft probabilities have shape \(2, 95\), expected \(2, 96\)"):
         verifier.step({"r": first}, {"r": draft})
+
+
+def test_engine_refuses_unknown_drafter_and_too_long_drafts(tiny_model):
+    engine = Engine(Verifier(tiny_model), {"none": create_drafter("none"), "ngram": create_drafter("ngram", k=4)},
+                    ToyTokenizer(), (), 256, k=4)
+    from specdraft.errors import RequestError
+
+    with pytest.raises(RequestError, match="drafter 'model' is not available here; choose one of: ngram, none"):
+        engine.submit([1, 2], SamplingParams(), SpeculationParams("model"))
+    with pytest.raises(RequestError, match="num_speculative_tokens 5 is above this engine's maximum of 4"):
+        engine.submit([1, 2], SamplingParams(), SpeculationParams("ngram", 5))
+    request = engine.submit([1, 2, 1, 2], SamplingParams(max_tokens=3), SpeculationParams("ngram", 0))
+    while engine.has_work:
+        engine.step()
+    assert engine.collect(request).metrics["draft_tokens"] == 0  # k = 0: plain decoding

@@ -54,7 +54,7 @@ class MixedDrafter:
 
 def decode(model, drafter, others: list[tuple[list[int], SamplingParams]], max_batch: int, join_after: int) -> list[int]:
     """Run `others`, submit the seeded request after `join_after` steps, and return its tokens."""
-    engine = Engine(Verifier(model), drafter, ToyTokenizer(), (), 256, k=K, max_batch=max_batch)
+    engine = Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), (), 256, k=K, max_batch=max_batch, adaptive=False)
     for prompt, params in others:
         engine.submit(prompt, params)
     for _ in range(join_after):
@@ -91,7 +91,7 @@ def alone(tiny_model) -> list[int]:
 
 def test_reference_is_a_real_sample(tiny_model, alone):
     assert len(alone) == TARGET.max_tokens
-    engine = Engine(Verifier(tiny_model), create_drafter("none"), ToyTokenizer(), (), 256, k=K, max_batch=1)
+    engine = Engine(Verifier(tiny_model), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, k=K, max_batch=1)
     [different] = engine.run([(TARGET_PROMPT, SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, seed=4321))])
     assert different.token_ids != alone  # the seed matters, so the equalities below can fail
     assert len(set(alone)) > 10  # a varied sample, not a near-greedy loop

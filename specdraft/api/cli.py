@@ -68,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from specdraft.engine import RequestError
-    from specdraft.runtime import build_runtime, encode_prompt
+    from specdraft.errors import RequestError
     from specdraft.params import SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -83,6 +82,8 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
     )
+    from specdraft.runtime import build_runtime, encode_prompt  # loads torch: after the cheap checks
+
     runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, 1, args.device, args.dtype, args.draft_model)
     engine = runtime.engine
     prompt_ids = encode_prompt(runtime.target.tokenizer, prompt, chat=not args.no_chat)
@@ -112,8 +113,7 @@ COMMANDS = {"generate": _generate}
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from specdraft.engine import RequestError
-    from specdraft.models import ModelNotFoundError
+    from specdraft.errors import ModelNotFoundError, RequestError
 
     try:
         return COMMANDS[args.command](args)

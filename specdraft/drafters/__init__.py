@@ -10,6 +10,7 @@ Every drafter is built with `create_drafter(name, k=..., target=..., **options)`
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Callable
 
@@ -18,6 +19,9 @@ from specdraft.params import check_num_speculative_tokens
 
 DrafterFactory = Callable[..., Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
+# Built-in drafters by name and module, imported on first use: listing names (the CLI's choices)
+# must not import torch models or compile numba kernels.
+_BUILTIN = {"none": "none", "ngram": "ngram", "prompt-lookup-scan": "prompt_lookup", "model": "model", "hybrid": "hybrid"}
 _SUPPLIED = ("k", "target")  # passed by the registry itself, not user options
 
 
@@ -31,8 +35,7 @@ def register(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
 
 
 def drafter_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    return sorted(set(_BUILTIN) | set(_REGISTRY))
 
 
 def drafter_options(name: str) -> list[str]:
@@ -60,15 +63,11 @@ def create_drafter(name: str, *, k: int = 5, target: Any = None, **options: Any)
 
 
 def _factory(name: str) -> DrafterFactory:
-    _load_builtin()
+    if name not in _REGISTRY and name in _BUILTIN:
+        importlib.import_module(f"specdraft.drafters.{_BUILTIN[name]}")
     if name not in _REGISTRY:
         raise ValueError(f"unknown drafter {name!r}; choose one of: {', '.join(drafter_names())}")
     return _REGISTRY[name]
-
-
-def _load_builtin() -> None:
-    # Imported lazily so that importing the registry never compiles numba kernels.
-    from specdraft.drafters import ngram, none, prompt_lookup  # noqa: F401
 
 
 __all__ = ["Draft", "Drafter", "EMPTY_DRAFT", "create_drafter", "drafter_names", "drafter_options", "needs_target",

@@ -8,12 +8,14 @@ how much of its draft was accepted by comparing what it proposed with what `acce
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import numpy as np
-import torch
 
 from specdraft.params import SamplingParams
+
+if TYPE_CHECKING:  # the protocol module stays light: listing drafters must not import torch
+    import torch
 
 
 @dataclass(frozen=True)

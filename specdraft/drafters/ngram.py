@@ -13,7 +13,8 @@ A draft of at most d = min(max_length, k) tokens (or fewer by the adaptive rule 
 3. EOS: the draft ends after an EOS token (kept: the target may accept it), unless the request
    ignores EOS.
 
-Adaptive draft length, per request: k_cur starts at k. After a step whose draft had d >= 1 tokens
+Adaptive draft length, per request (off by default: in the engine the cost-aware policy of
+`specdraft.policy` owns draft lengths; the rule suits hosts without one): k_cur starts at k. After a step whose draft had d >= 1 tokens
 of which a were accepted (read off the tokens passed to `accept`), a == 0 halves k_cur (to no less
 than 1), a == d >= k_cur raises it by 2 (to no more than k), anything else leaves it. k_cur caps a
 draft only in steps that draft for at least `adapt_from_batch` requests (default 1: always), and
@@ -47,7 +48,8 @@ PROMPT_LENGTH = 1
 K_CUR = 2  # adaptive draft length
 DRAFTED = 3  # length of the last draft, which sits in tokens[LENGTH : LENGTH + DRAFTED]
 IGNORE_EOS = 4
-META_FIELDS = 5
+MATCH = 5  # length of the suffix match the last draft copied from (0: no copy)
+META_FIELDS = 6
 
 BEGIN_ROOM = 4096  # output tokens a request's buffers are sized for at `begin`
 
@@ -69,6 +71,7 @@ def draft_one(tokens, table, meta, slot, limit, adapt, copy_min_n, strong_n, min
     # Also bounded by the buffers (out is k wide), so that no state can make the kernel write out of bounds.
     d = min(limit, out.shape[0], tokens.shape[0] - length)
     start, n = longest_match(tokens, table, length, copy_min_n, max_n)
+    meta[slot, MATCH] = n
     if adapt and n < strong_n:
         d = min(d, meta[slot, K_CUR])
     stop_at_eos = meta[slot, IGNORE_EOS] == 0
@@ -160,6 +163,9 @@ def _put(arrays, slot, array) -> None:
 class NgramDrafter:
     """Prompt lookup plus n-gram model per request, with optional cross-request memory.
 
+    Cheap: a draft costs microseconds, so the engine asks for full-length drafts before it chooses
+    the step's draft length and trims them.
+
     k: longest draft; max_n: longest n-gram indexed (contexts are up to max_n - 1 tokens);
     copy_min_n: shortest suffix match that is copied (above max_n: never copy);
     min_confidence: stop the model's chain below this count share;
@@ -173,7 +179,7 @@ class NgramDrafter:
         max_n: int = 4,
         copy_min_n: int = 1,
         min_confidence: float = 0.5,
-        adaptive: bool = True,
+        adaptive: bool = False,
         adapt_from_batch: int = 1,
         strong_copy_n: int = 3,
         eos_token_ids: Sequence[int] = (),
@@ -192,6 +198,7 @@ class NgramDrafter:
         self.adaptive, self.adapt_from_batch, self.strong_copy_n = adaptive, adapt_from_batch, strong_copy_n
         self.eos = np.asarray(sorted(set(eos_token_ids)), dtype=np.int32)
         self.memory = memory
+        self.cheap = True
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
         self._meta = np.zeros((0, META_FIELDS), dtype=np.int64)
@@ -278,6 +285,11 @@ class NgramDrafter:
         self._set_arrays(slot, np.empty(0, dtype=np.int32), np.zeros((self.max_n, 1, FIELDS), dtype=np.int32))
         self._free.append(slot)
 
+    def match_length(self, request_id: str) -> int:
+        """Length of the context suffix whose earlier occurrence the request's last draft copied
+        from (0: the draft was not a copy). A long match is a confident draft."""
+        return int(self._meta[self._slot_of[request_id], MATCH])
+
     def table_nbytes(self, request_id: str) -> int:
         """Bytes held for one request: its token buffer and its tables."""
         slot = self._slot_of[request_id]
@@ -323,7 +335,7 @@ def _create(
     max_n: int = 4,
     copy_min_n: int = 1,
     min_confidence: float = 0.5,
-    adaptive: bool = True,
+    adaptive: bool = False,
     memory: bool = False,
     memory_path: str | None = None,
     memory_capacity: int = 1 << 20,

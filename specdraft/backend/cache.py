@@ -1,0 +1,110 @@
+"""`RowKVCache`: keys and values for rows in slots 0..rows-1, a committed length per slot.
+
+Rows are packed in slots so that a batch of neighbouring rows is a view, never a gather. A forward
+pass writes its new entries at each row's positions past its length; the owner then commits how many
+of them to keep, and rolling back is lowering a length: entries past it are masked out of attention
+and overwritten by later writes. Storage grows geometrically (or is reserved up front); only moving
+a row to another slot copies its entries. `update(k, v, layer_idx)` is the part of transformers'
+Cache API that its attention modules call, so the stock model can run on it too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RowKVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 slots: int = 1, capacity: int = 64) -> None:
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device)
+        self.lengths: list[int] = []  # per slot, on the host: no device sync to know a row's length
+        self._keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
+        self._values: list[torch.Tensor] = []
+        self._allocate(slots, capacity)
+        self._window: slice = slice(0, 0)
+        self._write_index: torch.Tensor | None = None  # [batch, kv_heads, T, head_dim] positions to write
+        self._kv_len = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def capacity(self) -> int:
+        return self._keys[0].shape[2]
+
+    @property
+    def slots(self) -> int:
+        return self._keys[0].shape[0]
+
+    def _allocate(self, slots: int, capacity: int) -> None:
+        shape = (slots, self.num_kv_heads, capacity, self.head_dim)
+        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        used = max(self.lengths, default=0)
+        for old, new in zip(self._keys + self._values, keys + values):
+            new[: self.rows, :, :used] = old[: self.rows, :, :used]
+        self._keys, self._values = keys, values
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Room for `rows` rows of `length` positions; grows geometrically (amortised copies)."""
+        if rows > self.slots or length > self.capacity:
+            self._allocate(max(rows, 2 * self.slots if rows > self.slots else self.slots),
+                           max(length, 2 * self.capacity if length > self.capacity else self.capacity))
+
+    # -- slots (the owner decides which row lives where) -------------------------------------
+    def push_row(self) -> int:
+        """A new empty row in the next free slot; returns its slot."""
+        self.reserve(self.rows + 1, self.capacity)
+        self.lengths.append(0)
+        return self.rows - 1
+
+    def pop_row(self) -> None:
+        """Drop the row in the last slot."""
+        self.lengths.pop()
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Make slot `dst` hold what slot `src` holds (its committed entries and length)."""
+        length = self.lengths[src]
+        for buf in self._keys + self._values:
+            buf[dst, :, :length] = buf[src, :, :length]
+        self.lengths[dst] = length
+
+    def swap_rows(self, a: int, b: int) -> None:
+        if a == b:
+            return
+        length = max(self.lengths[a], self.lengths[b])
+        for buf in self._keys + self._values:
+            buf[[a, b], :, :length] = buf[[b, a], :, :length]
+        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+
+    # -- one forward pass ----------------------------------------------------------------
+    def prepare(self, window: slice, positions: torch.Tensor, kv_len: int) -> None:
+        """Set the rows (`window` of slots) and positions the next forward pass writes.
+
+        positions: [batch, T] absolute positions of the new tokens in each row.
+        """
+        batch, steps = positions.shape
+        assert window.stop - window.start == batch, (window, batch)
+        self.reserve(window.stop, kv_len)
+        self._window, self._kv_len = window, kv_len
+        self._write_index = positions[:, None, :, None].expand(batch, self.num_kv_heads, steps, self.head_dim)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_args, **_kwargs):
+        """Write the new keys/values ([batch, kv_heads, T, head_dim]) and return the rows' full views."""
+        keys = self._keys[layer_idx][self._window]  # [batch, kv_heads, capacity, head_dim], a view
+        values = self._values[layer_idx][self._window]
+        keys.scatter_(2, self._write_index, key_states.to(self.dtype))
+        values.scatter_(2, self._write_index, value_states.to(self.dtype))
+        return keys[:, :, : self._kv_len], values[:, :, : self._kv_len]
+
+    def entries(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The committed keys and values of one row: ([kv_heads, length, head_dim], same)."""
+        length = self.lengths[slot]
+        return self._keys[layer][slot, :, :length], self._values[layer][slot, :, :length]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._kv_len
+
+    is_compileable = False

@@ -1,0 +1,78 @@
+"""Our own forward pass for Llama-family models (Llama 2/3.x, SmolLM2), over the transformers
+model's own modules and weights: embedding, rotary embedding, norms, projections and MLPs are called
+as they are; the layer loop, the KV writes and attention are ours.
+
+Why not the stock forward: it takes any subset of the decoder layers (draft models that skip layers),
+runs its activations in a chosen dtype (int8 draft copies compute in bf16), takes a boolean mask
+built on the device, and pays less Python per layer. Its logits equal the stock model's
+(`tests/test_backend.py`). Other architectures run the stock forward (`RowModel` decides).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+_FAMILY = ("llama",)
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether `model` is a decoder this forward reproduces exactly: a Llama-architecture causal LM
+    with full attention (no sliding window) and the standard module layout."""
+    config = model.config
+    if getattr(config, "model_type", None) not in _FAMILY or getattr(config, "sliding_window", None):
+        return False
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not len(layers) or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
+        return False
+    layer = layers[0]
+    attention = getattr(layer, "self_attn", None)
+    return all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
+        hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp"))
+
+
+class LlamaForward:
+    """model: a Llama-family causal LM; layers: indices of the decoder layers to run (default all);
+    dtype: the activations' dtype (default the model's)."""
+
+    def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None) -> None:
+        assert supports(model), type(model).__name__
+        config = model.config
+        self.model = model
+        indices = range(len(model.model.layers)) if layers is None else layers
+        self.layers = [model.model.layers[i] for i in indices]
+        self.dtype = dtype or model.model.embed_tokens.weight.dtype
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
+                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions: [batch, T]; mask: [batch, 1, T, kv] bool, True where a query may look;
+        cache: a `RowKVCache` prepared for this pass (its layer i is the i-th layer run here);
+        logits_at: [batch] the one position per row to return logits for, or None for all T.
+        Returns logits [batch, T or 1, vocab] (float32)."""
+        batch, steps = input_ids.shape
+        x = self.model.model.embed_tokens(input_ids).to(self.dtype)  # [batch, T, hidden]
+        cos, sin = self.model.model.rotary_emb(x, positions)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            h = layer.input_layernorm(x).to(self.dtype)
+            q = attention.q_proj(h).view(batch, steps, self.num_heads, self.head_dim).transpose(1, 2).to(self.dtype)
+            k = attention.k_proj(h).view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2).to(self.dtype)
+            v = attention.v_proj(h).view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2).to(self.dtype)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [batch, heads, T, head_dim]
+            keys, values = cache.update(k, v, i)  # [batch, kv_heads, kv, head_dim]
+            out = F.scaled_dot_product_attention(q, keys.to(self.dtype), values.to(self.dtype), attn_mask=mask,
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)
+            x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, steps, -1)).to(self.dtype)
+            x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
+        if logits_at is not None:
+            x = x.gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1]))  # [batch, 1, hidden]
+        x = self.model.model.norm(x)
+        return self.model.lm_head(x.to(self.dtype)).float()

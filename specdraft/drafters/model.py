@@ -1,0 +1,194 @@
+"""The `model` drafter: a small causal LM that shares the target's vocabulary proposes the next tokens,
+with their probabilities q (Leviathan et al. 2023).
+
+Pairs: any transformers causal LM with the target's vocabulary (`--draft-model`: a hub id in the
+local cache, a directory or a .gguf; e.g. Llama-3.2-1B-Instruct drafting for Llama-3.2-3B-Instruct),
+checked at start-up (`specdraft.models.check_draft_pair`). Without one, an int8 copy of the target
+(`self-int8`, `specdraft.models.int8_copy`).
+
+Per request the drafter keeps its own KV-cache row (`RowModel`) in step with the target's context:
+- a propose call runs one pass that feeds every row its *pending* tokens (those that joined the
+  context since its cache last matched it: the target's recovered or bonus token, and the last draft
+  token when all were accepted), then one pass per further draft position, for all rows at once;
+- `accept` rolls the row back to the accepted part of what it fed, so nothing is ever re-run but the
+  pending tokens; a row far behind (a new prompt, or many steps without drafting) catches up in
+  chunks of its own before it drafts again.
+Each draft token comes from q = the draft's distribution after the request's temperature / top-k /
+top-p (the transforms the verifier applies to p): greedy requests draft argmax (no q); unseeded
+sampled requests draw from q and return it (full rejection sampling); seeded ones draw with the
+request's keyed uniforms and return no q (the verifier's coupled test keeps their output exactly
+plain sampling's with that seed, whatever the batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from specdraft.backend import RowModel
+from specdraft.drafters import register
+from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.models import LoadedModel, load_draft_model
+from specdraft.params import SamplingParams
+from specdraft.sampling import DRAFT, SAMPLE, inverse_cdf, keyed_uniforms, logits_to_probs
+
+CATCH_UP_CHUNK = 256  # tokens per catch-up pass of a row far behind
+CATCH_UP_BUDGET = 512  # catch-up tokens per propose call, over all rows
+
+
+@dataclass
+class _Request:
+    params: SamplingParams
+    seed: int
+    stream: int  # SAMPLE for seeded requests (coupled with the verifier's draws), else DRAFT
+    context: list[int]
+    draft: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    fed_from: int = 0  # cache length before the draft's tokens were fed
+    fed: int = 0  # draft tokens fed to the cache (all but the last)
+
+
+class ModelDrafter:
+    """model: the draft causal LM (eval mode, on the target's device); k: the longest draft;
+    eos_token_ids: a draft ends after one; layers, dtype: see `RowModel`."""
+
+    cheap = False  # each draft position is a forward pass: the engine decides the length first
+
+    def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
+                 layers: Sequence[int] | None = None, dtype: torch.dtype | None = None) -> None:
+        self.rows = RowModel(model, layers=layers, dtype=dtype)
+        self.k = k
+        self.eos = frozenset(int(t) for t in eos_token_ids)
+        self.device = self.rows.device
+        self._requests: dict[str, _Request] = {}
+        self._lag = 2 * k + 2  # more pending tokens than this: catch up before drafting
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        stream = SAMPLE if params.seed is not None else DRAFT
+        self._requests[request_id] = _Request(params, seed, stream, [int(t) for t in prompt_ids])
+        self.rows.add(request_id, active=True)
+
+    def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
+        request = self._requests[request_id]
+        if request.fed or len(request.draft):
+            accepted = 0
+            while accepted < min(len(request.draft), len(token_ids)) and token_ids[accepted] == request.draft[accepted]:
+                accepted += 1
+            self.rows.truncate(request_id, request.fed_from + min(accepted, request.fed))
+            request.draft, request.fed = np.empty(0, dtype=np.int64), 0
+        request.context.extend(int(t) for t in token_ids)
+
+    def end(self, request_id: str) -> None:
+        if self._requests.pop(request_id, None) is not None:
+            self.rows.remove(request_id)
+
+    # -- drafting -----------------------------------------------------------------------------
+    def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
+        wanted = {r: min(int(n), self.k) for r, n in zip(request_ids, max_lengths) if n > 0}
+        if not wanted:
+            return [EMPTY_DRAFT for _ in request_ids]
+        self._catch_up(wanted)
+        drafting = [r for r in wanted if self._pending(r) <= self._lag]
+        tokens, probs = self._draft({r: wanted[r] for r in drafting})
+        return [self._finish(r, tokens.get(r), probs.get(r)) for r in request_ids]
+
+    def _pending(self, request_id: str) -> int:
+        return len(self._requests[request_id].context) - self.rows.length(request_id)
+
+    def _catch_up(self, wanted: dict[str, int]) -> None:
+        """Rows asked to draft but far behind: feed them part of their backlog, one row per pass."""
+        budget = CATCH_UP_BUDGET
+        for request_id in wanted:
+            pending = self._pending(request_id)
+            if pending <= self._lag or budget <= 0:
+                continue
+            # Leave one pending token: the drafting pass needs an input whose logits give q_1.
+            take = min(pending - 1, CATCH_UP_CHUNK, budget)
+            start = self.rows.length(request_id)
+            self.rows.prefill(request_id, self._requests[request_id].context[start : start + take], CATCH_UP_CHUNK)
+            budget -= take
+
+    def _draft(self, wanted: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]]]:
+        """Draft wanted[r] tokens for each row r, every row of the cache riding along: one pass
+        feeding each row its pending tokens, then one pass per further position."""
+        if not wanted:
+            return {}, {}
+        order, window = self.rows.active_ids, self.rows.active_window
+        # First pass: T = the drafting rows' longest backlog; other rows catch up on up to T tokens.
+        steps = max(self._pending(r) for r in wanted)
+        inputs = np.zeros((len(order), steps), dtype=np.int64)  # [rows, T], padded
+        feeds = np.zeros(len(order), dtype=np.int64)
+        for b, request_id in enumerate(order):
+            request, start = self._requests[request_id], self.rows.length(request_id)
+            # A rider keeps its last pending token: whenever it drafts, its first pass needs one input.
+            end = len(request.context) if request_id in wanted else len(request.context) - 1
+            piece = request.context[start : min(end, start + steps)]
+            inputs[b, : len(piece)], feeds[b] = piece, len(piece)
+        logits = self.rows.forward(window, inputs, logits_at=np.maximum(feeds - 1, 0))[:, 0]  # [rows, vocab]
+        self.rows.commit(window, feeds)
+        index = {r: b for b, r in enumerate(order)}
+        for request_id in wanted:
+            self._requests[request_id].fed_from = self.rows.length(request_id)
+        tokens: dict[str, list[int]] = {r: [] for r in wanted}
+        probs: dict[str, list[torch.Tensor]] = {r: [] for r in wanted}
+        live = dict(wanted)  # rows still drafting -> their target length
+        while True:
+            chosen = self._choose(logits, {r: index[r] for r in live}, tokens)
+            for request_id, (token, q) in chosen.items():
+                tokens[request_id].append(token)
+                if q is not None:
+                    probs[request_id].append(q)
+                if token in self.eos and not self._requests[request_id].params.ignore_eos:
+                    live[request_id] = len(tokens[request_id])  # the draft ends after EOS
+            live = {r: n for r, n in live.items() if len(tokens[r]) < n}
+            if not live:
+                return tokens, probs
+            # Next pass: the drafting rows feed their newest draft token; the others feed padding.
+            step = np.zeros((len(order), 1), dtype=np.int64)
+            fed = np.zeros(len(order), dtype=np.int64)
+            for request_id in live:
+                step[index[request_id], 0], fed[index[request_id]] = tokens[request_id][-1], 1
+                self._requests[request_id].fed += 1
+            logits = self.rows.forward(window, step)[:, 0]
+            self.rows.commit(window, fed)
+
+    def _choose(self, logits: torch.Tensor, rows: dict[str, int], tokens: dict[str, list[int]]):
+        """The next draft token of each row (and q where the verifier needs it), as the request samples."""
+        out: dict[str, tuple[int, torch.Tensor | None]] = {}
+        greedy = [r for r in rows if self._requests[r].params.greedy]
+        if greedy:
+            best = logits[[rows[r] for r in greedy]].argmax(-1).tolist()
+            out.update({r: (t, None) for r, t in zip(greedy, best)})
+        sampled = [r for r in rows if r not in out]
+        if sampled:
+            params = [self._requests[r].params for r in sampled]
+            temperature = torch.tensor([p.temperature for p in params], device=self.device)
+            top_k = torch.tensor([p.top_k for p in params], device=self.device) if any(p.top_k for p in params) else None
+            top_p = torch.tensor([p.top_p for p in params], device=self.device) if any(p.top_p < 1 for p in params) else None
+            q = logits_to_probs(logits[[rows[r] for r in sampled]][:, None], temperature, top_k, top_p)[:, 0]  # [n, vocab]
+            # The draw for the token at context position len(context) + i, as the verifier keys it.
+            u = np.array([keyed_uniforms(np.uint64(self._requests[r].seed),
+                                         np.array([len(self._requests[r].context) + len(tokens[r])]),
+                                         self._requests[r].stream)[0] for r in sampled], dtype=np.float32)
+            drawn = inverse_cdf(q, torch.as_tensor(u, device=self.device)).tolist()
+            for i, r in enumerate(sampled):
+                out[r] = (drawn[i], q[i] if self._requests[r].stream == DRAFT else None)
+        return out
+
+    def _finish(self, request_id: str, tokens: list[int] | None, probs: list[torch.Tensor] | None) -> Draft:
+        if not tokens:
+            return EMPTY_DRAFT
+        self._requests[request_id].draft = np.asarray(tokens, dtype=np.int64)
+        return Draft(np.asarray(tokens, dtype=np.int32), torch.stack(probs) if probs else None)
+
+
+@register("model")
+def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, dtype: str = "auto") -> ModelDrafter:
+    """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target); `dtype` for
+    loading it (auto: the target's device default)."""
+    draft = load_draft_model(draft_model, target, dtype)
+    return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype)

@@ -1,0 +1,243 @@
+"""Cost-aware draft length: speculation that never costs more than it gives.
+
+Each step the engine verifies every running row in one padded pass of width W = 1 + the longest
+draft, so a step's cost is set by W (and the batch size B), not by each row's own draft. The policy
+picks the W that maximises the batch's expected tokens per second:
+
+    rate(W) = sum_r (1 + E_r(min(W - 1, avail_r))) / (T(B, W) + sum_d D_d(W - 1) + O)
+
+- E_r(n) = sum_{i<=n} prod_{j<=i} alpha_r[j]: expected accepted tokens of row r from a draft of n,
+  alpha_r[j] its estimated acceptance at draft position j given the positions before were accepted.
+  Estimates are per request, start from its drafter's pooled estimate (a prior of PRIOR_WEIGHT
+  observations) and forget old evidence (DECAY per observation, and slowly while the row does not
+  draft), so a request whose drafts stop working stops drafting, and one that starts copying resumes.
+- avail_r: the draft a cheap drafter (`ngram`) already proposed, or the request's limit for a drafter
+  that drafts only when asked (`model`, `hybrid`).
+- T(B, W): the verify step's measured time (per (B, W) cell, an exponential moving average; cells not
+  yet seen come from a least-squares fit a + b*B + c*B*W over the cells seen, seeded by a short
+  calibration at start-up). D_d(n): measured time of drafter d drafting n tokens (n * its per-token
+  time). O: the step's other host work. Nothing is hard-coded; everything is measured on this machine.
+W = 1 is plain decoding, kept unless a draft promises MARGIN more throughput (timings are noisy).
+Every EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured
+once under load is measured again rather than trusted forever.
+Rows draft min(W - 1, avail_r): padding makes shorter drafts no cheaper.
+
+While W = 1 a cheap drafter's proposals are still checked for free against the tokens the target
+then emits ("shadow" acceptance), so a row's estimate keeps learning without paying for a draft.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+PRIOR_WEIGHT = 4.0  # pseudo-observations of the drafter's pooled estimate in a request's estimate
+DECAY = 0.9  # weight kept by old observations at each new one
+IDLE_DECAY = 0.995  # weight kept per step in which a row could not be observed
+INITIAL_ALPHA = 0.6  # a drafter's pooled estimate before it has any evidence (optimistic: explore first)
+EMA = 0.2  # weight of a new timing in its moving average
+MARGIN = 0.03  # a draft must promise this much more throughput than plain decoding (timings are noisy)
+EXPLORE_EVERY = 32  # every this many choices, try the runner-up if it is predicted close ...
+EXPLORE_WITHIN = 0.8  # ... this close: its cost is measured afresh, so one bad timing does not stick
+
+
+class Acceptance:
+    """Acceptance evidence at draft positions 1..k: decayed trial and success counts."""
+
+    def __init__(self, k: int) -> None:
+        self.trials = np.zeros(k)
+        self.hits = np.zeros(k)
+
+    def observe(self, drafted: int, accepted: int, decay: float = DECAY) -> None:
+        """A draft of `drafted` tokens of which the first `accepted` were accepted: positions
+        1..accepted+1 were tried (the one after the last accepted failed), the first `accepted` hit."""
+        tried = min(drafted, accepted + 1)
+        self.trials *= decay
+        self.hits *= decay
+        self.trials[:tried] += 1.0
+        self.hits[:accepted] += 1.0
+
+    def forget(self, decay: float) -> None:
+        self.trials *= decay
+        self.hits *= decay
+
+    def alpha(self, prior: np.ndarray, weight: float) -> np.ndarray:
+        return (self.hits + weight * prior) / (self.trials + weight)
+
+
+@dataclass
+class RowPlan:
+    """One running row as the policy sees it. `cheap`: its drafter already proposed `avail` tokens."""
+
+    request_id: str
+    drafter: str
+    limit: int  # the longest draft this row may verify now (its k, its budget)
+    cheap: bool
+    avail: int  # cheap: the proposed draft's length; otherwise == limit
+
+
+@dataclass
+class _Shadow:
+    tokens: list[int]
+    matched: int = 0
+
+
+@dataclass
+class _Request:
+    drafter: str
+    acceptance: Acceptance
+    shadow: _Shadow | None = None
+
+
+@dataclass
+class _Cell:
+    seconds: float
+    count: int = 1
+
+
+@dataclass
+class CostModel:
+    """Measured step costs: verify T(B, W), drafting D_d(n) per drafter, other host work O."""
+
+    verify: dict[tuple[int, int], _Cell] = field(default_factory=dict)
+    per_token: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per drafted token
+    other: float = 0.0
+    _fit: np.ndarray | None = None
+    _stale: bool = True
+
+    def observe_verify(self, batch: int, width: int, seconds: float) -> None:
+        cell = self.verify.get((batch, width))
+        if cell is None:
+            self.verify[(batch, width)] = _Cell(seconds)
+        else:
+            cell.seconds += EMA * (seconds - cell.seconds)
+            cell.count += 1
+        self._stale = True
+
+    def observe_draft(self, drafter: str, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            previous = self.per_token.get(drafter)
+            value = seconds / tokens
+            self.per_token[drafter] = value if previous is None else previous + EMA * (value - previous)
+
+    def observe_other(self, seconds: float) -> None:
+        self.other += EMA * (seconds - self.other)
+
+    def verify_seconds(self, batch: int, width: int) -> float:
+        cell = self.verify.get((batch, width))
+        if cell is not None:
+            return cell.seconds
+        if self._stale:
+            self._refit()
+        if self._fit is None:
+            return 0.0
+        a, b, c = self._fit
+        return max(a + b * batch + c * batch * width, 1e-9)
+
+    def draft_seconds(self, drafter: str, tokens: int) -> float:
+        return self.per_token.get(drafter, 0.0) * tokens
+
+    def _refit(self) -> None:
+        self._stale = False
+        if len(self.verify) < 2:
+            only = next(iter(self.verify.items()), None)
+            self._fit = None if only is None else np.array([only[1].seconds, 0.0, 0.0])
+            return
+        keys = np.array(list(self.verify), dtype=np.float64)  # [cells, 2]
+        times = np.array([c.seconds for c in self.verify.values()])
+        design = np.stack([np.ones(len(keys)), keys[:, 0], keys[:, 0] * keys[:, 1]], 1)
+        self._fit = np.linalg.lstsq(design, times, rcond=None)[0]
+
+
+class DraftPolicy:
+    """Chooses each step's draft length. adaptive=False drafts as long as allowed (W = 1 + max avail)."""
+
+    def __init__(self, max_k: int, adaptive: bool = True) -> None:
+        self.max_k, self.adaptive = max_k, adaptive
+        self.costs = CostModel()
+        self._pooled: dict[str, Acceptance] = defaultdict(lambda: Acceptance(max(max_k, 1)))
+        self._requests: dict[str, _Request] = {}
+        self._choices = 0
+
+    # -- requests ------------------------------------------------------------------------------
+    def begin(self, request_id: str, drafter: str) -> None:
+        self._requests[request_id] = _Request(drafter, Acceptance(max(self.max_k, 1)))
+
+    def end(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def alpha(self, request_id: str) -> np.ndarray:
+        """The request's estimated acceptance at draft positions 1..max_k."""
+        request = self._requests[request_id]
+        pooled = self._pooled[request.drafter]
+        prior = pooled.alpha(np.full(len(pooled.trials), INITIAL_ALPHA), PRIOR_WEIGHT)
+        return request.acceptance.alpha(prior, PRIOR_WEIGHT)
+
+    def expected_accepted(self, request_id: str, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        return float(np.cumprod(self.alpha(request_id)[:n]).sum())
+
+    # -- the choice ------------------------------------------------------------------------------
+    def choose(self, plans: Sequence[RowPlan]) -> int:
+        """The longest draft any row may verify this step (W - 1), 0 for plain decoding."""
+        longest = max((p.avail for p in plans), default=0)
+        if not self.adaptive or longest == 0:
+            return longest
+        batch = len(plans)
+        curves = {p.request_id: np.concatenate([[0.0], np.cumsum(np.cumprod(self.alpha(p.request_id)[: p.avail]))])
+                  for p in plans}
+        costly = {p.drafter for p in plans if not p.cheap and p.avail > 0}
+        # A wider pass never costs less than a narrower one; noisy timings must not say otherwise.
+        verify = np.maximum.accumulate([self.costs.verify_seconds(batch, n + 1) for n in range(longest + 1)])
+        rates = []
+        for n in range(longest + 1):
+            tokens = sum(1.0 + curves[p.request_id][min(n, p.avail)] for p in plans)
+            seconds = verify[n] + self.costs.other + sum(self.costs.draft_seconds(d, n) for d in costly)
+            rates.append(tokens / max(seconds, 1e-9))
+        best = int(np.argmax(rates))
+        chosen = best if rates[best] > rates[0] * (1 + MARGIN) else 0
+        self._choices += 1
+        if self._choices % EXPLORE_EVERY == 0 and len(rates) > 1:
+            runner_up = max((n for n in range(len(rates)) if n != chosen), key=lambda n: rates[n])
+            if rates[runner_up] >= EXPLORE_WITHIN * rates[chosen]:
+                return runner_up
+        return chosen
+
+    # -- what happened -----------------------------------------------------------------------------
+    def observe(self, request_id: str, drafted: int, accepted: int) -> None:
+        """A verified draft: `drafted` tokens, of which the first `accepted` were accepted."""
+        request = self._requests[request_id]
+        if drafted > 0:
+            request.acceptance.observe(drafted, accepted)
+            self._pooled[request.drafter].observe(drafted, accepted, decay=0.99)
+        else:
+            request.acceptance.forget(IDLE_DECAY)
+
+    def shadow(self, request_id: str, proposed: Sequence[int]) -> None:
+        """A cheap drafter proposed `proposed` but the step verified none of it: check it against the
+        tokens the row emits next, for free."""
+        request = self._requests[request_id]
+        if request.shadow is None and len(proposed):
+            request.shadow = _Shadow(list(proposed))
+
+    def emitted(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Tokens the row emitted this step: they settle a pending shadow draft."""
+        request = self._requests.get(request_id)
+        if request is None or request.shadow is None:
+            return
+        shadow = request.shadow
+        for token in tokens:
+            if token != shadow.tokens[shadow.matched]:
+                break
+            shadow.matched += 1
+            if shadow.matched == len(shadow.tokens):
+                break
+        else:
+            return  # all emitted tokens matched and the draft goes on: wait for more
+        request.shadow = None
+        request.acceptance.observe(len(shadow.tokens), shadow.matched)
+        self._pooled[request.drafter].observe(len(shadow.tokens), shadow.matched, decay=0.99)

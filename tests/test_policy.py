@@ -1,0 +1,139 @@
+"""The cost-aware draft length: it drafts when the measured costs and the estimated acceptance say a
+draft pays, stops when they say it does not, learns from verified and from shadow drafts, and in an
+engine stops verifying drafts that keep failing while output stays exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft.engine import Engine
+from specdraft.params import SamplingParams
+from specdraft.policy import CostModel, DraftPolicy, RowPlan
+from specdraft.verifier import Verifier
+from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
+
+
+class FixedCosts(CostModel):
+    """Costs set by the test: the engine's own timings (noisy on a shared machine) are ignored."""
+
+    def observe_verify(self, batch, width, seconds):
+        pass
+
+    def observe_draft(self, drafter, tokens, seconds):
+        pass
+
+    def observe_other(self, seconds):
+        pass
+
+
+def policy_with_costs(verify: dict[tuple[int, int], float], max_k: int = 5) -> DraftPolicy:
+    policy = DraftPolicy(max_k)
+    for (batch, width), seconds in verify.items():
+        policy.costs.observe_verify(batch, width, seconds)
+    return policy
+
+
+def plans(policy: DraftPolicy, count: int, avail: int = 5, drafter: str = "ngram", cheap: bool = True) -> list[RowPlan]:
+    out = []
+    for i in range(count):
+        policy.begin(f"r{i}", drafter)
+        out.append(RowPlan(f"r{i}", drafter, avail, cheap, avail))
+    return out
+
+
+def test_free_verification_drafts_everything():
+    policy = policy_with_costs({(1, w): 0.010 for w in range(1, 7)})
+    assert policy.choose(plans(policy, 1)) == 5
+
+
+def test_expensive_verification_drafts_nothing():
+    policy = policy_with_costs({(1, w): 0.010 * w for w in range(1, 7)})  # each draft token costs a whole step
+    assert policy.choose(plans(policy, 1)) == 0
+
+
+def test_noisy_cheaper_wide_pass_does_not_buy_useless_drafts():
+    policy = policy_with_costs({(1, 1): 0.010, (1, 2): 0.009, (1, 3): 0.012})
+    [plan] = plans(policy, 1, avail=2)
+    for _ in range(40):
+        policy.observe("r0", 2, 0)  # every draft fails at once
+    assert policy.choose([plan]) == 0
+
+
+@pytest.mark.parametrize("accepted, expected", [(5, 5), (0, 0)])
+def test_acceptance_evidence_moves_the_choice(accepted, expected):
+    policy = policy_with_costs({(1, w): 0.010 * (1 + 0.3 * (w - 1)) for w in range(1, 7)})
+    [plan] = plans(policy, 1)
+    for _ in range(30):
+        policy.observe("r0", 5, accepted)
+    assert policy.choose([plan]) == expected
+
+
+def test_batch_size_changes_the_answer():
+    """The same acceptance pays at batch 1 (verifying a draft token costs little there) but not at
+    batch 16 (a wider pass costs nearly its width there), as measured on this project's CPU."""
+    costs = {(1, 1): 0.041, (1, 2): 0.045, (16, 1): 0.108, (16, 2): 0.190}
+    policy = policy_with_costs(costs, max_k=1)
+    for batch, expected in ((1, 1), (16, 0)):
+        rows = plans(policy, batch, avail=1)
+        for row in rows:
+            for accepted in [1, 0] * 10:  # half the drafts accepted
+                policy.observe(row.request_id, 1, accepted)
+        assert policy.choose(rows) == expected
+
+
+def test_costly_drafters_pay_for_their_draft_tokens():
+    policy = policy_with_costs({(1, w): 0.010 for w in range(1, 7)})
+    rows = plans(policy, 1, drafter="model", cheap=False)
+    for _ in range(10):
+        policy.observe("r0", 5, 3)
+    assert policy.choose(rows) > 0
+    policy.costs.observe_draft("model", 1, 0.050)  # a draft token costs five verify steps
+    assert policy.choose(rows) == 0
+
+
+def test_shadow_drafts_teach_the_estimate_for_free():
+    policy = DraftPolicy(5)
+    policy.begin("r", "ngram")
+    before = policy.alpha("r")[0]
+    for _ in range(10):
+        policy.shadow("r", [7, 8])
+        policy.emitted("r", [7])  # matched the first token, the draft goes on
+        policy.emitted("r", [8, 9])  # matched the second: settled as fully accepted
+    assert policy.alpha("r")[0] > before + 0.2
+    for _ in range(20):
+        policy.shadow("r", [7, 8])
+        policy.emitted("r", [1])  # the first token is wrong
+    assert policy.alpha("r")[0] < 0.2
+
+
+def test_engine_stops_verifying_drafts_that_always_fail(tiny_model):
+    prompt = [5, 17, 42, 9, 9, 13]
+    truth = hf_greedy(tiny_model, prompt, 60)
+    wrong = ScriptedDrafter(lambda context, limit: [(context[-1] + 1) % TINY_VOCAB] * limit)
+    engine = Engine(Verifier(tiny_model), {"wrong": wrong}, ToyTokenizer(), (), 256, k=4, max_batch=1, calibrate=False)
+    engine.policy.costs = FixedCosts()
+    for width, ratio in enumerate([1.0, 1.11, 1.19, 1.17, 1.56], start=1):  # the embedded model's, measured here
+        CostModel.observe_verify(engine.policy.costs, 1, width, 0.041 * ratio)
+    [done] = engine.run([(prompt, SamplingParams(max_tokens=60))])
+    assert done.token_ids == truth
+    verified = done.metrics["draft_tokens"]
+    assert verified < 0.1 * 4 * done.metrics["steps"]  # drafting everything would verify 4 a step
+
+
+def test_engine_drafts_long_when_drafts_are_right(tiny_model):
+    prompt = [5, 17, 42, 9, 9, 13]
+    truth = hf_greedy(tiny_model, prompt, 60)
+
+    def oracle(context, limit):
+        done = len(context) - len(prompt)
+        return truth[done : done + limit]
+
+    engine = Engine(Verifier(tiny_model), {"oracle": ScriptedDrafter(oracle)}, ToyTokenizer(), (), 256, k=4, max_batch=1,
+                    calibrate=False)
+    engine.policy.costs = FixedCosts()
+    for width in range(1, 6):  # a tiny model's pass costs about the same at any width
+        CostModel.observe_verify(engine.policy.costs, 1, width, 0.002)
+    [done] = engine.run([(prompt, SamplingParams(max_tokens=60))])
+    assert done.token_ids == truth
+    assert done.metrics["mean_accepted_length"] > 2.5
+    assert done.metrics["accepted_per_step"][-4:-1] == [4, 4, 4]  # full drafts (the last step meets the budget)
