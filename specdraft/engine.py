@@ -66,6 +66,8 @@ class RequestMetrics:
             "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
             "mean_accepted_length": self.accepted_tokens / self.steps if self.steps else 0.0,
             "per_position_acceptance": (self.accepted_at[: len(drafted)] / drafted).round(4).tolist(),
+            "drafted_at": self.drafted_at.tolist(),
+            "accepted_at": self.accepted_at.tolist(),
             "accepted_per_step": list(self.accepted_per_step),
             "draft_seconds": self.draft_seconds,
             "seconds": elapsed,
@@ -93,8 +95,9 @@ class Request:
 
 @dataclass(frozen=True)
 class Delta:
-    """New output of one request after a step. `finish_reason` is set on its last delta; `accepted`
-    is how many of `token_ids` came from the request's draft (the rest from the target itself)."""
+    """New output of one request after a step. `finish_reason` is set on its last delta. `accepted`
+    of `token_ids` came from the request's draft (they lead), the rest from the target itself;
+    `drafted_text` is the part of `text` that the accepted draft tokens produced (a prefix of it)."""
 
     request_id: str
     token_ids: list[int]
@@ -102,6 +105,7 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     accepted: int = 0
+    drafted_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,11 +172,11 @@ class Engine:
             self._calibrate()
 
     # -- submission ----------------------------------------------------------------------
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, speculation: SpeculationParams | None = None,
-               request_id: str | None = None) -> str:
-        prompt_ids = [int(t) for t in prompt_ids]
+    def validate(self, prompt_ids: Sequence[int], speculation: SpeculationParams | None = None) -> SpeculationParams:
+        """Raise RequestError if this engine cannot serve the request; return its speculation settings
+        with the defaults filled in. Reads only the engine's fixed configuration: safe from any thread."""
         speculation = speculation or SpeculationParams(self.default_drafter)
-        if not prompt_ids:
+        if not len(prompt_ids):
             raise RequestError("prompt is empty: give at least one token")
         if len(prompt_ids) >= self.max_context:
             raise RequestError(
@@ -183,6 +187,13 @@ class Engine:
         k = self.k if speculation.num_speculative_tokens is None else speculation.num_speculative_tokens
         if k > self.k:
             raise RequestError(f"num_speculative_tokens {k} is above this engine's maximum of {self.k}")
+        return SpeculationParams(speculation.drafter, k)
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, speculation: SpeculationParams | None = None,
+               request_id: str | None = None) -> str:
+        prompt_ids = [int(t) for t in prompt_ids]
+        speculation = self.validate(prompt_ids, speculation)
+        k = speculation.num_speculative_tokens
         request_id = request_id or f"req-{next(self._ids)}"
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         self._waiting.append(Request(request_id, prompt_ids, params, speculation.drafter, k, detok,
@@ -354,7 +365,13 @@ class Engine:
         request.generated.extend(kept)
         if request.finish_reason is None and self._remaining(request) <= 0:
             request.finish_reason = "length"  # the model's context is full
-        text, hit_stop = request.detok.add(kept)
+        accepted = min(accepted, len(kept))
+        # Draft tokens first, then the target's own: the text of each part, for clients that show it.
+        drafted_text, hit_stop = request.detok.add(kept[:accepted]) if accepted else ("", False)
+        text = drafted_text
+        if not hit_stop and accepted < len(kept):
+            rest, hit_stop = request.detok.add(kept[accepted:])
+            text += rest
         if hit_stop:
             request.finish_reason = "stop"
         if request.finish_reason is not None:
@@ -362,7 +379,7 @@ class Engine:
         else:
             request.last_token = kept[-1]
             self.drafters[request.drafter].accept(request.id, kept)
-        return Delta(request.id, kept, text, request.finish_reason, accepted=min(accepted, len(kept)))
+        return Delta(request.id, kept, text, request.finish_reason, accepted=accepted, drafted_text=drafted_text)
 
     def _fail(self, request: Request, error: str) -> Delta:
         request.finish_reason, request.error = "error", error

@@ -1,4 +1,6 @@
-"""`specdraft` command line: `generate` (one prompt), and the subcommands that grow with the project."""
+"""`specdraft` command line: `generate` (one prompt) and `serve` (the OpenAI-compatible server).
+
+Options are parsed and checked here, once; bad input exits non-zero with one line naming it."""
 
 from __future__ import annotations
 
@@ -42,7 +44,9 @@ def _draft_length(value: str) -> int:
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF id, local directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default="ngram", choices=drafter_names(), help="how drafts are proposed (none = plain decoding)")
-    parser.add_argument("--draft-model", default=None, help="draft model for --drafter model/hybrid")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft model for the model and hybrid drafters: HF id, directory or .gguf sharing the "
+                             "target's vocabulary (default: self-int8, an int8 copy of the target)")
     parser.add_argument("-k", "--num-speculative-tokens", type=_draft_length, default=5,
                         help="longest draft per step (0..64; 0 = plain decoding)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -64,7 +68,57 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="raw completion instead of the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and metrics")
+
+    serve = sub.add_parser("serve", help="serve an OpenAI-compatible completions API (SSE streaming)")
+    add_model_options(serve)
+    serve.add_argument("--drafters", type=_drafter_list, default=None,
+                       help="comma-separated drafters requests may choose (default: none,ngram,model,hybrid)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--max-batch-size", type=_positive("--max-batch-size"), default=16, help="rows decoded together")
+    serve.add_argument("--max-queue", type=_non_negative("--max-queue"), default=64,
+                       help="requests that may wait for a row; beyond them a request gets 429")
+    serve.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
+                       help="context length to serve (default: the model's)")
+    serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
+    serve.add_argument("--ngram-memory", nargs="?", const="", default=None, metavar="PATH",
+                       help="let the ngram drafter draft from earlier requests' outputs; with PATH, load it from there "
+                            "at start and save it there periodically and at shutdown")
+    serve.add_argument("--ngram-memory-save-every", type=_positive("--ngram-memory-save-every"), default=300,
+                       metavar="SECONDS")
     return parser
+
+
+def _drafter_list(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in drafter_names()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown drafter {unknown[0]!r}; choose from {', '.join(drafter_names())}"
+                                         if unknown else "give at least one drafter")
+    return names
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be between 0 and 65535, got {port}")
+    return port
+
+
+def _non_negative(name: str):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if number < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {number}")
+        return number
+
+    return parse
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -107,7 +161,32 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": _generate}
+def _serve(args: argparse.Namespace) -> int:
+    drafters = args.drafters or ["none", "ngram", "model", "hybrid"]
+    if args.drafter not in drafters:
+        drafters = [args.drafter, *drafters]
+    if args.ngram_memory is not None and "ngram" not in drafters:
+        raise ValueError("--ngram-memory needs the ngram drafter among --drafters")
+    import uvicorn
+
+    from specdraft.api.server import create_app
+    from specdraft.runtime import build_runtime
+
+    memory = None
+    if args.ngram_memory is not None:
+        memory = {"memory": True, **({"memory_path": args.ngram_memory} if args.ngram_memory else {})}
+    runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, args.max_batch_size, args.device,
+                            args.dtype, args.draft_model, args.max_model_len, drafters=drafters, ngram_options=memory)
+    app = create_app(runtime, max_queued=args.max_queue, memory_path=args.ngram_memory or None,
+                     save_every=args.ngram_memory_save_every, model_name=args.served_model_name)
+    print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "
+          f"(drafters: {', '.join(sorted(runtime.engine.drafters))}; default {args.drafter}, k <= {args.num_speculative_tokens})",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+COMMANDS = {"generate": _generate, "serve": _serve}
 
 
 def main(argv: list[str] | None = None) -> int:

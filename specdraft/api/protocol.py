@@ -1,0 +1,205 @@
+"""The OpenAI-compatible wire format: request bodies (validated here, once, into `SamplingParams`
+and `SpeculationParams`), response and stream-chunk bodies, and error bodies.
+
+Fields follow OpenAI's completions and chat completions APIs; `top_k` and `speculation` are
+extensions. Types are strict (a string is not a number). Unknown fields are refused rather than
+ignored, and so are OpenAI fields this server does not implement (`logprobs`, `n` > 1, penalties,
+tools, ...): an option is never silently dropped.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specdraft.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculationParams
+
+MAX_STOP = 4  # stop strings per request, as OpenAI allows
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Speculation(_Strict):
+    """Extension: how this request speculates."""
+
+    drafter: str | None = None  # default: the server's --drafter
+    num_speculative_tokens: int | Literal["auto"] | None = Field(default=None)  # "auto"/None: the server's -k
+    annotate: bool = False  # stream chunks say which of their text came from accepted draft tokens
+
+    @field_validator("num_speculative_tokens")
+    @classmethod
+    def _range(cls, value):
+        if isinstance(value, int) and not 0 <= value <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"must be between 0 and {MAX_SPECULATIVE_TOKENS} or \"auto\", got {value}")
+        return value
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """Fields shared by both endpoints."""
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # extension; -1 or 0: off
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None  # accepted for compatibility; not used
+    speculation: Speculation | None = None
+    # OpenAI options this server does not implement: accepted only at their neutral values.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, value):
+        if value != 1:
+            raise ValueError(f"must be 1 (this server returns one choice per request), got {value}")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value):
+        if value not in (None, 0, 0.0):
+            raise ValueError("is not supported by this server (only 0)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
+            raise ValueError("is not supported by this server")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        top_k = self.top_k if self.top_k and self.top_k > 0 else 0
+        return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
+                              top_k=top_k, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
+                              stop=tuple(stops))
+
+    def speculation_params(self, default_drafter: str) -> SpeculationParams:
+        spec = self.speculation or Speculation()
+        k = spec.num_speculative_tokens
+        return SpeculationParams(spec.drafter or default_drafter, None if k in (None, "auto") else k)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def annotate(self) -> bool:
+        return bool(self.speculation and self.speculation.annotate)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and value and isinstance(value[0], str) and len(value) != 1:
+            raise ValueError(f"give one prompt per request, got {len(value)}")
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt is empty")
+        return value
+
+    @field_validator("echo", "logprobs", "suffix", "best_of")
+    @classmethod
+    def _unsupported(cls, value, info):
+        neutral = {"echo": False, "logprobs": None, "suffix": None, "best_of": None}[info.field_name]
+        if value != neutral and not (info.field_name == "best_of" and value == 1):
+            raise ValueError("is not supported by this server")
+        return value
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+
+    @field_validator("logprobs", "top_logprobs", "tools", "tool_choice", "response_format")
+    @classmethod
+    def _unsupported(cls, value, info):
+        if value not in (None, False, "none") and not (info.field_name == "response_format" and value == {"type": "text"}):
+            raise ValueError("is not supported by this server")
+        return value
+
+    def chat(self) -> list[dict]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+# -- responses ---------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, metrics: dict) -> dict:
+    """OpenAI's usage object, with the request's speculation statistics as an extension."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "speculation": {
+            "drafter": metrics.get("drafter"),
+            "steps": metrics["steps"],
+            "draft_tokens": metrics["draft_tokens"],
+            "accepted_tokens": metrics["accepted_tokens"],
+            "acceptance_rate": round(metrics["acceptance_rate"], 4),
+            "mean_accepted_length": round(metrics["mean_accepted_length"], 4),
+        },
+    }
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def created() -> int:
+    return int(time.time())

@@ -1,0 +1,255 @@
+"""The OpenAI-compatible HTTP server: `POST /v1/completions`, `POST /v1/chat/completions` (streamed
+as server-sent events or not), `GET /v1/models`, `GET /health` and `GET /metrics`.
+
+This module parses, validates and formats; the engine runs on the `EngineService` thread. Every
+client mistake is a 4xx with an OpenAI error body (`{"error": {"message", "type", "param", "code"}}`),
+never a 500. A streamed request whose client goes away is cancelled and its rows freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdraft.api import protocol
+from specdraft.api.protocol import ChatRequest, CompletionRequest
+from specdraft.engine import Completion, Delta
+from specdraft.errors import RequestError
+from specdraft.metrics import ServerMetrics
+from specdraft.runtime import Runtime, encode_prompt
+from specdraft.service import EngineService, Failed, Overloaded, ShuttingDown
+
+log = logging.getLogger("specdraft.server")
+POLL_DISCONNECT = 0.5  # seconds between checks that a non-streamed request's client is still there
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.body = status, protocol.error_body(message, type_, param, code)
+
+
+def served_name(runtime: Runtime) -> str:
+    """The model id clients send: the loaded model's name without notes in parentheses."""
+    return runtime.target.name.split(" (")[0]
+
+
+def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None = None,
+               save_every: float = 300.0, model_name: str | None = None) -> FastAPI:
+    """The app over a built runtime. memory_path: where the ngram drafter's cross-request memory is
+    saved (every `save_every` seconds and at shutdown)."""
+    engine = runtime.engine
+    name = model_name or served_name(runtime)
+    metrics = ServerMetrics(engine.k)
+    memory = getattr(engine.drafters.get("ngram"), "memory", None)
+    periodic = (lambda: memory.save(memory_path)) if memory is not None and memory_path else None
+    service = EngineService(engine, max_queued, on_step=metrics.on_step, on_finish=metrics.on_finish, periodic=periodic,
+                            every_seconds=save_every)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        service.start()
+        yield
+        await run_in_threadpool(service.shutdown)
+
+    app = FastAPI(title="specdraft", version="0.1.0", lifespan=lifespan,
+                  description="Lossless speculative decoding behind an OpenAI-compatible API.")
+    app.state.service, app.state.runtime, app.state.metrics = service, runtime, metrics
+
+    # -- errors: always OpenAI's body ------------------------------------------------------------
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError):
+        return JSONResponse(exc.body, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError):
+        metrics.refused("invalid")
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+        if first.get("type") == "json_invalid":
+            return JSONResponse(protocol.error_body(f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"), 400)
+        loc, union = [], False
+        for part in first.get("loc", ()):
+            if part == "body":
+                continue
+            if isinstance(part, str) and (not part.isidentifier() or part in _TYPE_NAMES):
+                union = True  # pydantic names the member of a union it tried: not a field
+                break
+            loc.append(str(part))
+        param = ".".join(loc) or None
+        message = first["msg"].removeprefix("Value error, ")
+        if union:
+            message = f"has the wrong type ({message[0].lower() + message[1:]}, or one of the other accepted types)"
+        if first.get("type") == "extra_forbidden":
+            message = "unknown field (not part of this API)"
+        if first.get("type") == "missing":
+            message = "is required"
+        return JSONResponse(protocol.error_body(f"{param}: {message}" if param else message, param=param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(protocol.error_body(str(exc.detail), kind), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception):
+        log.exception("unhandled error")
+        return JSONResponse(protocol.error_body(f"internal error: {type(exc).__name__}", "internal_error"), 500)
+
+    # -- routes ----------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        if service.stopping:
+            raise ApiError(503, "the server is shutting down", "service_unavailable")
+        return {"status": "ok", "model": name, "running": engine.running, "waiting": engine.waiting}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(*service.load()), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": protocol.created(),
+                                             "owned_by": "specdraft", "max_model_len": engine.max_context,
+                                             "drafters": sorted(engine.drafters)}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        prompt = body.prompt
+        if isinstance(prompt, list) and isinstance(prompt[0], int):
+            vocab = engine.verifier.vocab_size
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+            prompt_ids = list(prompt)
+        else:
+            text = prompt[0] if isinstance(prompt, list) else prompt
+            prompt_ids = await run_in_threadpool(_encode, runtime, text, False)
+        return await _serve("completion", body, body.max_tokens, prompt_ids, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
+            raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", param="max_completion_tokens")
+        prompt_ids = await run_in_threadpool(_encode, runtime, body.chat(), True)
+        return await _serve("chat", body, body.max_completion_tokens or body.max_tokens, prompt_ids, request)
+
+    async def _serve(kind: str, body, max_tokens: int | None, prompt_ids: list[int], request: Request):
+        if body.model is not None and body.model != name:
+            raise ApiError(404, f"the model {body.model!r} does not exist here; this server serves {name!r}",
+                           "not_found_error", "model", "model_not_found")
+        room = engine.max_context - len(prompt_ids)
+        if room < 1:
+            raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context is {engine.max_context} "
+                                "tokens, leaving no room to generate", param="messages" if kind == "chat" else "prompt",
+                           code="context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = room  # chat's default: to the end of the context
+        elif max_tokens > room:
+            raise ApiError(400, f"max_tokens is {max_tokens}, but the prompt has {len(prompt_ids)} tokens and this model's "
+                                f"context is {engine.max_context}: at most {room} tokens can be generated",
+                           param="max_tokens", code="context_length_exceeded")
+        try:
+            params = body.sampling_params(max_tokens)
+            speculation = engine.validate(prompt_ids, body.speculation_params(engine.default_drafter))
+        except (RequestError, ValueError) as exc:
+            raise ApiError(400, str(exc), param="speculation" if "drafter" in str(exc) or "speculative" in str(exc) else None) from None
+        try:
+            request_id, queue = service.submit(prompt_ids, params, speculation)
+        except Overloaded as exc:
+            metrics.refused("overloaded")
+            raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded") from None
+        except ShuttingDown as exc:
+            metrics.refused("shutting_down")
+            raise ApiError(503, str(exc), "service_unavailable") from None
+        response_id = protocol.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        if body.stream:
+            return EventSourceResponse(_stream(kind, body, response_id, request_id, queue, len(prompt_ids)), ping=15,
+                                      sep="\n")
+        return await _whole(kind, response_id, request_id, queue, len(prompt_ids), request)
+
+    async def _whole(kind: str, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int, request: Request):
+        text = []
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), POLL_DISCONNECT)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    service.cancel(request_id)
+                    return Response(status_code=499)
+                continue
+            if isinstance(event, Delta):
+                text.append(event.text)
+                continue
+            if isinstance(event, Failed) or event.finish_reason == "error":
+                message = event.message if isinstance(event, Failed) else event.error
+                raise ApiError(500, f"generation failed: {message}", "internal_error")
+            break
+        completion: Completion = event
+        choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}} if kind == "chat"
+                  else {"index": 0, "text": "".join(text)})
+        choice.update(logprobs=None, finish_reason=completion.finish_reason)
+        return {"id": response_id, "object": "chat.completion" if kind == "chat" else "text_completion",
+                "created": protocol.created(), "model": name, "choices": [choice],
+                "usage": protocol.usage(prompt_tokens, len(completion.token_ids), completion.metrics)}
+
+    async def _stream(kind: str, body, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int):
+        created = protocol.created()
+        base = {"id": response_id, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                "created": created, "model": name}
+
+        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, drafted: str | None = None) -> dict:
+            if kind == "chat":
+                delta = {} if text is None else {"content": text}
+                if role:
+                    delta = {"role": "assistant", "content": ""}
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            if drafted is not None:
+                choice["speculation"] = {"drafted_text": drafted}
+            return {"data": json.dumps({**base, "choices": [choice]}, ensure_ascii=False)}
+
+        finished = False
+        try:
+            if kind == "chat":
+                yield chunk(None, role=True)
+            while True:
+                event = await queue.get()
+                if isinstance(event, Delta):
+                    if event.text:
+                        yield chunk(event.text, drafted=event.drafted_text if body.annotate else None)
+                    continue
+                finished = True
+                if isinstance(event, Failed) or event.finish_reason == "error":
+                    message = event.message if isinstance(event, Failed) else event.error
+                    yield {"data": json.dumps(protocol.error_body(f"generation failed: {message}", "internal_error"))}
+                    break
+                yield chunk(None, finish_reason=event.finish_reason)
+                if body.include_usage:
+                    usage = protocol.usage(prompt_tokens, len(event.token_ids), event.metrics)
+                    yield {"data": json.dumps({**base, "choices": [], "usage": usage})}
+                break
+            yield {"data": "[DONE]"}
+        finally:
+            if not finished:  # the client went away mid-stream
+                service.cancel(request_id)
+
+    return app
+
+
+def _encode(runtime: Runtime, prompt, chat: bool) -> list[int]:
+    try:
+        return encode_prompt(runtime.target.tokenizer, prompt, chat=chat)
+    except RequestError as exc:
+        raise ApiError(400, str(exc), param="messages" if chat else "prompt") from None

@@ -1,0 +1,54 @@
+"""Prometheus metrics of a serving engine, in a registry of its own (several servers in one process,
+as in tests, do not collide). Updated on the engine thread after each step; scraped at /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdraft.engine import Completion
+
+STEP_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    def __init__(self, max_k: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("specdraft_requests", "Requests by outcome", ["outcome"], registry=r)
+        self.generated = Counter("specdraft_generated_tokens", "Tokens generated", ["drafter"], registry=r)
+        self.drafted = Counter("specdraft_draft_tokens", "Draft tokens verified", ["drafter"], registry=r)
+        self.accepted = Counter("specdraft_accepted_tokens", "Draft tokens accepted", ["drafter"], registry=r)
+        self.position_drafted = Counter("specdraft_position_drafted", "Drafts that reached a position", ["position"], registry=r)
+        self.position_accepted = Counter("specdraft_position_accepted", "Drafts accepted at a position", ["position"], registry=r)
+        self.step_seconds = Histogram("specdraft_step_seconds", "Engine step latency", buckets=STEP_BUCKETS, registry=r)
+        self.ttft = Histogram("specdraft_time_to_first_token_seconds", "Time to first token", buckets=TTFT_BUCKETS, registry=r)
+        self.queue_depth = Gauge("specdraft_queue_depth", "Requests waiting for a row or for their prefill", registry=r)
+        self.running = Gauge("specdraft_running_rows", "Requests decoding", registry=r)
+        self.max_k = max_k
+
+    def on_step(self, seconds: float) -> None:
+        self.step_seconds.observe(seconds)
+
+    def on_finish(self, completion: Completion) -> None:
+        m = completion.metrics
+        drafter = m.get("drafter", "")
+        self.requests.labels(outcome=completion.finish_reason).inc()
+        self.generated.labels(drafter=drafter).inc(len(completion.token_ids))
+        self.drafted.labels(drafter=drafter).inc(m["draft_tokens"])
+        self.accepted.labels(drafter=drafter).inc(m["accepted_tokens"])
+        for position, (drafted, accepted) in enumerate(zip(m["drafted_at"], m["accepted_at"]), start=1):
+            if drafted:
+                self.position_drafted.labels(position=str(position)).inc(drafted)
+                self.position_accepted.labels(position=str(position)).inc(accepted)
+        if m.get("time_to_first_token") is not None:
+            self.ttft.observe(m["time_to_first_token"])
+
+    def refused(self, outcome: str) -> None:
+        """A request refused before it reached the engine (bad input, overload)."""
+        self.requests.labels(outcome=outcome).inc()
+
+    def render(self, running: int, waiting: int) -> bytes:
+        self.running.set(running)
+        self.queue_depth.set(waiting)
+        return generate_latest(self.registry)
