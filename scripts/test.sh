@@ -6,3 +6,8 @@ bash scripts/setup.sh
 . .venv/bin/activate
 export TRANSFORMERS_VERBOSITY=error
 python -m pytest -q -p no:cacheprovider "$@"
+# The vLLM integration tests (tests/vllm) run in their own environment, .venv-vllm, on a full run only.
+if [ $# -eq 0 ]; then
+    bash scripts/setup_vllm.sh
+    .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+fi
