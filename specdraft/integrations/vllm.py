@@ -18,11 +18,15 @@ that needs no second model runs (`none`, `ngram`, `prompt-lookup-scan`); those b
 target model (`model`, `hybrid`) are refused. The drafter's `k` is `num_speculative_tokens`; the
 `ngram` drafter's EOS ids default to the model config's.
 
-Rows are not requests: vLLM passes batch rows, which move as requests finish and arrive. A
-`RowTracker` (`specdraft.integrations.rows`) keeps each request's drafter state across steps; its
-docstring says how rows are matched to requests, how a mismatch is detected (length, this step's
-tokens, the last draft, and probes of the context against `token_ids_cpu`) and handled (the request
-is rebuilt from `token_ids_cpu`).
+Rows are not requests: vLLM passes batch rows, which move as requests finish and arrive. Its model
+runner knows each row's request id (`input_batch.req_ids`) but the hook hands the proposer only the
+config and these arrays, and reaching into the runner would be no supported interface; so rows are
+matched to requests by their contents. A `RowTracker` (`specdraft.integrations.rows`) keeps each
+request's drafter state across steps (built once, then extended). A mismatch between a tracked
+context and the row's `token_ids_cpu` is detected from the length, this step's tokens, the last
+draft and probes of the context (its last 8 tokens, 8 spread positions and a window that moves
+along it), in O(1) per row and step; the row's request is then rebuilt from `token_ids_cpu`
+(`end` + `begin`) instead of drafting from a wrong context. The RowTracker docstring has the details.
 
 `vllm_model_dir` makes a checkpoint converted by `specdraft.models` (the embedded model) loadable by vLLM.
 
