@@ -264,10 +264,41 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
             for s in here
         ]) + [""]
     lines += _by_source(results)
+    lines += _per_prompt(results)
     lines += _divergences(results)
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
     return "\n".join(lines)
+
+
+def _per_prompt(results: dict, method: str = "specdraft-ngram", threshold: float = 0.97) -> list[str]:
+    """Per prompt, `method` against our plain decoding: the worst ratios, and the repeats of any prompt
+    that looked slower than `threshold` (the median over all its runs tells noise from a loss)."""
+    rows = []
+    for cell in results["cells"]:
+        if cell["method"] != method:
+            continue
+        plain = {r["id"]: r for c in results["cells"] if c["method"] == BASELINE and c["domain"] == cell["domain"]
+                 for r in c["prompts"]}
+        for r in cell["prompts"]:
+            if r["id"] in plain and plain[r["id"]]["tokens_per_second"]:
+                rows.append((cell["domain"], r["id"], r["tokens_per_second"] / plain[r["id"]]["tokens_per_second"]))
+    if not rows:
+        return []
+    rows.sort(key=lambda row: row[2])
+    repeats = {(r["domain"], r["id"]): r for r in results.get("repeats", [])}
+    below = [row for row in rows if row[2] < threshold]
+    lines = [f"## Per prompt: {method} vs {BASELINE}", "",
+             f"{len(rows)} prompts; the lowest ratio {rows[0][2]:.2f}, the median {statistics.median(r[2] for r in rows):.2f}; "
+             f"{len(below)} below {threshold:.2f} in the main pass. Each of those was run {len(next(iter(repeats.values()))['ratios']) - 1 if repeats else 0} "
+             "more times, interleaved; *median* is over all its runs.", ""]
+    table = []
+    for domain, prompt_id, ratio in rows[: max(5, len(below))]:
+        repeat = repeats.get((domain, prompt_id))
+        table.append([domain, prompt_id, f"{ratio:.2f}",
+                      " ".join(f"{x:.2f}" for x in repeat["ratios"][1:]) if repeat else DASH,
+                      f"{repeat['median_ratio']:.2f}" if repeat else DASH])
+    return lines + _table(["domain", "prompt", "ratio (main pass)", "repeats", "median"], table) + [""]
 
 
 # -- plots -----------------------------------------------------------------------------------------

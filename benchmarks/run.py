@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -23,11 +24,10 @@ from tqdm import tqdm
 from benchmarks import peers
 from benchmarks.datasets import DOMAINS, load_domain
 from benchmarks.report import write_report
-from specdraft.drafters import create_drafter, drafter_names, drafter_options
 from specdraft.engine import Engine
 from specdraft.models import load_model
-from specdraft.runtime import encode_prompt
-from specdraft.params import SamplingParams
+from specdraft.params import SamplingParams, SpeculationParams
+from specdraft.runtime import build_drafters, encode_prompt
 from specdraft.verifier import Verifier
 
 RESULTS = Path(__file__).parent / "results"
@@ -60,23 +60,17 @@ def near_tie(model, prompt_ids: list[int], reference: list[int], ours: list[int]
     return {"index": index, "margin": float(top[0] - top[1])}
 
 
-def specdraft_methods(loaded, k: int, draft_model: str | None) -> dict:
-    engines = {}
-    for name in drafter_names():
-        try:
-            options = {"draft_model": draft_model} if "draft_model" in drafter_options(name) else {}
-            drafter = create_drafter(name, k=k, target=loaded, **options)
-        except (ValueError, OSError) as exc:  # e.g. a model drafter with no draft model given
-            print(f"skipping drafter {name!r}: {exc}")
-            continue
-        engines[f"specdraft-{name}"] = Engine(Verifier(loaded.model), drafter, loaded.tokenizer,
-                                              loaded.eos_token_ids, loaded.max_context, k=k, max_batch=1)
-    return engines
+def specdraft_engine(loaded, k: int, names: list[str], draft_model: str | None) -> Engine:
+    """One engine holding every drafter benchmarked, as a server would: requests choose their drafter,
+    and the cost-aware policy learns this machine's costs across all of them."""
+    drafters = build_drafters(names, k, loaded, draft_model)
+    return Engine(Verifier(loaded.model), drafters, loaded.tokenizer, loaded.eos_token_ids, loaded.max_context,
+                  k=k, max_batch=1, default_drafter=names[0])
 
 
-def run_specdraft(engine: Engine, prompt_ids: list[int], max_tokens: int) -> dict:
+def run_specdraft(engine: Engine, drafter: str, prompt_ids: list[int], max_tokens: int) -> dict:
     start = time.perf_counter()
-    [done] = engine.run([(prompt_ids, SamplingParams(max_tokens=max_tokens))])
+    [done] = engine.run([(prompt_ids, SamplingParams(max_tokens=max_tokens), SpeculationParams(drafter))])
     seconds = time.perf_counter() - start
     m = done.metrics
     return {
@@ -84,8 +78,30 @@ def run_specdraft(engine: Engine, prompt_ids: list[int], max_tokens: int) -> dic
         "tokens_per_second": len(done.token_ids) / seconds, "steps": m["steps"],
         "draft_tokens": m["draft_tokens"], "accepted_tokens": m["accepted_tokens"],
         "accepted_per_step": m["accepted_per_step"], "per_position_acceptance": m["per_position_acceptance"],
-        "draft_seconds": m["draft_seconds"],
+        "drafted_at": m["drafted_at"], "accepted_at": m["accepted_at"], "draft_seconds": m["draft_seconds"],
     }
+
+
+def repeat_slow_prompts(cells: dict, prompts: dict, ours: dict, tokenizer, times: int) -> list[dict]:
+    """Prompts where ngram ran more than 3% slower than none: run both `times` more times, interleaved,
+    so the report can tell noise from a real loss (median ratio over all runs)."""
+    if "specdraft-ngram" not in ours or "specdraft-none" not in ours or times <= 0:
+        return []
+    out = []
+    for domain, domain_prompts in prompts.items():
+        none_rows = {r["id"]: r for r in cells.get((domain, "specdraft-none"), [])}
+        for row in cells.get((domain, "specdraft-ngram"), []):
+            plain = none_rows.get(row["id"])
+            if plain is None or row["tokens_per_second"] >= 0.97 * plain["tokens_per_second"]:
+                continue
+            prompt = next(p for p in domain_prompts if p.id == row["id"])
+            ids = encode_prompt(tokenizer, prompt.messages)
+            ratios = [row["tokens_per_second"] / plain["tokens_per_second"]]
+            for _ in range(times):
+                a, b = ours["specdraft-none"](ids), ours["specdraft-ngram"](ids)
+                ratios.append(b["tokens_per_second"] / a["tokens_per_second"])
+            out.append({"domain": domain, "id": row["id"], "ratios": ratios, "median_ratio": statistics.median(ratios)})
+    return out
 
 
 def run_hf(fn, *args, **kwargs) -> dict:
@@ -101,7 +117,11 @@ def main() -> None:
     parser.add_argument("-k", "--k", type=int, default=5, help="our draft length (and HF prompt lookup's second setting)")
     parser.add_argument("--domains", default=",".join(DOMAINS))
     parser.add_argument("--model", default=None, help="target (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--draft-model", default=None, help="draft model for specdraft's model/hybrid drafters and HF assisted generation")
+    parser.add_argument("--draft-model", default=None, help="draft model for specdraft's model/hybrid drafters and HF "
+                        "assisted generation (default: the model drafter's int8 copy of the target; no HF assisted run)")
+    parser.add_argument("--drafters", default="none,ngram,model,hybrid", help="specdraft drafters to run")
+    parser.add_argument("--repeat-slow", type=int, default=3,
+                        help="re-run none and ngram this many times on a prompt where ngram looked slower (noise or loss?)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -110,7 +130,9 @@ def main() -> None:
     # The peers run the stock Hugging Face model, as their users would; ours runs it as specdraft loads it.
     stock = load_model(args.model, device=device, dtype="auto", few_rows_linears=False) if loaded.few_rows_linears else loaded
     assistant = load_model(args.draft_model, device=device, dtype="auto", few_rows_linears=False).model if args.draft_model else None
-    engines = specdraft_methods(loaded, args.k, args.draft_model)
+    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
+    engine = specdraft_engine(loaded, args.k, names, args.draft_model)
+    ours = {f"specdraft-{n}": (lambda ids, n=n: run_specdraft(engine, n, ids, args.max_tokens)) for n in names}
     eos = stock.eos_token_ids
     hf_methods = {
         "hf-generate": lambda ids: run_hf(peers.hf_generate, stock.model, ids, args.max_tokens, eos),
@@ -124,23 +146,23 @@ def main() -> None:
 
     # Warm-up: first calls pay one-off allocation and kernel selection costs.
     warm = encode_prompt(loaded.tokenizer, "Say hello.")
-    for engine in engines.values():
-        run_specdraft(engine, warm, 8)
+    for name in names:
+        run_specdraft(engine, name, warm, 8)
     for fn in hf_methods.values():
         fn(warm)
 
     domains = [d.strip() for d in args.domains.split(",") if d.strip()]
     prompts = {d: load_domain(d, args.prompts) for d in domains}
     cells: dict[tuple[str, str], list[dict]] = {}
-    total = sum(len(p) for p in prompts.values()) * (len(engines) + len(hf_methods))
+    total = sum(len(p) for p in prompts.values()) * (len(ours) + len(hf_methods))
     with tqdm(total=total, desc="benchmark", unit="run") as bar:
         for domain in domains:
             for prompt in prompts[domain]:
                 ids = encode_prompt(loaded.tokenizer, prompt.messages)
                 reference = None
-                for method, fn in list(hf_methods.items()) + [(m, e) for m, e in engines.items()]:
+                for method, fn in list(hf_methods.items()) + list(ours.items()):
                     bar.set_postfix_str(f"{domain} {prompt.id} {method}")
-                    row = fn(ids) if method in hf_methods else run_specdraft(fn, ids, args.max_tokens)
+                    row = fn(ids)
                     if method == "hf-generate":
                         reference = row["token_ids"]
                     row["lossless"] = row["token_ids"] == reference
@@ -152,8 +174,10 @@ def main() -> None:
                     cells.setdefault((domain, method), []).append(row)
                     bar.update()
 
+    repeats = repeat_slow_prompts(cells, prompts, ours, loaded.tokenizer, args.repeat_slow)
     results = {
         "machine": machine(),
+        "repeats": repeats,
         "model": loaded.name,
         "setup": ("specdraft runs the model with its FewRowsLinear layers (fast skinny products on CPU); "
                   "Hugging Face's methods run the stock model" if loaded.few_rows_linears

@@ -30,7 +30,7 @@ def measure(verifier: Verifier, batch: int, ks: list[int], repeats: int, rng: np
     machine's drift hits them alike; every step starts from the same cache lengths."""
     rows = verifier.row_ids[:batch]
     assert len(rows) == batch
-    lengths = list(verifier.cache.lengths)
+    lengths = {r: verifier.length(r) for r in rows}
     totals: dict[int, list[float]] = {k: [] for k in ks}
     forwards: dict[int, list[float]] = {k: [] for k in ks}
     for _ in range(repeats + 1):
@@ -41,7 +41,8 @@ def measure(verifier: Verifier, batch: int, ks: list[int], repeats: int, rng: np
             verifier.step({r: 42 for r in rows}, drafts)
             totals[k].append(time.perf_counter() - start)
             forwards[k].append(verifier.forward_seconds - before)
-            verifier.cache.lengths[:] = lengths  # roll back
+            for r in rows:  # roll back
+                verifier.truncate(r, lengths[r])
     cells = []
     for k in ks:
         total, forward = totals[k][1:], forwards[k][1:]  # the first repeat warms allocations
@@ -71,7 +72,7 @@ def main() -> None:
     verifier = Verifier(loaded.model)
     rng = np.random.default_rng(0)
     for b in range(max(batches)):
-        verifier.add(f"row{b}", rng.integers(0, 1000, size=args.context).tolist(), SamplingParams())
+        verifier.admit(f"row{b}", rng.integers(0, 1000, size=args.context).tolist(), SamplingParams())
     # Only the first `batch` rows take part: keep exactly that many in the verifier for each size.
     cells = []
     for batch in sorted(batches, reverse=True):

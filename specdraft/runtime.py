@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 
+from specdraft.backend import StaticShapes, llama
 from specdraft.drafters import Drafter, create_drafter, drafter_options
 from specdraft.engine import Engine, RequestError
 from specdraft.models import LoadedModel, load_draft_model, load_model
@@ -21,16 +22,17 @@ class Runtime:
 
 
 def build_drafters(names: Sequence[str], k: int, target: LoadedModel, draft_model: str | None = None,
-                   dtype: str = "auto", ngram_options: dict | None = None) -> dict[str, Drafter]:
+                   dtype: str = "auto", ngram_options: dict | None = None,
+                   static: StaticShapes | None = None) -> dict[str, Drafter]:
     """Build and warm each named drafter once. The drafters that draft with a model (`model`,
-    `hybrid`) share one draft model, loaded (or built) once."""
+    `hybrid`) share one draft model, loaded (or built) once, and run at `static` shapes if given."""
     with_model = [n for n in names if "draft_model" in drafter_options(n)]
     if draft_model is not None and not with_model:
         raise ValueError(f"a draft model is used by the model and hybrid drafters, not by {', '.join(map(repr, names))}")
     shared = load_draft_model(draft_model, target, dtype) if with_model else None
     drafters = {}
     for name in names:
-        options = {"draft_model": shared} if name in with_model else {}
+        options = {"draft_model": shared, "static_shapes": static} if name in with_model else {}
         if name == "ngram" and ngram_options:
             options.update(ngram_options)
         drafters[name] = create_drafter(name, k=k, target=target, **options)
@@ -49,15 +51,27 @@ def build_runtime(
     drafters: Sequence[str] | None = None,
     adaptive: bool = True,
     ngram_options: dict | None = None,
+    enforce_eager: bool = False,
 ) -> Runtime:
-    """drafter: the default drafter; drafters: every drafter requests may choose (default: just it)."""
+    """drafter: the default drafter; drafters: every drafter requests may choose (default: just it);
+    enforce_eager: no CUDA graphs."""
     names = list(dict.fromkeys([drafter, *(drafters or [])]))
     target = load_model(model, device=device, dtype=dtype)
-    built = build_drafters(names, k, target, draft_model, dtype, ngram_options)
     context = min(max_context, target.max_context) if max_context else target.max_context
-    engine = Engine(Verifier(target.model), built, target.tokenizer, target.eos_token_ids, context, k=k,
+    static = static_shapes(target, max_batch, context, graphs=not enforce_eager)
+    built = build_drafters(names, k, target, draft_model, dtype, ngram_options, static)
+    engine = Engine(Verifier(target.model, static), built, target.tokenizer, target.eos_token_ids, context, k=k,
                     max_batch=max_batch, default_drafter=drafter, adaptive=adaptive)
     return Runtime(engine, target, drafter)
+
+
+def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: bool = True) -> StaticShapes | None:
+    """Static shapes (a preallocated cache, and CUDA graphs unless `graphs` is False) where they pay:
+    on CUDA, for models our own forward runs. On CPU a step is bound by the weights, not by launches,
+    and the dynamic path (attending over exactly the rows' lengths) is faster."""
+    if next(target.model.parameters()).device.type != "cuda" or not llama.supports(target.model):
+        return None
+    return StaticShapes(max_rows=max_batch, max_context=context, graphs=graphs)
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool = True) -> list[int]:

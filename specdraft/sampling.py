@@ -9,8 +9,13 @@ and with rows joining or leaving (`tests/test_seeded_sampling.py`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from specdraft.params import SamplingParams
 
 # Stream ids: which decision at a position a uniform belongs to.
 SAMPLE = 0  # the target's own draw from p (also the bonus token), and the test of deterministic drafts
@@ -52,8 +57,18 @@ def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(index < dist.shape[-1], index, dist.argmax(-1))
 
 
+def distribution(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """`logits_to_probs` for rows sampled with `params` (one per row, greedy rows at temperature 1):
+    the per-row settings go to the device as inputs, and nothing is read back from it."""
+    device = logits.device
+    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+    top_k = torch.tensor([p.top_k for p in params], device=device) if any(p.top_k for p in params) else None
+    top_p = torch.tensor([p.top_p for p in params], device=device) if any(p.top_p < 1 for p in params) else None
+    return logits_to_probs(logits, temperature, top_k, top_p, max_top_k=max(p.top_k for p in params) or None)
+
+
 def logits_to_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
-                    top_p: torch.Tensor | None = None) -> torch.Tensor:
+                    top_p: torch.Tensor | None = None, max_top_k: int | None = None) -> torch.Tensor:
     """The sampling distribution, row by row, composed like Hugging Face `generate` and vLLM:
     temperature, then top-k, then top-p over what top-k kept, renormalised.
 
@@ -64,13 +79,16 @@ def logits_to_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     keeps the most likely token; tokens tied exactly at that boundary are ordered by `torch.sort`, the
     same call transformers and vLLM make, so all three drop the same ones. The same function gives p
     (target) and q (drafter).
+    max_top_k: the largest top_k on the host, if the caller knows it (else it is read from the device).
     Returns probabilities [batch, T, vocab], float32.
     """
     scaled = logits.float() / temperature[:, None, None]
     if top_k is not None:
         vocab = scaled.shape[-1]
-        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # [batch]
-        kth = scaled.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None, None].expand(*scaled.shape[:2], 1))
+        widest = min(int(top_k.max()) if max_top_k is None else max_top_k, vocab)  # rows with top_k 0 need none
+        k = top_k.clamp(min=1, max=widest)  # [batch]
+        kth = scaled.topk(widest, dim=-1).values.gather(-1, (k - 1)[:, None, None].expand(*scaled.shape[:2], 1))
+        kth = torch.where((top_k > 0)[:, None, None], kth, float("-inf"))  # [batch, T, 1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p is not None:
         ascending, order = scaled.sort(dim=-1)  # [batch, T, vocab]

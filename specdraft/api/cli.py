@@ -50,7 +50,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", "--num-speculative-tokens", type=_draft_length, default=5,
                         help="longest draft per step (0..64; 0 = plain decoding)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto: float32 on CPU, bfloat16 on CUDA; float32 gives exact parity with plain decoding on a GPU")
+    parser.add_argument("--enforce-eager", action="store_true", help="on CUDA, run steps without CUDA graphs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +140,8 @@ def _generate(args: argparse.Namespace) -> int:
     )
     from specdraft.runtime import build_runtime, encode_prompt  # loads torch: after the cheap checks
 
-    runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, 1, args.device, args.dtype, args.draft_model)
+    runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, 1, args.device, args.dtype, args.draft_model,
+                            enforce_eager=args.enforce_eager)
     engine = runtime.engine
     prompt_ids = encode_prompt(runtime.target.tokenizer, prompt, chat=not args.no_chat)
     request_id = engine.submit(prompt_ids, params)
@@ -176,7 +179,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ngram_memory is not None:
         memory = {"memory": True, **({"memory_path": args.ngram_memory} if args.ngram_memory else {})}
     runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, args.max_batch_size, args.device,
-                            args.dtype, args.draft_model, args.max_model_len, drafters=drafters, ngram_options=memory)
+                            args.dtype, args.draft_model, args.max_model_len, drafters=drafters, ngram_options=memory,
+                            enforce_eager=args.enforce_eager)
     app = create_app(runtime, max_queued=args.max_queue, memory_path=args.ngram_memory or None,
                      save_every=args.ngram_memory_save_every, model_name=args.served_model_name)
     print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "

@@ -15,8 +15,10 @@ import torch
 
 class RowKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 slots: int = 1, capacity: int = 64) -> None:
+                 slots: int = 1, capacity: int = 64, fixed: bool = False) -> None:
+        """fixed: allocated once at this size (captured CUDA graphs hold its addresses): never grows."""
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.fixed = fixed
         self.dtype, self.device = dtype, torch.device(device)
         self.lengths: list[int] = []  # per slot, on the host: no device sync to know a row's length
         self._keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
@@ -50,6 +52,9 @@ class RowKVCache:
     def reserve(self, rows: int, length: int) -> None:
         """Room for `rows` rows of `length` positions; grows geometrically (amortised copies)."""
         if rows > self.slots or length > self.capacity:
+            if self.fixed:
+                raise RuntimeError(f"the fixed KV cache holds {self.slots} rows of {self.capacity} positions; "
+                                   f"{rows} rows of {length} were needed")
             self._allocate(max(rows, 2 * self.slots if rows > self.slots else self.slots),
                            max(length, 2 * self.capacity if length > self.capacity else self.capacity))
 

@@ -12,6 +12,7 @@ and `truncate` rolls a row back. Lengths live on the host, so none of this syncs
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -21,12 +22,49 @@ from specdraft.backend import llama
 from specdraft.backend.cache import RowKVCache
 
 
+@dataclass(frozen=True)
+class StaticShapes:
+    """Fixed shapes for batched passes, so that each shape can be captured once and replayed.
+
+    A batched pass over n active rows runs padded to a batch bucket (the next power of two, at most
+    `max_rows`) and attends over a KV bucket (its longest row rounded up to `kv_block`); its inputs
+    go into device buffers kept per shape. The cache is allocated for `max_rows` x `max_context` at
+    start and never grows. With `graphs` (CUDA only) each shape is captured in a CUDA graph on first
+    use and replayed after: one launch instead of one per kernel.
+    """
+
+    max_rows: int
+    max_context: int
+    kv_block: int = 256
+    graphs: bool = True
+
+    def batch_bucket(self, rows: int) -> int:
+        assert 1 <= rows <= self.max_rows, (rows, self.max_rows)
+        return min(1 << (rows - 1).bit_length(), self.max_rows)
+
+    def kv_bucket(self, length: int) -> int:
+        return min(-(-length // self.kv_block) * self.kv_block, self.max_context + self.kv_block)
+
+
+@dataclass
+class _Shape:
+    """Device buffers (and, once captured, the graph) of one static shape."""
+
+    input_ids: torch.Tensor  # [bucket, T]
+    lengths: torch.Tensor  # [bucket]
+    logits_at: torch.Tensor | None  # [bucket]
+    graph: object = None
+    logits: torch.Tensor | None = None  # the graph's output
+    calls: int = 0
+
+
 class RowModel:
     """model: a transformers causal LM (eval mode); layers: run only these decoder layers (a draft that
     skips layers; Llama family only); dtype: the activations' dtype for the own forward (default the
-    model's)."""
+    model's); static: run batched passes at static shapes (`StaticShapes`; Llama family only)."""
 
-    def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+                 static: StaticShapes | None = None) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         config = model.config
@@ -43,7 +81,14 @@ class RowModel:
             kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             cache_dtype = next(model.parameters()).dtype
-        self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device)
+        if static is not None and self._own is None:
+            raise ValueError("static shapes need a Llama-family model (our own forward)")
+        self.static = static
+        # A static cache is allocated whole (with room for a KV bucket's overhang), so no step ever grows it.
+        slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)
+        self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device, slots, capacity,
+                                fixed=static is not None)
+        self._shapes: dict[tuple, _Shape] = {}
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self._order: list[str] = []  # row id in each slot
         self._slot: dict[str, int] = {}
@@ -135,6 +180,8 @@ class RowModel:
         """Feed the rows of `window` the tokens input_ids [batch, T] at the positions after their
         committed lengths; return logits [batch, T, vocab], or [batch, 1, vocab] at the positions
         logits_at [batch] (indices into T). Nothing is committed."""
+        if self.static is not None and window.start == 0:
+            return self._forward_static(window, input_ids, logits_at)
         input_ids = torch.as_tensor(input_ids, dtype=torch.int64, device=self.device)
         batch, steps = input_ids.shape
         host_lengths = self.cache.lengths[window]
@@ -153,6 +200,64 @@ class RowModel:
                 logits = self._stock(input_ids, positions, visible, logits_at)
         self.forward_seconds += time.perf_counter() - start
         return logits
+
+    def _forward_static(self, window: slice, input_ids, logits_at: np.ndarray | None) -> torch.Tensor:
+        """A batched pass at a static shape: rows padded to the batch bucket (padding rows write only
+        past their slot's committed length, so they change nothing), attention over the KV bucket."""
+        input_ids = np.asarray(input_ids if not torch.is_tensor(input_ids) else input_ids.cpu(), dtype=np.int64)
+        batch, steps = input_ids.shape
+        static = self.static
+        bucket = static.batch_bucket(batch)
+        lengths = np.zeros(bucket, dtype=np.int64)
+        known = min(bucket, self.cache.rows)
+        lengths[:known] = self.cache.lengths[:known]
+        kv = static.kv_bucket(int(lengths[:batch].max()) + steps)
+        assert int(lengths.max()) + steps <= self.cache.capacity, "a static cache never grows"
+        key = (bucket, steps, kv, logits_at is None)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = _Shape(
+                torch.zeros((bucket, steps), dtype=torch.int64, device=self.device),
+                torch.zeros(bucket, dtype=torch.int64, device=self.device),
+                None if logits_at is None else torch.zeros(bucket, dtype=torch.int64, device=self.device))
+        ids = np.zeros((bucket, steps), dtype=np.int64)
+        ids[:batch] = input_ids
+        shape.input_ids.copy_(torch.from_numpy(ids), non_blocking=True)  # inputs only: no read-back
+        shape.lengths.copy_(torch.from_numpy(lengths), non_blocking=True)
+        if logits_at is not None:
+            at = np.zeros(bucket, dtype=np.int64)
+            at[:batch] = logits_at
+            shape.logits_at.copy_(torch.from_numpy(at), non_blocking=True)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = self._replay(shape, kv)
+        self.forward_seconds += time.perf_counter() - start
+        return logits[:batch]
+
+    def _replay(self, shape: _Shape, kv: int) -> torch.Tensor:
+        def run() -> torch.Tensor:
+            steps = shape.input_ids.shape[1]
+            positions = shape.lengths[:, None] + torch.arange(steps, device=self.device)[None, :]  # [bucket, T]
+            visible = torch.arange(kv, device=self.device)[None, None, :] <= positions[:, :, None]  # [bucket, T, kv]
+            self.cache.prepare(slice(0, len(shape.lengths)), positions, kv)
+            return self._own(shape.input_ids, positions, visible[:, None], self.cache, shape.logits_at)
+
+        if not (self.static.graphs and self.device.type == "cuda"):
+            return run()
+        shape.calls += 1
+        if shape.graph is None and shape.calls <= 2:  # warm up eagerly (lazy initialisation, autotuning)
+            return run()
+        if shape.graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run()
+            torch.cuda.current_stream().wait_stream(side)
+            shape.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(shape.graph):
+                shape.logits = run()
+        shape.graph.replay()
+        return shape.logits.clone()  # the graph's output buffer is overwritten by the next replay
 
     def _stock(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                logits_at: np.ndarray | None) -> torch.Tensor:

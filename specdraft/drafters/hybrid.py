@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from specdraft.drafters import register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.backend import StaticShapes
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.ngram import NgramDrafter
 from specdraft.models import LoadedModel, load_draft_model
@@ -59,9 +60,10 @@ class HybridDrafter:
 
 @register("hybrid")
 def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, min_match: int = 3,
-            dtype: str = "auto") -> HybridDrafter:
-    """`draft_model`, `dtype`: as for the `model` drafter; `min_match`: the shortest suffix match whose
-    copy the n-gram drafter drafts instead of the model."""
+            dtype: str = "auto", static_shapes: StaticShapes | None = None) -> HybridDrafter:
+    """`draft_model`, `dtype`, `static_shapes`: as for the `model` drafter; `min_match`: the shortest
+    suffix match whose copy the n-gram drafter drafts instead of the model."""
     draft = load_draft_model(draft_model, target, dtype)
-    model = ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype)
+    model = ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
+                         static=static_shapes)
     return HybridDrafter(NgramDrafter(k=k, eos_token_ids=target.eos_token_ids), model, min_match=min_match)

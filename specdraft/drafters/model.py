@@ -28,12 +28,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdraft.backend import RowModel
+from specdraft.backend import RowModel, StaticShapes
 from specdraft.drafters import register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft
 from specdraft.models import LoadedModel, load_draft_model
 from specdraft.params import SamplingParams
-from specdraft.sampling import DRAFT, SAMPLE, inverse_cdf, keyed_uniforms, logits_to_probs
+from specdraft.sampling import DRAFT, SAMPLE, distribution, inverse_cdf, keyed_uniforms
 
 CATCH_UP_CHUNK = 256  # tokens per catch-up pass of a row far behind
 CATCH_UP_BUDGET = 512  # catch-up tokens per propose call, over all rows
@@ -52,13 +52,14 @@ class _Request:
 
 class ModelDrafter:
     """model: the draft causal LM (eval mode, on the target's device); k: the longest draft;
-    eos_token_ids: a draft ends after one; layers, dtype: see `RowModel`."""
+    eos_token_ids: a draft ends after one; layers, dtype, static: see `RowModel`."""
 
     cheap = False  # each draft position is a forward pass: the engine decides the length first
 
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
-                 layers: Sequence[int] | None = None, dtype: torch.dtype | None = None) -> None:
-        self.rows = RowModel(model, layers=layers, dtype=dtype)
+                 layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+                 static: StaticShapes | None = None) -> None:
+        self.rows = RowModel(model, layers=layers, dtype=dtype, static=static)
         self.k = k
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.device = self.rows.device
@@ -166,10 +167,7 @@ class ModelDrafter:
         sampled = [r for r in rows if r not in out]
         if sampled:
             params = [self._requests[r].params for r in sampled]
-            temperature = torch.tensor([p.temperature for p in params], device=self.device)
-            top_k = torch.tensor([p.top_k for p in params], device=self.device) if any(p.top_k for p in params) else None
-            top_p = torch.tensor([p.top_p for p in params], device=self.device) if any(p.top_p < 1 for p in params) else None
-            q = logits_to_probs(logits[[rows[r] for r in sampled]][:, None], temperature, top_k, top_p)[:, 0]  # [n, vocab]
+            q = distribution(logits[[rows[r] for r in sampled]][:, None], params)[:, 0]  # [n, vocab]
             # The draw for the token at context position len(context) + i, as the verifier keys it.
             u = np.array([keyed_uniforms(np.uint64(self._requests[r].seed),
                                          np.array([len(self._requests[r].context) + len(tokens[r])]),
@@ -187,8 +185,10 @@ class ModelDrafter:
 
 
 @register("model")
-def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, dtype: str = "auto") -> ModelDrafter:
+def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, dtype: str = "auto",
+            static_shapes: StaticShapes | None = None) -> ModelDrafter:
     """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target); `dtype` for
-    loading it (auto: the target's device default)."""
+    loading it (auto: the target's device default); `static_shapes`: as the verifier's (CUDA graphs)."""
     draft = load_draft_model(draft_model, target, dtype)
-    return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype)
+    return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
+                        static=static_shapes)

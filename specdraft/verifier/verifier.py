@@ -9,10 +9,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdraft.backend import RowModel
+from specdraft.backend import RowModel, StaticShapes
 from specdraft.drafters.base import Draft
 from specdraft.params import SamplingParams
-from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, keyed_uniforms, logits_to_probs
+from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms
 from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
 
 PREFILL_CHUNK = 512  # tokens per prefill pass
@@ -39,8 +39,10 @@ class _Row:
 
 
 class Verifier:
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.rows = RowModel(model)
+    """model: the target; static: run steps at static shapes (`StaticShapes`, CUDA graphs on CUDA)."""
+
+    def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None) -> None:
+        self.rows = RowModel(model, static=static)
         self.device = self.rows.device
         self.vocab_size = self.rows.vocab_size
         self._params: dict[str, _Row] = {}
@@ -147,11 +149,7 @@ class Verifier:
     def _sample(self, rows: Sequence[_Row], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
                 first_position: np.ndarray):
         batch, k = draft.shape
-        params = [row.params for row in rows]
-        temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=self.device)
-        top_k = torch.tensor([p.top_k for p in params], device=self.device) if any(p.top_k for p in params) else None
-        top_p = torch.tensor([p.top_p for p in params], device=self.device) if any(p.top_p < 1 for p in params) else None
-        p = logits_to_probs(logits, temperature, top_k, top_p)  # [batch, k + 1, vocab]
+        p = distribution(logits, [row.params for row in rows])  # [batch, k + 1, vocab]
         # A seeded row treats every draft as deterministic: its output is then plain sampling's with
         # that seed whatever was drafted (a probabilistic drafter draws seeded rows' tokens with the
         # same keyed uniforms, which keeps acceptance high). Unseeded rows use their drafts' q.
