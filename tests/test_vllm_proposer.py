@@ -79,14 +79,13 @@ def test_unknown_drafter_and_unknown_option_are_refused(monkeypatch):
 
 def test_drafters_that_need_a_second_model_are_refused(monkeypatch):
     import specdraft.drafters as registry
-    from specdraft.integrations.vllm import needs_second_model
 
     def needs_model(k: int, target, draft_model: str = "x"):
         raise AssertionError("never built")
 
     registry.drafter_names()  # the built-in drafters first
     monkeypatch.setitem(registry._REGISTRY, "test-needs-model", needs_model)
-    needing = [name for name in registry.drafter_names() if needs_second_model(name)]
+    needing = [name for name in registry.drafter_names() if registry.needs_target(name)]
     assert "test-needs-model" in needing and not {"ngram", "none", "prompt-lookup-scan"} & set(needing)
     for name in needing:  # also `model` and `hybrid`, where registered
         monkeypatch.setenv(ENV_DRAFTER, name)

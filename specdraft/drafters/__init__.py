@@ -45,8 +45,10 @@ def drafter_options(name: str) -> list[str]:
 
 
 def needs_target(name: str) -> bool:
-    """Whether the drafter is built from the target model (it cannot run without one)."""
-    return "target" in inspect.signature(_factory(name)).parameters
+    """Whether the drafter can only be built from a loaded target model: its factory requires
+    `target` (`ngram` takes one optionally, for the target's EOS ids)."""
+    target = inspect.signature(_factory(name)).parameters.get("target")
+    return target is not None and target.default is inspect.Parameter.empty
 
 
 def create_drafter(name: str, *, k: int = 5, target: Any = None, **options: Any) -> Drafter:

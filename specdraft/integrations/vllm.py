@@ -35,7 +35,6 @@ vLLM is imported for type hints only: this module imports, and is tested with fa
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from specdraft.drafters import Drafter, create_drafter, drafter_names, drafter_options
+from specdraft.drafters import Drafter, create_drafter, drafter_names, drafter_options, needs_target
 from specdraft.integrations.rows import RowTracker
 
 if TYPE_CHECKING:
@@ -92,19 +91,10 @@ def drafter_choice(additional_config: Any, environ: Mapping[str, str]) -> Drafte
     return DrafterChoice(name, dict(options))
 
 
-def needs_second_model(name: str) -> bool:
-    """Whether the drafter can only be built from a loaded target model: its factory requires
-    `target` (`ngram` takes one optionally, for its EOS ids). Inside vLLM there is none to give."""
-    from specdraft.drafters import _factory  # the registry says whether `target` is declared, not required
-
-    target = inspect.signature(_factory(name)).parameters.get("target")
-    return target is not None and target.default is inspect.Parameter.empty
-
-
 def build_drafter(choice: DrafterChoice, k: int, eos_token_ids: Sequence[int]) -> Drafter:
     """The chosen drafter, for drafts of up to k tokens; refuses drafters that need a second model."""
-    if choice.name in drafter_names() and needs_second_model(choice.name):
-        usable = [name for name in drafter_names() if not needs_second_model(name)]
+    if choice.name in drafter_names() and needs_target(choice.name):
+        usable = [name for name in drafter_names() if not needs_target(name)]
         raise ValueError(f"drafter {choice.name!r} needs a second model, which vLLM's custom proposer hook "
                          f"cannot give it; inside vLLM use one of: {', '.join(usable)}")
     options = dict(choice.options)
