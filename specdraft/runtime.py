@@ -21,14 +21,20 @@ class Runtime:
     drafter_name: str  # the default drafter
 
 
+def drafters_with_a_model(names: Sequence[str], draft_model: str | None) -> list[str]:
+    """The named drafters that draft with a model; a draft model given to none of them is refused."""
+    with_model = [n for n in names if "draft_model" in drafter_options(n)]
+    if draft_model is not None and not with_model:
+        raise ValueError(f"a draft model is used by the model and hybrid drafters, not by {', '.join(map(repr, names))}")
+    return with_model
+
+
 def build_drafters(names: Sequence[str], k: int, target: LoadedModel, draft_model: str | None = None,
                    dtype: str = "auto", ngram_options: dict | None = None,
                    static: StaticShapes | None = None) -> dict[str, Drafter]:
     """Build and warm each named drafter once. The drafters that draft with a model (`model`,
     `hybrid`) share one draft model, loaded (or built) once, and run at `static` shapes if given."""
-    with_model = [n for n in names if "draft_model" in drafter_options(n)]
-    if draft_model is not None and not with_model:
-        raise ValueError(f"a draft model is used by the model and hybrid drafters, not by {', '.join(map(repr, names))}")
+    with_model = drafters_with_a_model(names, draft_model)
     shared = load_draft_model(draft_model, target, dtype) if with_model else None
     drafters = {}
     for name in names:
@@ -56,6 +62,7 @@ def build_runtime(
     """drafter: the default drafter; drafters: every drafter requests may choose (default: just it);
     enforce_eager: no CUDA graphs."""
     names = list(dict.fromkeys([drafter, *(drafters or [])]))
+    drafters_with_a_model(names, draft_model)  # refuse a pointless draft model before loading anything
     target = load_model(model, device=device, dtype=dtype)
     context = min(max_context, target.max_context) if max_context else target.max_context
     static = static_shapes(target, max_batch, context, graphs=not enforce_eager)

@@ -28,6 +28,14 @@ def run_cli(*args, timeout=120):
         (["generate", "hi", "--model", "nobody/no-such-model"], "no hub download attempted"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be between 0 and 100"),
         (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["generate", "hi", "--drafter", "ngram", "--draft-model", "x"], "a draft model is used by the model and hybrid drafters"),
+        (["serve", "--port", "99999"], "--port must be between 0 and 65535, got 99999"),
+        (["serve", "--port", "http"], "--port must be an integer, got 'http'"),
+        (["serve", "--max-queue", "-1"], "--max-queue must be >= 0, got -1"),
+        (["serve", "--max-batch-size", "0"], "--max-batch-size must be >= 1, got 0"),
+        (["serve", "--drafters", "ngram,magic"], "unknown drafter 'magic'"),
+        (["serve", "--drafters", "none", "--drafter", "none", "--ngram-memory"], "--ngram-memory needs the ngram drafter"),
+        (["serve", "--model", "/no/such/model.gguf"], "model file not found: /no/such/model.gguf"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(args, message):

@@ -18,17 +18,25 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _positive(name: str):
+def _integer(name: str, low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high] (no upper bound if high is None)."""
+
     def parse(value: str) -> int:
         try:
             number = int(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
-        if number < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {number}")
+        if high is not None and not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{name} must be between {low} and {high}, got {number}")
+        if number < low:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {low}, got {number}")
         return number
 
     return parse
+
+
+def _positive(name: str):
+    return _integer(name, 1)
 
 
 def _draft_length(value: str) -> int:
@@ -78,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--max-batch-size", type=_positive("--max-batch-size"), default=16, help="rows decoded together")
-    serve.add_argument("--max-queue", type=_non_negative("--max-queue"), default=64,
+    serve.add_argument("--max-queue", type=_integer("--max-queue", 0), default=64,
                        help="requests that may wait for a row; beyond them a request gets 429")
     serve.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
                        help="context length to serve (default: the model's)")
@@ -101,26 +109,7 @@ def _drafter_list(value: str) -> list[str]:
 
 
 def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port must be an integer, got {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"--port must be between 0 and 65535, got {port}")
-    return port
-
-
-def _non_negative(name: str):
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
-        if number < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {number}")
-        return number
-
-    return parse
+    return _integer("--port", 0, 65535)(value)
 
 
 def _generate(args: argparse.Namespace) -> int:
