@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_browser.sh
 . .venv/bin/activate
 export TRANSFORMERS_VERBOSITY=error
 python -m pytest -q -p no:cacheprovider "$@"

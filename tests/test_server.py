@@ -118,6 +118,20 @@ def test_raw_sse_framing(server, model):
     assert sum(1 for p in payloads if p["choices"][0]["finish_reason"]) == 1
 
 
+def test_annotate_marks_the_accepted_draft_text_of_each_chunk(client, model):
+    prompt = "Repeat exactly: alpha, beta, gamma, delta, epsilon, alpha, beta, gamma, delta, epsilon,"
+    plain = list(client.completions.create(model=model, prompt=prompt, max_tokens=32, temperature=0, stream=True))
+    assert all("speculation" not in (c.choices[0].model_extra or {}) for c in plain)  # off unless asked for
+    chunks = [c.choices[0] for c in client.completions.create(
+        model=model, prompt=prompt, max_tokens=32, temperature=0, stream=True,
+        extra_body={"speculation": {"drafter": "ngram", "annotate": True}}) if c.choices and c.choices[0].text]
+    drafted = [c.model_extra["speculation"]["drafted_text"] for c in chunks]
+    # Each step's text is its accepted draft tokens then the target's own token, so the drafted part is a prefix.
+    assert all(c.text.startswith(d) for c, d in zip(chunks, drafted))
+    assert sum(map(len, drafted)) > 0, "no accepted draft text on a copy-heavy prompt"
+    assert "".join(c.text for c in chunks) == "".join(c.choices[0].text for c in plain)
+
+
 def test_client_that_disconnects_is_cancelled(server, model):
     body = {"model": model, "prompt": "Count to a thousand: 1, 2, 3,", "max_tokens": 2000, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=120) as response:

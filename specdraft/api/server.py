@@ -12,11 +12,12 @@ import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
+from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -107,6 +108,13 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
         return JSONResponse(protocol.error_body(f"internal error: {type(exc).__name__}", "internal_error"), 500)
 
     # -- routes ----------------------------------------------------------------------------------
+    playground_page = resources.files("specdraft.api").joinpath("playground.html").read_text(encoding="utf-8")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def playground():
+        """The playground: a page that streams requests through this API and shades accepted draft tokens."""
+        return HTMLResponse(playground_page)
+
     @app.get("/health")
     async def health():
         if service.stopping:
