@@ -273,32 +273,44 @@ class Engine:
             groups.setdefault(request.drafter, []).append(request)
         deltas: list[Delta] = []
         drafts: dict[str, Draft] = {}
-        proposed: dict[str, Draft] = {}  # cheap drafters' full proposals
+        proposed: dict[str, Draft] = {}  # free drafts, proposed at full length
+        source = {r.id: r.drafter for r in running}  # where each row's draft comes from, for the policy
+        costly: dict[str, list[Request]] = {}  # drafter -> rows it drafts for only once the length is known
         draft_seconds = 0.0
-        # Cheap drafters first, at full length: the policy then sees what they actually have.
+        # Free drafts first, at full length: the policy then sees what they actually have. A drafter
+        # with a free and a costly part (`hybrid`) offers its free drafts here and drafts the rest later.
         for name, group in groups.items():
-            if getattr(self.drafters[name], "cheap", False):
-                seconds, out = self._propose(name, group, [limits[r.id] for r in group], deltas)
+            drafter = self.drafters[name]
+            if getattr(drafter, "cheap", False) or hasattr(drafter, "propose_free"):
+                method = "propose" if getattr(drafter, "cheap", False) else "propose_free"
+                seconds, out = self._propose(name, group, [limits[r.id] for r in group], deltas, method)
                 draft_seconds += seconds
-                proposed.update(out)
+                proposed.update((r, d) for r, d in out.items() if d is not None)
+                rest = [r for r in group if r.id in out and out[r.id] is None]
+                for request in rest:
+                    source[request.id] = f"{name}/{drafter.costly_part}"
+            else:
+                rest = group
+            if rest:
+                costly[name] = rest
         running = [r for r in running if r.finish_reason is None]
-        plans = [RowPlan(r.id, r.drafter, limits[r.id], r.id in proposed,
+        plans = [RowPlan(r.id, source[r.id], limits[r.id], r.id in proposed,
                          len(proposed[r.id]) if r.id in proposed else limits[r.id]) for r in running]
         n = self.policy.choose(plans)
-        for name, group in groups.items():
+        for name, group in costly.items():
             group = [r for r in group if r.finish_reason is None]
-            if group and not getattr(self.drafters[name], "cheap", False):
-                lengths = [min(n, limits[r.id]) for r in group]
-                if max(lengths, default=0) > 0:
-                    seconds, out = self._propose(name, group, lengths, deltas)
-                    draft_seconds += seconds
-                    self.policy.costs.observe_draft(name, max(lengths), seconds)
-                    drafts.update(out)
+            lengths = [min(n, limits[r.id]) for r in group]
+            if max(lengths, default=0) > 0:
+                method = "propose_costly" if hasattr(self.drafters[name], "propose_costly") else "propose"
+                seconds, out = self._propose(name, group, lengths, deltas, method)
+                draft_seconds += seconds
+                self.policy.costs.observe_draft(source[group[0].id], max(lengths), seconds)
+                drafts.update(out)
         for request_id, draft in proposed.items():
             trimmed = Draft(draft.token_ids[:n], None if draft.probs is None else draft.probs[:n]) if len(draft) > n else draft
             drafts[request_id] = trimmed if len(trimmed) else EMPTY_DRAFT
             if len(draft) and not n:
-                self.policy.shadow(request_id, draft.token_ids.tolist())
+                self.policy.shadow(request_id, draft.token_ids.tolist(), source[request_id])
         running = [r for r in running if r.finish_reason is None]
         if not running:
             return deltas
@@ -315,7 +327,7 @@ class Engine:
             result, drafted = results[request.id], len(drafts.get(request.id, EMPTY_DRAFT))
             request.metrics.record(drafted, result.accepted)
             request.metrics.draft_seconds += share
-            self.policy.observe(request.id, drafted, result.accepted)
+            self.policy.observe(request.id, drafted, result.accepted, source[request.id])
             self.policy.emitted(request.id, result.tokens)
             delta = self._emit(request, result.tokens, result.accepted)
             if delta.finish_reason is not None:
@@ -324,17 +336,18 @@ class Engine:
         self.policy.costs.observe_other(time.perf_counter() - started - verify_seconds - draft_seconds)
         return deltas
 
-    def _propose(self, name: str, group: list[Request], lengths: list[int], deltas: list[Delta]):
-        """One batched propose call; a drafter that raises fails its own requests, not the others."""
+    def _propose(self, name: str, group: list[Request], lengths: list[int], deltas: list[Delta], method: str = "propose"):
+        """One batched propose call (`method`: propose, or a two-part drafter's propose_free /
+        propose_costly); a drafter that raises fails its own requests, not the others."""
         start = time.perf_counter()
         try:
-            out = self.drafters[name].propose([r.id for r in group], lengths)
+            out = getattr(self.drafters[name], method)([r.id for r in group], lengths)
         except Exception as exc:  # noqa: BLE001 - the drafter's fault, reported on its requests
             for request in group:
                 deltas.append(self._fail(request, f"drafter {name!r} failed: {type(exc).__name__}: {exc}"))
             return time.perf_counter() - start, {}
         for request, draft, limit in zip(group, out, lengths):
-            assert len(draft) <= limit, (name, len(draft), limit)
+            assert draft is None or len(draft) <= limit, (name, len(draft), limit)
         return time.perf_counter() - start, {r.id: d for r, d in zip(group, out)}
 
     def _verify(self, running: list[Request], drafts: dict[str, Draft], deltas: list[Delta]):
@@ -423,12 +436,15 @@ class Engine:
         for name, drafter in self.drafters.items():
             if getattr(drafter, "cheap", False) or not self.k:
                 continue
+            two_parts = hasattr(drafter, "propose_costly")
+            propose = drafter.propose_costly if two_parts else drafter.propose
+            source = f"{name}/{drafter.costly_part}" if two_parts else name
             drafter.begin("__calibrate", prompt, greedy)
             for warm in (True, False):  # the first round catches up on the prompt and warms up
                 start = time.perf_counter()
-                [draft] = drafter.propose(["__calibrate"], [self.k])
+                [draft] = propose(["__calibrate"], [self.k])
                 if len(draft) and not warm:
-                    self.policy.costs.observe_draft(name, len(draft), time.perf_counter() - start)
+                    self.policy.costs.observe_draft(source, len(draft), time.perf_counter() - start)
                 drafter.accept("__calibrate", [prompt[0]])
             drafter.end("__calibrate")
 

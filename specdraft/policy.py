@@ -8,7 +8,9 @@ picks the W that maximises the batch's expected tokens per second:
 
 - E_r(n) = sum_{i<=n} prod_{j<=i} alpha_r[j]: expected accepted tokens of row r from a draft of n,
   alpha_r[j] its estimated acceptance at draft position j given the positions before were accepted.
-  Estimates are per request, start from its drafter's pooled estimate (a prior of PRIOR_WEIGHT
+  Estimates are per request and per *source* (a drafter, or one part of a drafter that drafts two
+  ways: `hybrid` copies with its n-gram part for free and asks its model otherwise, sources
+  `hybrid` and `hybrid/model`), start from the source's pooled estimate (a prior of PRIOR_WEIGHT
   observations) and forget old evidence (DECAY per observation, and slowly while the row does not
   draft), so a request whose drafts stop working stops drafting, and one that starts copying resumes.
 - avail_r: the draft a cheap drafter (`ngram`) already proposed, or the request's limit for a drafter
@@ -70,7 +72,8 @@ class Acceptance:
 
 @dataclass
 class RowPlan:
-    """One running row as the policy sees it. `cheap`: its drafter already proposed `avail` tokens."""
+    """One running row as the policy sees it. `cheap`: its drafter already proposed `avail` tokens.
+    `drafter`: the source of the draft the row would get (a drafter's name, or name/part)."""
 
     request_id: str
     drafter: str
@@ -82,13 +85,14 @@ class RowPlan:
 @dataclass
 class _Shadow:
     tokens: list[int]
+    source: str
     matched: int = 0
 
 
 @dataclass
 class _Request:
-    drafter: str
-    acceptance: Acceptance
+    drafter: str  # the default source
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per source
     shadow: _Shadow | None = None
 
 
@@ -164,22 +168,29 @@ class DraftPolicy:
 
     # -- requests ------------------------------------------------------------------------------
     def begin(self, request_id: str, drafter: str) -> None:
-        self._requests[request_id] = _Request(drafter, Acceptance(max(self.max_k, 1)))
+        self._requests[request_id] = _Request(drafter)
 
     def end(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
-    def alpha(self, request_id: str) -> np.ndarray:
-        """The request's estimated acceptance at draft positions 1..max_k."""
-        request = self._requests[request_id]
-        pooled = self._pooled[request.drafter]
-        prior = pooled.alpha(np.full(len(pooled.trials), INITIAL_ALPHA), PRIOR_WEIGHT)
-        return request.acceptance.alpha(prior, PRIOR_WEIGHT)
+    def _acceptance(self, request: _Request, source: str) -> Acceptance:
+        if source not in request.acceptance:
+            request.acceptance[source] = Acceptance(max(self.max_k, 1))
+        return request.acceptance[source]
 
-    def expected_accepted(self, request_id: str, n: int) -> float:
+    def alpha(self, request_id: str, source: str | None = None) -> np.ndarray:
+        """The request's estimated acceptance at draft positions 1..max_k, for drafts from `source`
+        (default: the request's drafter)."""
+        request = self._requests[request_id]
+        source = source or request.drafter
+        pooled = self._pooled[source]
+        prior = pooled.alpha(np.full(len(pooled.trials), INITIAL_ALPHA), PRIOR_WEIGHT)
+        return self._acceptance(request, source).alpha(prior, PRIOR_WEIGHT)
+
+    def expected_accepted(self, request_id: str, n: int, source: str | None = None) -> float:
         if n <= 0:
             return 0.0
-        return float(np.cumprod(self.alpha(request_id)[:n]).sum())
+        return float(np.cumprod(self.alpha(request_id, source)[:n]).sum())
 
     # -- the choice ------------------------------------------------------------------------------
     def choose(self, plans: Sequence[RowPlan]) -> int:
@@ -188,7 +199,7 @@ class DraftPolicy:
         if not self.adaptive or longest == 0:
             return longest
         batch = len(plans)
-        curves = {p.request_id: np.concatenate([[0.0], np.cumsum(np.cumprod(self.alpha(p.request_id)[: p.avail]))])
+        curves = {p.request_id: np.concatenate([[0.0], np.cumsum(np.cumprod(self.alpha(p.request_id, p.drafter)[: p.avail]))])
                   for p in plans}
         costly = {p.drafter for p in plans if not p.cheap and p.avail > 0}
         # A wider pass never costs less than a narrower one; noisy timings must not say otherwise.
@@ -208,21 +219,23 @@ class DraftPolicy:
         return chosen
 
     # -- what happened -----------------------------------------------------------------------------
-    def observe(self, request_id: str, drafted: int, accepted: int) -> None:
-        """A verified draft: `drafted` tokens, of which the first `accepted` were accepted."""
+    def observe(self, request_id: str, drafted: int, accepted: int, source: str | None = None) -> None:
+        """A verified draft from `source`: `drafted` tokens, of which the first `accepted` were accepted."""
         request = self._requests[request_id]
         if drafted > 0:
-            request.acceptance.observe(drafted, accepted)
-            self._pooled[request.drafter].observe(drafted, accepted, decay=0.99)
+            source = source or request.drafter
+            self._acceptance(request, source).observe(drafted, accepted)
+            self._pooled[source].observe(drafted, accepted, decay=0.99)
         else:
-            request.acceptance.forget(IDLE_DECAY)
+            for acceptance in request.acceptance.values():
+                acceptance.forget(IDLE_DECAY)
 
-    def shadow(self, request_id: str, proposed: Sequence[int]) -> None:
+    def shadow(self, request_id: str, proposed: Sequence[int], source: str | None = None) -> None:
         """A cheap drafter proposed `proposed` but the step verified none of it: check it against the
         tokens the row emits next, for free."""
         request = self._requests[request_id]
         if request.shadow is None and len(proposed):
-            request.shadow = _Shadow(list(proposed))
+            request.shadow = _Shadow(list(proposed), source or request.drafter)
 
     def emitted(self, request_id: str, tokens: Sequence[int]) -> None:
         """Tokens the row emitted this step: they settle a pending shadow draft."""
@@ -239,5 +252,5 @@ class DraftPolicy:
         else:
             return  # all emitted tokens matched and the draft goes on: wait for more
         request.shadow = None
-        request.acceptance.observe(len(shadow.tokens), shadow.matched)
-        self._pooled[request.drafter].observe(len(shadow.tokens), shadow.matched, decay=0.99)
+        self._acceptance(request, shadow.source).observe(len(shadow.tokens), shadow.matched)
+        self._pooled[shadow.source].observe(len(shadow.tokens), shadow.matched, decay=0.99)

@@ -43,7 +43,8 @@ def engine_for(target, draft, max_batch=8, adaptive=False, eos=()):
     drafters = {
         "none": create_drafter("none"),
         "model": ModelDrafter(draft, k=K, eos_token_ids=eos),
-        "hybrid": HybridDrafter(NgramDrafter(k=K, eos_token_ids=eos), ModelDrafter(draft, k=K, eos_token_ids=eos)),
+        # min_match 3: short matches go to the model, so both parts draft in these tests
+        "hybrid": HybridDrafter(NgramDrafter(k=K, eos_token_ids=eos), ModelDrafter(draft, k=K, eos_token_ids=eos), min_match=3),
     }
     return Engine(Verifier(target), drafters, ToyTokenizer(), eos, 256, k=K, max_batch=max_batch, adaptive=adaptive)
 
@@ -95,6 +96,36 @@ def test_hybrid_copies_confident_matches_and_asks_the_model_elsewhere(pair):
     [done] = engine.run([(prompt + [9, 9, 13], SamplingParams(max_tokens=24), SpeculationParams("hybrid"))])
     assert done.token_ids == hf_greedy(target, prompt + [9, 9, 13], 24)
     assert hybrid.ngram_drafts > 0 and hybrid.model_drafts > 0
+
+
+def test_hybrid_free_drafts_are_the_ngram_drafts_it_is_confident_in(pair):
+    target, draft = pair
+    context = [1, 2, 3, 4, 5, 50, 51, 1, 2, 3, 4, 5, 60, 61, 4, 5]  # suffix [4, 5] matches 2 tokens; [..3, 4, 5] not at the end
+    ngram = NgramDrafter(k=K)
+    ngram.begin("r", context, SamplingParams())
+    [reference] = ngram.propose(["r"], [K])
+    assert len(reference) and ngram.match_length("r") == 2
+    for min_match, expect_free in ((0, True), (2, True), (3, False)):
+        hybrid = HybridDrafter(NgramDrafter(k=K), ModelDrafter(draft, k=K), min_match=min_match)
+        hybrid.begin("r", context, SamplingParams())
+        [free] = hybrid.propose_free(["r"], [K])
+        if expect_free:
+            assert free is not None and free.token_ids.tolist() == reference.token_ids.tolist()
+        else:
+            assert free is None  # the model part drafts for it
+            [costly] = hybrid.propose_costly(["r"], [K])
+            assert len(costly) == K and costly.probs is None  # greedy: argmax drafts
+
+
+def test_policy_learns_the_hybrids_parts_apart(pair):
+    target, draft = pair
+    engine = engine_for(target, draft, max_batch=2, adaptive=True)
+    prompt = hf_greedy(target, [9, 9, 13], 24)
+    engine.run([(prompt + [9, 9, 13], SamplingParams(max_tokens=24), SpeculationParams("hybrid")),
+                (PROMPTS[5], SamplingParams(max_tokens=24), SpeculationParams("hybrid"))])
+    pooled = engine.policy._pooled
+    assert pooled["hybrid"].trials.sum() > 0 and pooled["hybrid/model"].trials.sum() > 0
+    assert "hybrid/model" in engine.policy.costs.per_token and "hybrid" not in engine.policy.costs.per_token
 
 
 def test_catching_up_never_reruns_the_prompt(pair):
