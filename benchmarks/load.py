@@ -140,11 +140,14 @@ async def disconnects(url: str, pid: int, prompts: list[list[dict]], count: int)
 
 
 async def admission(url: str, prompts: list[list[dict]], long_tokens: int) -> dict:
-    """Gaps of 8 streams in the 5 s before a long prompt arrives, and while it is prefilled."""
-    long_text = " ".join(f"item {i}: value {i * 7 % 1000}." for i in range(long_tokens // 8))
+    """Gaps of 8 streams in the 5 s before a long prompt arrives (once all 8 stream), and while it is prefilled."""
+    long_text = " ".join(f"item {i}: value {i * 7 % 1000}." for i in range(long_tokens // 12))  # ~12 tokens an item
     marks: dict[str, float] = {}
+    streaming = asyncio.Semaphore(0)  # released once per stream at its first chunk
 
     async def long_request(client):
+        for _ in range(8):
+            await streaming.acquire()
         await asyncio.sleep(5.0)
         marks["sent"] = time.perf_counter()
         result = await stream(client, url, body([{"role": "user", "content": "Summarise: " + long_text}], "none", 8))
@@ -159,6 +162,8 @@ async def admission(url: str, prompts: list[list[dict]], long_tokens: int) -> di
             async for line in response.aiter_lines():
                 if line.startswith("data: {") and '"content"' in line:
                     times.append(time.perf_counter())
+                    if len(times) == 2:  # the role chunk, then the first token
+                        streaming.release()
         return times, start
 
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=16)) as client:
