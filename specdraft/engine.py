@@ -281,9 +281,9 @@ class Engine:
         # with a free and a costly part (`hybrid`) offers its free drafts here and drafts the rest later.
         for name, group in groups.items():
             drafter = self.drafters[name]
-            if getattr(drafter, "cheap", False) or hasattr(drafter, "propose_free"):
-                method = "propose" if getattr(drafter, "cheap", False) else "propose_free"
-                seconds, out = self._propose(name, group, [limits[r.id] for r in group], deltas, method)
+            free = "propose" if getattr(drafter, "cheap", False) else "propose_free" if hasattr(drafter, "propose_free") else None
+            if free:
+                seconds, out = self._propose(name, group, [limits[r.id] for r in group], deltas, free)
                 draft_seconds += seconds
                 proposed.update((r, d) for r, d in out.items() if d is not None)
                 rest = [r for r in group if r.id in out and out[r.id] is None]
