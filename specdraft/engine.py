@@ -286,6 +286,9 @@ class Engine:
                 seconds, out = self._propose(name, group, [limits[r.id] for r in group], deltas, free)
                 draft_seconds += seconds
                 proposed.update((r, d) for r, d in out.items() if d is not None)
+                for request_id, draft in out.items():  # the policy learns acceptance per kind of draft
+                    if draft is not None and draft.kind:
+                        source[request_id] = f"{name}:{draft.kind}"
                 rest = [r for r in group if r.id in out and out[r.id] is None]
                 for request in rest:
                     source[request.id] = f"{name}/{drafter.costly_part}"
@@ -304,10 +307,11 @@ class Engine:
                 method = "propose_costly" if hasattr(self.drafters[name], "propose_costly") else "propose"
                 seconds, out = self._propose(name, group, lengths, deltas, method)
                 draft_seconds += seconds
-                self.policy.costs.observe_draft(source[group[0].id], max(lengths), seconds)
+                self._observe_draft(name, source[group[0].id], max(lengths), seconds)
                 drafts.update(out)
         for request_id, draft in proposed.items():
-            trimmed = Draft(draft.token_ids[:n], None if draft.probs is None else draft.probs[:n]) if len(draft) > n else draft
+            trimmed = draft if len(draft) <= n else Draft(
+                draft.token_ids[:n], None if draft.probs is None else draft.probs[:n], draft.kind)
             drafts[request_id] = trimmed if len(trimmed) else EMPTY_DRAFT
             if len(draft) and not n:
                 self.policy.shadow(request_id, draft.token_ids.tolist(), source[request_id])
@@ -335,6 +339,15 @@ class Engine:
             deltas.append(delta)
         self.policy.costs.observe_other(time.perf_counter() - started - verify_seconds - draft_seconds)
         return deltas
+
+    def _observe_draft(self, name: str, source: str, tokens: int, seconds: float) -> None:
+        """Price a costly drafter's draft tokens: by its own timing of one drafting pass where it
+        keeps one (which leaves out catching up on steps it sat out), else by the call's time."""
+        per_pass = getattr(self.drafters[name], "last_pass_seconds", None)
+        if per_pass is not None:
+            self.policy.costs.observe_draft(source, 1, per_pass)
+        elif tokens:
+            self.policy.costs.observe_draft(source, tokens, seconds)
 
     def _propose(self, name: str, group: list[Request], lengths: list[int], deltas: list[Delta], method: str = "propose"):
         """One batched propose call (`method`: propose, or a two-part drafter's propose_free /
@@ -415,7 +428,7 @@ class Engine:
         """Time verify steps at the corners of (batch, width) and each drafter that drafts only when
         asked, on throwaway rows, so that the policy's first choices rest on this machine's costs."""
         prompt = [int(t) % self.verifier.vocab_size for t in range(3, 35)]
-        greedy = SamplingParams(max_tokens=2 * self.k + 4)
+        greedy = SamplingParams(max_tokens=4 * (self.k + 1) + 4)
         widths = sorted({1, self.k + 1})
         for batch in sorted({1, self.max_batch}):
             ids = [f"__calibrate-{i}" for i in range(batch)]
@@ -440,12 +453,13 @@ class Engine:
             propose = drafter.propose_costly if two_parts else drafter.propose
             source = f"{name}/{drafter.costly_part}" if two_parts else name
             drafter.begin("__calibrate", prompt, greedy)
-            for warm in (True, False):  # the first round catches up on the prompt and warms up
+            for round_ in range(4):  # the first round catches up on the prompt and warms up
                 start = time.perf_counter()
                 [draft] = propose(["__calibrate"], [self.k])
-                if len(draft) and not warm:
-                    self.policy.costs.observe_draft(source, len(draft), time.perf_counter() - start)
-                drafter.accept("__calibrate", [prompt[0]])
+                if len(draft) and round_:
+                    self._observe_draft(name, source, len(draft), time.perf_counter() - start)
+                # As a step that accepts the whole draft: its tokens and the target's next one.
+                drafter.accept("__calibrate", [*draft.token_ids.tolist(), prompt[round_]])
             drafter.end("__calibrate")
 
     # -- conveniences --------------------------------------------------------------------

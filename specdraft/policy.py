@@ -15,10 +15,13 @@ picks the W that maximises the batch's expected tokens per second:
   draft), so a request whose drafts stop working stops drafting, and one that starts copying resumes.
 - avail_r: the draft a cheap drafter (`ngram`) already proposed, or the request's limit for a drafter
   that drafts only when asked (`model`, `hybrid`).
-- T(B, W): the verify step's measured time (per (B, W) cell, an exponential moving average; cells not
-  yet seen come from a least-squares fit a + b*B + c*B*W over the cells seen, seeded by a short
-  calibration at start-up). D_d(n): measured time of drafter d drafting n tokens (n * its per-token
-  time). O: the step's other host work. Nothing is hard-coded; everything is measured on this machine.
+- T(B, W): the verify step's measured time (per (B, W) cell, the median of its last WINDOW timings,
+  so that one slow step (a page fault, another process) does not stick; cells not yet seen come from
+  a least-squares fit a + b*B + c*B*W over the cells seen, seeded by a short calibration at start-up).
+  D_d(n): measured time of drafter d drafting n tokens (n * the median of its last WINDOW per-token
+  timings; a drafter that times its own drafting passes, leaving out catching up on steps it sat
+  out, gives those). O: the step's other host work. Nothing is hard-coded; everything is measured on
+  this machine.
 W = 1 is plain decoding, kept unless a draft promises MARGIN more throughput (timings are noisy).
 Every EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured
 once under load is measured again rather than trusted forever.
@@ -30,7 +33,7 @@ then emits ("shadow" acceptance), so a row's estimate keeps learning without pay
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -40,7 +43,8 @@ PRIOR_WEIGHT = 4.0  # pseudo-observations of the drafter's pooled estimate in a 
 DECAY = 0.9  # weight kept by old observations at each new one
 IDLE_DECAY = 0.995  # weight kept per step in which a row could not be observed
 INITIAL_ALPHA = 0.6  # a drafter's pooled estimate before it has any evidence (optimistic: explore first)
-EMA = 0.2  # weight of a new timing in its moving average
+WINDOW = 7  # timings kept per cost: the estimate is their median
+EMA = 0.2  # weight of a new timing of the other host work in its moving average
 MARGIN = 0.03  # a draft must promise this much more throughput than plain decoding (timings are noisy)
 EXPLORE_EVERY = 32  # every this many choices, try the runner-up if it is predicted close ...
 EXPLORE_WITHIN = 0.8  # ... this close: its cost is measured afresh, so one bad timing does not stick
@@ -96,18 +100,24 @@ class _Request:
     shadow: _Shadow | None = None
 
 
-@dataclass
-class _Cell:
-    seconds: float
-    count: int = 1
+class _Timings:
+    """The last WINDOW timings of one cost and their median."""
+
+    def __init__(self, seconds: float) -> None:
+        self.recent: deque[float] = deque([seconds], maxlen=WINDOW)
+        self.seconds = seconds
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds)
+        self.seconds = float(np.median(self.recent))
 
 
 @dataclass
 class CostModel:
     """Measured step costs: verify T(B, W), drafting D_d(n) per drafter, other host work O."""
 
-    verify: dict[tuple[int, int], _Cell] = field(default_factory=dict)
-    per_token: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per drafted token
+    verify: dict[tuple[int, int], _Timings] = field(default_factory=dict)
+    drafting: dict[str, _Timings] = field(default_factory=dict)  # source -> seconds per drafted token
     other: float = 0.0
     _fit: np.ndarray | None = None
     _stale: bool = True
@@ -115,17 +125,18 @@ class CostModel:
     def observe_verify(self, batch: int, width: int, seconds: float) -> None:
         cell = self.verify.get((batch, width))
         if cell is None:
-            self.verify[(batch, width)] = _Cell(seconds)
+            self.verify[(batch, width)] = _Timings(seconds)
         else:
-            cell.seconds += EMA * (seconds - cell.seconds)
-            cell.count += 1
+            cell.add(seconds)
         self._stale = True
 
     def observe_draft(self, drafter: str, tokens: int, seconds: float) -> None:
         if tokens > 0:
-            previous = self.per_token.get(drafter)
-            value = seconds / tokens
-            self.per_token[drafter] = value if previous is None else previous + EMA * (value - previous)
+            timings = self.drafting.get(drafter)
+            if timings is None:
+                self.drafting[drafter] = _Timings(seconds / tokens)
+            else:
+                timings.add(seconds / tokens)
 
     def observe_other(self, seconds: float) -> None:
         self.other += EMA * (seconds - self.other)
@@ -142,7 +153,8 @@ class CostModel:
         return max(a + b * batch + c * batch * width, 1e-9)
 
     def draft_seconds(self, drafter: str, tokens: int) -> float:
-        return self.per_token.get(drafter, 0.0) * tokens
+        timings = self.drafting.get(drafter)
+        return 0.0 if timings is None else timings.seconds * tokens
 
     def _refit(self) -> None:
         self._stale = False

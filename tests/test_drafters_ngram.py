@@ -541,3 +541,19 @@ def test_end_is_idempotent_and_forgets():
     drafter.end("r")
     with pytest.raises(KeyError):
         drafter.propose(["r"], [3])
+
+
+def test_drafts_name_their_kind():
+    """A copy names the length of the suffix match it copies after; a chain of followers is `chain`."""
+    copier = NgramDrafter(k=4)
+    copier.begin("r", [1, 2, 3, 4, 5, 50, 51, 1, 2, 3, 4, 5, 60, 61, 4, 5], SamplingParams())
+    copier.begin("s", [7, 8, 9, 7, 8, 9, 7, 8], SamplingParams())
+    copy2, copy4 = copier.propose(["r", "s"], [4, 4])
+    assert (copy2.kind, copier.match_length("r")) == ("copy2", 2)
+    assert copy4.kind == "copy4" and copy4.token_ids.tolist() == [9, 7, 8, 9]  # [8, 9, 7, 8] seen before
+    [alone] = copier.propose(["r"], [4])  # the one-request path names it too
+    assert alone.kind == "copy2"
+    chainer = NgramDrafter(k=4, copy_min_n=5)  # never copies
+    chainer.begin("r", [1, 2, 1, 2, 1], SamplingParams())
+    [chain] = chainer.propose(["r"], [4])
+    assert len(chain) and chain.kind == "chain"

@@ -137,3 +137,15 @@ def test_engine_drafts_long_when_drafts_are_right(tiny_model):
     assert done.token_ids == truth
     assert done.metrics["mean_accepted_length"] > 2.5
     assert done.metrics["accepted_per_step"][-4:-1] == [4, 4, 4]  # full drafts (the last step meets the budget)
+
+
+def test_acceptance_is_learned_per_kind_of_draft():
+    """One request whose long-match copies are right and whose short-match copies are wrong: the
+    policy verifies the first kind and not the second (pooled over kinds it would do one or the other)."""
+    policy = policy_with_costs({(1, w): 0.010 * (1 + 0.3 * (w - 1)) for w in range(1, 7)})
+    policy.begin("r", "ngram")
+    for _ in range(30):
+        policy.observe("r", 5, 5, "ngram:copy4")
+        policy.observe("r", 5, 0, "ngram:copy1")
+    assert policy.choose([RowPlan("r", "ngram:copy4", 5, True, 5)]) == 5
+    assert policy.choose([RowPlan("r", "ngram:copy1", 5, True, 5)]) == 0

@@ -24,10 +24,14 @@ class Draft:
 
     `probs` is q, the distribution each token was drawn from (`[len(token_ids), vocab]`, after the
     request's temperature / top-k / top-p), or None for deterministic drafters (q is one-hot).
+    `kind` names the evidence the draft rests on (the n-gram drafter's `copy3`: a copy after a
+    3-token suffix match); the cost-aware policy learns acceptance per kind, because kinds differ
+    far more than requests do ("": one kind).
     """
 
     token_ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))  # int32 [k]
     probs: torch.Tensor | None = None  # [k, vocab]
+    kind: str = ""
 
     def __post_init__(self) -> None:
         assert self.token_ids.ndim == 1, self.token_ids.shape

@@ -60,6 +60,11 @@ class HybridDrafter:
         self.model_drafts += sum(len(d) > 0 for d in drafts)
         return drafts
 
+    @property
+    def last_pass_seconds(self) -> float | None:
+        """The model part's last drafting pass, without catching up (see `ModelDrafter`)."""
+        return self.model.last_pass_seconds
+
     def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
         """Both parts in one call (for callers without a cost-aware policy)."""
         drafts = self.propose_free(request_ids, max_lengths)

@@ -22,6 +22,8 @@ plain sampling's with that seed, whatever the batch).
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -65,6 +67,11 @@ class ModelDrafter:
         self.device = self.rows.device
         self._requests: dict[str, _Request] = {}
         self._lag = 2 * k + 2  # more pending tokens than this: catch up before drafting
+        # Seconds of one drafting pass (one draft position for every drafting row) in the last
+        # `propose`, without catching up (None: not measured then). The cost-aware policy prices
+        # draft tokens by it: a propose call's whole time also holds the catch-up on tokens the
+        # drafter sat out, which a policy that drafts every step does not pay again.
+        self.last_pass_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -90,6 +97,7 @@ class ModelDrafter:
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
         wanted = {r: min(int(n), self.k) for r, n in zip(request_ids, max_lengths) if n > 0}
+        self.last_pass_seconds = None
         if not wanted:
             return [EMPTY_DRAFT for _ in request_ids]
         self._catch_up(wanted)
@@ -121,6 +129,7 @@ class ModelDrafter:
         order, window = self.rows.active_ids, self.rows.active_window
         # First pass: T = the drafting rows' longest backlog; other rows catch up on up to T tokens.
         steps = max(self._pending(r) for r in wanted)
+        started = time.perf_counter()
         inputs = np.zeros((len(order), steps), dtype=np.int64)  # [rows, T], padded
         feeds = np.zeros(len(order), dtype=np.int64)
         for b, request_id in enumerate(order):
@@ -137,8 +146,15 @@ class ModelDrafter:
         tokens: dict[str, list[int]] = {r: [] for r in wanted}
         probs: dict[str, list[torch.Tensor]] = {r: [] for r in wanted}
         live = dict(wanted)  # rows still drafting -> their target length
+        passes = 0
         while True:
-            chosen = self._choose(logits, {r: index[r] for r in live}, tokens)
+            chosen = self._choose(logits, {r: index[r] for r in live}, tokens)  # reads the logits: in sync
+            if passes == 0:
+                first, started = time.perf_counter() - started, time.perf_counter()
+                if steps <= 2:  # the bonus token and the last draft token: a pass as every step has
+                    self.last_pass_seconds = first
+            else:
+                self.last_pass_seconds = (time.perf_counter() - started) / passes
             for request_id, (token, q) in chosen.items():
                 tokens[request_id].append(token)
                 if q is not None:
@@ -156,6 +172,7 @@ class ModelDrafter:
                 self._requests[request_id].fed += 1
             logits = self.rows.forward(window, step)[:, 0]
             self.rows.commit(window, fed)
+            passes += 1
 
     def _choose(self, logits: torch.Tensor, rows: dict[str, int], tokens: dict[str, list[int]]):
         """The next draft token of each row (and q where the verifier needs it), as the request samples."""

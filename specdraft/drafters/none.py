@@ -10,6 +10,8 @@ from specdraft.params import SamplingParams
 
 
 class NoDrafter:
+    cheap = True  # its (empty) drafts cost nothing: the policy sees them before it chooses, and drafts nothing
+
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         pass
 
