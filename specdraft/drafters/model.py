@@ -23,7 +23,6 @@ plain sampling's with that seed, whatever the batch).
 from __future__ import annotations
 
 import time
-
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
