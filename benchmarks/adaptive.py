@@ -5,11 +5,13 @@ to k (`fixed`, what the engine did before the policy). Methods run interleaved, 
 over repeats is reported. Every output is checked against plain decoding's.
 
 At batch B the engine gets max(--min-prompts, --per-slot * B) prompts (code, JSON, prose in turn),
-so that it runs full for most of the run. The headline is the throughput at full batch (tokens /
-time of the steps that decoded B rows); the throughput over the whole run (makespan) is reported
-beside it: it also counts the drain at the end, where the last requests run in a smaller batch,
-and speculation, which finishes requests at different times, drains in more steps than plain
-decoding of equal-length requests (which all finish together).
+so that it runs full for most of the run. The headline is the decode throughput at full batch
+(tokens / time of the steps that decoded B rows, less the time those steps spent prefilling the
+target with a new request's prompt: the same work whatever drafts, but plain decoding of
+equal-length requests admits a whole wave at once, in steps that are not full, while speculation
+finishes requests at different times and admits each in a full step). The throughput over the
+whole run (makespan: prefill, and the drain at the end, where the last requests run in a smaller
+batch) is reported beside it.
 
     python -m benchmarks.adaptive [--per-slot 2] [--max-tokens 64] [--batches 1,4,8,16] [--repeats 2]
 """
@@ -37,18 +39,18 @@ RESULTS = Path(__file__).parent / "results"
 
 def run_once(engine: Engine, drafter: str, prompts: list[list[int]], max_tokens: int, domains: list[str]) -> dict:
     """Decode `prompts` with continuous batching. Two throughputs: over the whole run (`makespan`:
-    all tokens / wall time, which includes the drain at the end, when the last requests run in a
-    batch smaller than the engine's), and at full batch (tokens / time of the steps that decoded
-    max_batch rows: the throughput *at this batch size*)."""
+    all tokens / wall time, which includes prefill and the drain at the end, when the last requests
+    run in a batch smaller than the engine's), and decoding at full batch (tokens / time of the
+    steps that decoded max_batch rows, less their prefill: the decode throughput *at this batch size*)."""
     ids = [engine.submit(p, SamplingParams(max_tokens=max_tokens), SpeculationParams(drafter)) for p in prompts]
     full_tokens = full_seconds = full_steps = 0
     start = time.perf_counter()
     while engine.has_work:
-        step_start = time.perf_counter()
+        step_start, prefill_before = time.perf_counter(), engine.prefill_seconds
         deltas = engine.step()
         rows = len({d.request_id for d in deltas if d.token_ids})
         if rows == engine.max_batch:
-            full_seconds += time.perf_counter() - step_start
+            full_seconds += time.perf_counter() - step_start - (engine.prefill_seconds - prefill_before)
             full_tokens += sum(len(d.token_ids) for d in deltas)
             full_steps += 1
     seconds = time.perf_counter() - start
@@ -160,10 +162,11 @@ def write(result: dict, out: Path) -> None:
         "name alone is the engine's default (the cost-aware policy picks each step's draft length from measured costs "
         "and acceptance), `-fixed` drafts up to k every step. Run with `python -m benchmarks.adaptive`.",
         "",
-        "Each cell: tok/s at full batch (the steps that decoded B rows) with its ratio to `none`, then the same over "
-        "the whole run (makespan: also the drain at the end, where the last requests run alone or in a smaller batch; "
-        "speculation finishes requests at different times, so it drains in more steps than plain decoding of "
-        "equal-length requests, which all finish together).",
+        "Each cell: decode tok/s at full batch (the steps that decoded B rows, less the time they spent prefilling "
+        "a new request's prompt: the same work whatever drafts, but plain decoding of equal-length requests admits "
+        "each wave in steps that are not full, while speculation finishes requests at different times and admits "
+        "them in full steps) with its ratio to `none`, then the same over the whole run (makespan: also prefill, and "
+        "the drain at the end, where the last requests run alone or in a smaller batch).",
         "",
     ]
     header = ["batch", "prompts", "none tok/s (full / makespan)"]
@@ -185,7 +188,7 @@ def write(result: dict, out: Path) -> None:
         same = all(c["identical_to_none"] for (bb, _), c in by.items() if bb == b)
         row.append("yes" if same else "NO")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Runs per cell, in order (tok/s at full batch, then makespan):", ""]
+    lines += ["", "Runs per cell, in order (decode tok/s at full batch, then makespan):", ""]
     for b in batches:
         lines.append(f"- batch {b}: " + "; ".join(
             f"{m} {' / '.join(f'{x:.1f}' for x in by[b, m]['runs_tokens_per_second'])} "

@@ -162,12 +162,13 @@ class Engine:
             raise ValueError(f"default drafter {self.default_drafter!r} is not one of {sorted(self.drafters)}")
         self.eos = frozenset(eos_token_ids)
         self.max_context, self.k, self.max_batch, self.prefill_budget = max_context, k, max_batch, prefill_budget
-        self.policy = DraftPolicy(k, adaptive=adaptive)
+        self.policy = DraftPolicy(k, adaptive=adaptive, packed=verifier.packs)
         self._waiting: deque[Request] = deque()
         self._prefilling: deque[Request] = deque()
         self._running: dict[str, Request] = {}
         self._ids = itertools.count()
         self._done: dict[str, Request] = {}  # finished requests not yet collected
+        self.prefill_seconds = 0.0  # time spent prefilling the target with prompts (the same whatever drafts)
         if calibrate:
             self._calibrate()
 
@@ -247,7 +248,9 @@ class Engine:
             rest = len(request.prompt_ids) - request.prefilled
             take = rest if budget is None else min(rest, budget)
             piece = request.prompt_ids[request.prefilled : request.prefilled + take]
+            started = time.perf_counter()
             first = self.verifier.prefill(request.id, piece, last=take == rest)
+            self.prefill_seconds += time.perf_counter() - started
             request.prefilled += take
             if budget is not None:
                 budget -= take
@@ -299,10 +302,10 @@ class Engine:
         running = [r for r in running if r.finish_reason is None]
         plans = [RowPlan(r.id, source[r.id], limits[r.id], r.id in proposed,
                          len(proposed[r.id]) if r.id in proposed else limits[r.id]) for r in running]
-        n = self.policy.choose(plans)
+        chosen = self.policy.choose(plans)
         for name, group in costly.items():
             group = [r for r in group if r.finish_reason is None]
-            lengths = [min(n, limits[r.id]) for r in group]
+            lengths = [chosen[r.id] for r in group]
             if max(lengths, default=0) > 0:
                 method = "propose_costly" if hasattr(self.drafters[name], "propose_costly") else "propose"
                 seconds, out = self._propose(name, group, lengths, deltas, method)
@@ -310,6 +313,7 @@ class Engine:
                 self._observe_draft(name, source[group[0].id], max(lengths), seconds)
                 drafts.update(out)
         for request_id, draft in proposed.items():
+            n = chosen.get(request_id, 0)
             trimmed = draft if len(draft) <= n else Draft(
                 draft.token_ids[:n], None if draft.probs is None else draft.probs[:n], draft.kind)
             drafts[request_id] = trimmed if len(trimmed) else EMPTY_DRAFT
@@ -321,9 +325,9 @@ class Engine:
         verify_started = time.perf_counter()
         results = self._verify(running, drafts, deltas)
         verify_seconds = time.perf_counter() - verify_started
-        width = 1 + max((len(drafts.get(r.id, EMPTY_DRAFT)) for r in running if r.id in results), default=0)
         if results:
-            self.policy.costs.observe_verify(len(results), width, verify_seconds)
+            lengths = [len(drafts.get(r.id, EMPTY_DRAFT)) for r in running if r.id in results]
+            self.policy.costs.observe_verify(len(results), self.policy.computed_tokens(lengths), verify_seconds)
         share = draft_seconds / max(len(running), 1)
         for request in running:
             if request.id not in results:
@@ -425,25 +429,30 @@ class Engine:
 
     # -- start-up measurements -------------------------------------------------------------
     def _calibrate(self) -> None:
-        """Time verify steps at the corners of (batch, width) and each drafter that drafts only when
-        asked, on throwaway rows, so that the policy's first choices rest on this machine's costs."""
+        """Time verify steps at the corners of (batch, width) (and, where the verifier packs rows,
+        one row drafting k in a full batch: what a few strong drafts cost there) and each drafter
+        that drafts only when asked, on throwaway rows, so that the policy's first choices rest on
+        this machine's costs."""
         prompt = [int(t) % self.verifier.vocab_size for t in range(3, 35)]
         greedy = SamplingParams(max_tokens=4 * (self.k + 1) + 4)
-        widths = sorted({1, self.k + 1})
+        draft = Draft(np.asarray(prompt[: self.k], dtype=np.int32))
         for batch in sorted({1, self.max_batch}):
             ids = [f"__calibrate-{i}" for i in range(batch)]
             for row_id in ids:
                 self.verifier.admit(row_id, prompt, greedy)
-            for width in widths:
-                draft = Draft(np.asarray(prompt[: width - 1], dtype=np.int32)) if width > 1 else EMPTY_DRAFT
+            drafting = {0, batch} if self.k else {0}  # how many rows draft k
+            if self.k and self.verifier.packs:
+                drafting.add(1)
+            for rows in sorted(drafting):
                 times = []
                 for _ in range(4):  # the first call pays one-off allocation and kernel selection
                     start = time.perf_counter()
-                    self.verifier.step({r: prompt[-1] for r in ids}, {r: draft for r in ids} if width > 1 else {})
+                    self.verifier.step({r: prompt[-1] for r in ids}, {r: draft for r in ids[:rows]})
                     times.append(time.perf_counter() - start)
                     for row_id in ids:
                         self.verifier.truncate(row_id, len(prompt))
-                self.policy.costs.observe_verify(batch, width, float(np.median(times[1:])))
+                lengths = [self.k] * rows + [0] * (batch - rows)
+                self.policy.costs.observe_verify(batch, self.policy.computed_tokens(lengths), float(np.median(times[1:])))
             for row_id in ids:
                 self.verifier.remove(row_id)
         for name, drafter in self.drafters.items():

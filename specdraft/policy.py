@@ -1,11 +1,15 @@
 """Cost-aware draft length: speculation that never costs more than it gives.
 
-Each step the engine verifies every running row in one padded pass of width W = 1 + the longest
-draft, so a step's cost is set by W (and the batch size B), not by each row's own draft. The policy
-picks the W that maximises the batch's expected tokens per second:
+Each step the engine verifies every running row in one forward pass, and the policy picks each row's
+draft length n_r (0 = plain decoding for that row) to maximise the batch's expected tokens per second:
 
-    rate(W) = sum_r (1 + E_r(min(W - 1, avail_r))) / (T(B, W) + sum_d D_d(W - 1) + O)
+    rate(n) = sum_r (1 + E_r(n_r)) / (T(B, N) + sum_d D_d(max n_r over d's rows) + O)
 
+- N: the tokens the pass computes. Where the verifier packs rows (our own forward on the host or an
+  eager GPU pass: `Verifier.packs`), N = sum_r (1 + n_r): a row that drafts nothing adds one token, so
+  in a large batch a few rows with strong drafts can draft while the rest decode plainly. Where it
+  pads them (static shapes, the stock forward), N = B x W, W = 1 + the longest draft, and every
+  row drafts min(W - 1, what it has): a shorter draft is no cheaper there.
 - E_r(n) = sum_{i<=n} prod_{j<=i} alpha_r[j]: expected accepted tokens of row r from a draft of n,
   alpha_r[j] its estimated acceptance at draft position j given the positions before were accepted.
   Estimates are per request and per *source*: a drafter, one part of a drafter that drafts two
@@ -16,22 +20,24 @@ picks the W that maximises the batch's expected tokens per second:
   price the strong one too low). Estimates start from the source's pooled estimate (a prior of PRIOR_WEIGHT
   observations) and forget old evidence (DECAY per observation, and slowly while the row does not
   draft), so a request whose drafts stop working stops drafting, and one that starts copying resumes.
-- avail_r: the draft a cheap drafter (`ngram`) already proposed, or the request's limit for a drafter
-  that drafts only when asked (`model`, `hybrid`).
-- T(B, W): the verify step's measured time (per (B, W) cell, the median of its last WINDOW timings,
-  so that one slow step (a page fault, another process) does not stick; cells not yet seen come from
-  a least-squares fit a + b*B + c*B*W over the cells seen, seeded by a short calibration at start-up).
-  D_d(n): measured time of drafter d drafting n tokens (n * the median of its last WINDOW per-token
+- n_r is at most what a cheap drafter (`ngram`) already proposed, or the request's limit for a
+  drafter that drafts only when asked (`model`, `hybrid`).
+- T(B, N): the verify step's measured time (per (B, N) cell, the median of its last WINDOW timings,
+  so that one slow step (a page fault, another process) does not stick, blended with a least-squares
+  fit a + b*B + c*N over all cells while the cell has few timings; cells not yet seen come from the
+  fit, seeded by a short calibration at start-up). D_d(n): measured time of drafter d drafting n
+  tokens for its rows (one pass per draft position: n * the median of its last WINDOW per-token
   timings; a drafter that times its own drafting passes, leaving out catching up on steps it sat
   out, gives those). O: the step's other host work. Nothing is hard-coded; everything is measured on
   this machine.
-W = 1 is plain decoding, kept unless a draft promises MARGIN more throughput (timings are noisy).
-Every EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured
-once under load is measured again rather than trusted forever.
-Rows draft min(W - 1, avail_r): padding makes shorter drafts no cheaper.
+Packed, the candidates are the prefixes of all rows' draft positions sorted by their expected gain
+prod_{j<=i} alpha_r[j] (a row's positions come in order: its gains only fall); padded, the widths.
+Plain decoding is kept unless a draft promises MARGIN more throughput (timings are noisy). Every
+EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured once
+under load is measured again rather than trusted forever.
 
-While W = 1 a cheap drafter's proposals are still checked for free against the tokens the target
-then emits ("shadow" acceptance), so a row's estimate keeps learning without paying for a draft.
+While a row drafts nothing a cheap drafter's proposals are still checked for free against the tokens
+the target then emits ("shadow" acceptance), so a row's estimate keeps learning without paying for a draft.
 """
 
 from __future__ import annotations
@@ -117,7 +123,8 @@ class _Timings:
 
 @dataclass
 class CostModel:
-    """Measured step costs: verify T(B, W), drafting D_d(n) per drafter, other host work O."""
+    """Measured step costs: verify T(B, N) (B rows, N tokens computed), drafting D_d(n) per drafter,
+    other host work O."""
 
     verify: dict[tuple[int, int], _Timings] = field(default_factory=dict)
     drafting: dict[str, _Timings] = field(default_factory=dict)  # source -> seconds per drafted token
@@ -125,10 +132,10 @@ class CostModel:
     _fit: np.ndarray | None = None
     _stale: bool = True
 
-    def observe_verify(self, batch: int, width: int, seconds: float) -> None:
-        cell = self.verify.get((batch, width))
+    def observe_verify(self, batch: int, tokens: int, seconds: float) -> None:
+        cell = self.verify.get((batch, tokens))
         if cell is None:
-            self.verify[(batch, width)] = _Timings(seconds)
+            self.verify[(batch, tokens)] = _Timings(seconds)
         else:
             cell.add(seconds)
         self._stale = True
@@ -144,16 +151,21 @@ class CostModel:
     def observe_other(self, seconds: float) -> None:
         self.other += EMA * (seconds - self.other)
 
-    def verify_seconds(self, batch: int, width: int) -> float:
-        cell = self.verify.get((batch, width))
-        if cell is not None:
-            return cell.seconds
+    def verify_seconds(self, batch: int, tokens: int) -> float:
+        """A verify pass over `batch` rows computing `tokens` tokens."""
         if self._stale:
             self._refit()
-        if self._fit is None:
-            return 0.0
-        a, b, c = self._fit
-        return max(a + b * batch + c * batch * width, 1e-9)
+        fitted = None
+        if self._fit is not None:
+            a, b, c = self._fit
+            fitted = max(a + b * batch + c * tokens, 1e-9)
+        cell = self.verify.get((batch, tokens))
+        if cell is None:
+            return 0.0 if fitted is None else fitted
+        if fitted is None or len(self.verify) < 4:
+            return cell.seconds
+        seen = len(cell.recent)  # one timing weighs as much as the fit; a full window nearly alone
+        return (seen * cell.seconds + fitted) / (seen + 1)
 
     def draft_seconds(self, drafter: str, tokens: int) -> float:
         timings = self.drafting.get(drafter)
@@ -167,19 +179,27 @@ class CostModel:
             return
         keys = np.array(list(self.verify), dtype=np.float64)  # [cells, 2]
         times = np.array([c.seconds for c in self.verify.values()])
-        design = np.stack([np.ones(len(keys)), keys[:, 0], keys[:, 0] * keys[:, 1]], 1)
+        design = np.stack([np.ones(len(keys)), keys[:, 0], keys[:, 1]], 1)
         self._fit = np.linalg.lstsq(design, times, rcond=None)[0]
 
 
 class DraftPolicy:
-    """Chooses each step's draft length. adaptive=False drafts as long as allowed (W = 1 + max avail)."""
+    """Chooses each step's draft lengths. packed: the verify pass computes each row's real tokens
+    (N = sum of 1 + n_r), else rows are padded to the longest draft (N = B x W). adaptive=False
+    drafts as long as allowed."""
 
-    def __init__(self, max_k: int, adaptive: bool = True) -> None:
-        self.max_k, self.adaptive = max_k, adaptive
+    def __init__(self, max_k: int, adaptive: bool = True, packed: bool = False) -> None:
+        self.max_k, self.adaptive, self.packed = max_k, adaptive, packed
         self.costs = CostModel()
         self._pooled: dict[str, Acceptance] = defaultdict(lambda: Acceptance(max(max_k, 1)))
         self._requests: dict[str, _Request] = {}
         self._choices = 0
+
+    def computed_tokens(self, lengths: Sequence[int]) -> int:
+        """Tokens a verify pass with these draft lengths (one per row) computes."""
+        if self.packed:
+            return sum(1 + n for n in lengths)
+        return len(lengths) * (1 + max(lengths, default=0))
 
     # -- requests ------------------------------------------------------------------------------
     def begin(self, request_id: str, drafter: str) -> None:
@@ -208,30 +228,54 @@ class DraftPolicy:
         return float(np.cumprod(self.alpha(request_id, source)[:n]).sum())
 
     # -- the choice ------------------------------------------------------------------------------
-    def choose(self, plans: Sequence[RowPlan]) -> int:
-        """The longest draft any row may verify this step (W - 1), 0 for plain decoding."""
-        longest = max((p.avail for p in plans), default=0)
-        if not self.adaptive or longest == 0:
-            return longest
+    def choose(self, plans: Sequence[RowPlan]) -> dict[str, int]:
+        """Each row's draft length this step (0: plain decoding for that row)."""
+        if not self.adaptive or not any(p.avail for p in plans):
+            return {p.request_id: p.avail for p in plans}
+        gains = {p.request_id: np.cumprod(self.alpha(p.request_id, p.drafter)[: p.avail]) for p in plans}
+        candidates, tokens = self._packed(plans, gains) if self.packed else self._padded(plans, gains)
+        costly = {p.request_id: p.drafter for p in plans if not p.cheap and p.avail}
+        seconds = np.zeros(len(candidates))
+        if costly:
+            for i, lengths in enumerate(candidates):
+                depth: dict[str, int] = {}  # a costly drafter runs one pass per position its longest row drafts
+                for request_id, drafter in costly.items():
+                    depth[drafter] = max(depth.get(drafter, 0), lengths[request_id])
+                seconds[i] = sum(self.costs.draft_seconds(d, n) for d, n in depth.items())
         batch = len(plans)
-        curves = {p.request_id: np.concatenate([[0.0], np.cumsum(np.cumprod(self.alpha(p.request_id, p.drafter)[: p.avail]))])
-                  for p in plans}
-        costly = {p.drafter for p in plans if not p.cheap and p.avail > 0}
-        # A wider pass never costs less than a narrower one; noisy timings must not say otherwise.
-        verify = np.maximum.accumulate([self.costs.verify_seconds(batch, n + 1) for n in range(longest + 1)])
-        rates = []
-        for n in range(longest + 1):
-            tokens = sum(1.0 + curves[p.request_id][min(n, p.avail)] for p in plans)
-            seconds = verify[n] + self.costs.other + sum(self.costs.draft_seconds(d, n) for d in costly)
-            rates.append(tokens / max(seconds, 1e-9))
+        # Computing more tokens never costs less; noisy timings must not say otherwise.
+        verify = np.maximum.accumulate([self.costs.verify_seconds(batch, self.computed_tokens(list(c.values())))
+                                        for c in candidates])
+        rates = tokens / np.maximum(verify + self.costs.other + seconds, 1e-9)
         best = int(np.argmax(rates))
         chosen = best if rates[best] > rates[0] * (1 + MARGIN) else 0
         self._choices += 1
         if self._choices % EXPLORE_EVERY == 0 and len(rates) > 1:
-            runner_up = max((n for n in range(len(rates)) if n != chosen), key=lambda n: rates[n])
+            runner_up = max((i for i in range(len(rates)) if i != chosen), key=lambda i: rates[i])
             if rates[runner_up] >= EXPLORE_WITHIN * rates[chosen]:
-                return runner_up
-        return chosen
+                chosen = runner_up
+        return candidates[chosen]
+
+    @staticmethod
+    def _padded(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray]:
+        """Widths W = 1 + n, every row drafting min(n, what it has); their expected tokens."""
+        longest = max(p.avail for p in plans)
+        curves = [np.concatenate([[1.0], 1.0 + np.cumsum(gains[p.request_id])]) for p in plans]  # [avail + 1]
+        tokens = np.array([sum(c[min(n, len(c) - 1)] for c in curves) for n in range(longest + 1)])
+        return [{p.request_id: min(n, p.avail) for p in plans} for n in range(longest + 1)], tokens
+
+    @staticmethod
+    def _packed(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray]:
+        """Prefixes of all rows' draft positions by expected gain, best first (a row's gains only
+        fall, so each prefix drafts a prefix of every row's draft); their expected tokens."""
+        positions = sorted((-float(g), j, p.request_id) for p in plans for j, g in enumerate(gains[p.request_id]))
+        lengths = {p.request_id: 0 for p in plans}
+        candidates = [dict(lengths)]
+        for _, _, request_id in positions:
+            lengths[request_id] += 1
+            candidates.append(dict(lengths))
+        tokens = len(plans) + np.concatenate([[0.0], np.cumsum([-g for g, _, _ in positions])])
+        return candidates, tokens
 
     # -- what happened -----------------------------------------------------------------------------
     def observe(self, request_id: str, drafted: int, accepted: int, source: str | None = None) -> None:

@@ -48,6 +48,34 @@ def test_own_forward_equals_stock_across_rows_of_different_lengths(dtype, atol):
         torch.testing.assert_close(logits[b], reference[have : have + steps], rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_a_packed_pass_computes_only_real_tokens_and_equals_the_stock_model(dtype, atol):
+    """Rows of one pass with 1, 4, 2 and 3 real tokens (a verify step's drafts of different lengths):
+    the real tokens' logits equal the stock model's, padding gets zero logits, and a row then
+    decodes on exactly as if the padding had never been fed."""
+    model = make_tiny_model(seed=4, dtype=dtype, layers=2)
+    rows = RowModel(model)
+    assert rows.packs
+    rng = random.Random(1)
+    contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(3, 30))] for i in range(4)}
+    counts = [1, 4, 2, 3]
+    for row_id, ids in contexts.items():
+        rows.add(row_id, active=True)
+        rows.prefill(row_id, ids, chunk=16)
+    inputs = np.array([[rng.randrange(TINY_VOCAB) for _ in range(4)] for _ in counts], dtype=np.int64)
+    logits = rows.forward(rows.active_window, inputs, counts=counts)  # [4, 4, vocab]
+    for b, (row_id, ids) in enumerate(contexts.items()):
+        real = inputs[b, : counts[b]].tolist()
+        reference = stock_logits(model, ids + real)
+        torch.testing.assert_close(logits[b, : counts[b]], reference[len(ids):], rtol=0, atol=atol)
+        assert not logits[b, counts[b]:].any()
+    rows.commit(rows.active_window, counts)
+    after = rows.forward(rows.active_window, np.full((4, 1), 7, dtype=np.int64))
+    for b, (row_id, ids) in enumerate(contexts.items()):
+        full = ids + inputs[b, : counts[b]].tolist() + [7]
+        torch.testing.assert_close(after[b, 0], stock_logits(model, full)[-1], rtol=0, atol=atol)
+
+
 def test_stock_path_for_other_architectures_matches_too():
     from transformers import MistralConfig, MistralForCausalLM
 

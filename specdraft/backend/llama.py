@@ -4,8 +4,12 @@ as they are; the layer loop, the KV writes and attention are ours.
 
 Why not the stock forward: it takes any subset of the decoder layers (draft models that skip layers),
 runs its activations in a chosen dtype (int8 draft copies compute in bf16), takes a boolean mask
-built on the device, and pays less Python per layer. Its logits equal the stock model's
-(`tests/test_backend.py`). Other architectures run the stock forward (`RowModel` decides).
+built on the device, pays less Python per layer, and computes only a batch's real tokens: given
+`real`, the flat indices of the real tokens in the padded [batch, T] input, every per-token part
+(embedding, norms, projections, MLPs, output layer) runs on those alone and only attention sees
+the padded layout. A verify step whose rows draft different lengths then costs its tokens, not
+batch x the longest draft. Its logits equal the stock model's (`tests/test_backend.py`). Other
+architectures run the stock forward (`RowModel` decides).
 """
 
 from __future__ import annotations
@@ -51,28 +55,42 @@ class LlamaForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
-                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                 logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: [batch, T]; mask: [batch, 1, T, kv] bool, True where a query may look;
         cache: a `RowKVCache` prepared for this pass (its layer i is the i-th layer run here);
-        logits_at: [batch] the one position per row to return logits for, or None for all T.
+        logits_at: [batch] the one position per row to return logits for, or None for all T;
+        real: [N] flat indices into [batch, T] of the tokens to compute (None: all). Padding tokens
+        write zero keys and values past their row's tokens (never committed) and get zero logits.
         Returns logits [batch, T or 1, vocab] (float32)."""
         batch, steps = input_ids.shape
-        x = self.model.model.embed_tokens(input_ids).to(self.dtype)  # [batch, T, hidden]
+        assert real is None or logits_at is None, "packed passes return every real token's logits"
+        ids = input_ids.reshape(-1) if real is None else input_ids.reshape(-1)[real]
+        x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
         cos, sin = self.model.model.rotary_emb(x, positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
             h = layer.input_layernorm(x).to(self.dtype)
-            q = attention.q_proj(h).view(batch, steps, self.num_heads, self.head_dim).transpose(1, 2).to(self.dtype)
-            k = attention.k_proj(h).view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2).to(self.dtype)
-            v = attention.v_proj(h).view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2).to(self.dtype)
+            q = self._heads(attention.q_proj(h), real, batch, steps, self.num_heads)
+            k = self._heads(attention.k_proj(h), real, batch, steps, self.num_kv_heads)
+            v = self._heads(attention.v_proj(h), real, batch, steps, self.num_kv_heads)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [batch, heads, T, head_dim]
             keys, values = cache.update(k, v, i)  # [batch, kv_heads, kv, head_dim]
             out = F.scaled_dot_product_attention(q, keys.to(self.dtype), values.to(self.dtype), attn_mask=mask,
                                                  enable_gqa=self.num_kv_heads != self.num_heads)
-            x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, steps, -1)).to(self.dtype)
+            out = out.transpose(1, 2).reshape(batch * steps, -1)  # [batch * T, heads * head_dim]
+            x = x + attention.o_proj(out if real is None else out[real]).to(self.dtype)
             x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
         if logits_at is not None:
-            x = x.gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1]))  # [batch, 1, hidden]
-        x = self.model.model.norm(x)
-        return self.model.lm_head(x.to(self.dtype)).float()
+            x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1]))
+            return self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float()  # [batch, 1, vocab]
+        logits = self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float()  # [N, vocab]
+        if real is not None:
+            logits = logits.new_zeros(batch * steps, logits.shape[-1]).index_copy_(0, real, logits)
+        return logits.view(batch, steps, -1)
+
+    def _heads(self, y: torch.Tensor, real: torch.Tensor | None, batch: int, steps: int, heads: int) -> torch.Tensor:
+        """[N, heads * head_dim] projections -> [batch, heads, T, head_dim], zeros at padding."""
+        if real is not None:
+            y = y.new_zeros(batch * steps, y.shape[-1]).index_copy_(0, real, y)
+        return y.view(batch, steps, heads, self.head_dim).transpose(1, 2).to(self.dtype)

@@ -176,10 +176,19 @@ class RowModel:
         return slice(slot, slot + 1)
 
     # -- one forward pass ----------------------------------------------------------------------
-    def forward(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None) -> torch.Tensor:
+    @property
+    def packs(self) -> bool:
+        """Whether a batched pass given each row's token count (`forward(counts=...)`) computes only
+        those tokens (our own forward, not at static shapes); otherwise it computes batch x T."""
+        return self._own is not None and self.static is None
+
+    def forward(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None,
+                counts: Sequence[int] | None = None) -> torch.Tensor:
         """Feed the rows of `window` the tokens input_ids [batch, T] at the positions after their
         committed lengths; return logits [batch, T, vocab], or [batch, 1, vocab] at the positions
-        logits_at [batch] (indices into T). Nothing is committed."""
+        logits_at [batch] (indices into T). counts [batch]: row b's first counts[b] tokens are real,
+        the rest padding, whose logits are not wanted (where the model `packs`, they are not
+        computed: zeros). Nothing is committed."""
         if self.static is not None and window.start == 0:
             return self._forward_static(window, input_ids, logits_at)
         input_ids = torch.as_tensor(input_ids, dtype=torch.int64, device=self.device)
@@ -191,11 +200,15 @@ class RowModel:
         self.cache.prepare(window, positions, kv_len)
         # Row b's token at position t sees cache entries 0..t; stale entries past a row's length are hidden.
         visible = torch.arange(kv_len, device=self.device)[None, None, :] <= positions[:, :, None]  # [batch, T, kv]
+        real = None
+        if counts is not None and self.packs and logits_at is None and min(counts) < steps:
+            flat = np.flatnonzero(np.arange(steps)[None, :] < np.asarray(counts)[:, None])  # [N] into [batch * T]
+            real = torch.as_tensor(flat, dtype=torch.int64, device=self.device)
         start = time.perf_counter()
         with torch.inference_mode():
             if self._own is not None:
                 at = None if logits_at is None else torch.as_tensor(logits_at, dtype=torch.int64, device=self.device)
-                logits = self._own(input_ids, positions, visible[:, None], self.cache, at)
+                logits = self._own(input_ids, positions, visible[:, None], self.cache, at, real)
             else:
                 logits = self._stock(input_ids, positions, visible, logits_at)
         self.forward_seconds += time.perf_counter() - start

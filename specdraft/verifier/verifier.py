@@ -90,6 +90,11 @@ class Verifier:
         return self.rows.active_ids
 
     @property
+    def packs(self) -> bool:
+        """Whether a step costs its real tokens (rows' drafts unpadded), not batch x the longest."""
+        return self.rows.packs
+
+    @property
     def forward_seconds(self) -> float:
         return self.rows.forward_seconds
 
@@ -109,7 +114,8 @@ class Verifier:
         window = self.rows.active_window
         # Row b's last token sits at position lengths[b]; its logits decide the token after it.
         first_position = np.asarray(self.rows.lengths(window), dtype=np.int64) + 1  # [batch]
-        logits = self.rows.forward(window, inputs)  # [batch, k + 1, vocab]
+        counts = [1 + len(drafts[r]) if r in drafts else 1 for r in order]
+        logits = self.rows.forward(window, inputs, counts=counts)  # [batch, k + 1, vocab]; zeros past a row's draft
         draft_t = torch.as_tensor(draft, device=self.device)
         tokens, accepted = self._accept(order, logits, draft_t, [drafts.get(r) for r in order], first_position)
         self.rows.commit(window, accepted + 1)  # the last token and the accepted draft; the rest is rolled back
