@@ -22,6 +22,7 @@ from specdraft.engine import Engine
 from specdraft.errors import DraftModelMismatchError
 from specdraft.models import check_draft_pair
 from specdraft.params import SamplingParams, SpeculationParams
+from specdraft.policy import CostModel
 from specdraft.sampling import keyed_uniforms
 from specdraft.verifier import Verifier
 from specdraft.verifier.acceptance import rejection_sample
@@ -120,6 +121,15 @@ def test_hybrid_free_drafts_are_the_ngram_drafts_it_is_confident_in(pair):
 def test_policy_learns_the_hybrids_parts_apart(pair):
     target, draft = pair
     engine = engine_for(target, draft, max_batch=2, adaptive=True)
+
+    class FlatVerify(CostModel):  # a verify pass costs 50 ms at any width: drafting pays, whatever this machine measures
+        def observe_verify(self, batch, tokens, seconds):
+            pass
+
+        def verify_seconds(self, batch, tokens):
+            return 0.050
+
+    engine.policy.costs = FlatVerify()
     prompt = hf_greedy(target, [9, 9, 13], 24)
     engine.run([(prompt + [9, 9, 13], SamplingParams(max_tokens=24), SpeculationParams("hybrid")),
                 (PROMPTS[5], SamplingParams(max_tokens=24), SpeculationParams("hybrid"))])
