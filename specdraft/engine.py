@@ -301,7 +301,8 @@ class Engine:
                 costly[name] = rest
         running = [r for r in running if r.finish_reason is None]
         plans = [RowPlan(r.id, source[r.id], limits[r.id], r.id in proposed,
-                         len(proposed[r.id]) if r.id in proposed else limits[r.id]) for r in running]
+                         len(proposed[r.id]) if r.id in proposed else limits[r.id], self._backlog(r, proposed),
+                         self._remaining(r)) for r in running]
         chosen = self.policy.choose(plans)
         for name, group in costly.items():
             group = [r for r in group if r.finish_reason is None]
@@ -344,14 +345,21 @@ class Engine:
         self.policy.costs.observe_other(time.perf_counter() - started - verify_seconds - draft_seconds)
         return deltas
 
+    def _backlog(self, request: Request, proposed: dict[str, Draft]) -> int:
+        """What a costly drafter must catch up on before it drafts this row (0 for free drafts)."""
+        backlog = getattr(self.drafters[request.drafter], "backlog", None)
+        return 0 if request.id in proposed or backlog is None else backlog(request.id)
+
     def _observe_draft(self, name: str, source: str, tokens: int, seconds: float) -> None:
         """Price a costly drafter's draft tokens: by its own timing of one drafting pass where it
-        keeps one (which leaves out catching up on steps it sat out), else by the call's time."""
-        per_pass = getattr(self.drafters[name], "last_pass_seconds", None)
+        keeps one (its catching up on rows it sat out is priced apart), else by the call's time."""
+        drafter = self.drafters[name]
+        per_pass = getattr(drafter, "last_pass_seconds", None)
         if per_pass is not None:
             self.policy.costs.observe_draft(source, 1, per_pass)
         elif tokens:
             self.policy.costs.observe_draft(source, tokens, seconds)
+        self.policy.costs.observe_catch_up(source, *getattr(drafter, "last_catch_up", (0, 0.0)))
 
     def _propose(self, name: str, group: list[Request], lengths: list[int], deltas: list[Delta], method: str = "propose"):
         """One batched propose call (`method`: propose, or a two-part drafter's propose_free /
@@ -461,15 +469,17 @@ class Engine:
             two_parts = hasattr(drafter, "propose_costly")
             propose = drafter.propose_costly if two_parts else drafter.propose
             source = f"{name}/{drafter.costly_part}" if two_parts else name
-            drafter.begin("__calibrate", prompt, greedy)
-            for round_ in range(4):  # the first round catches up on the prompt and warms up
-                start = time.perf_counter()
-                [draft] = propose(["__calibrate"], [self.k])
-                if len(draft) and round_:
-                    self._observe_draft(name, source, len(draft), time.perf_counter() - start)
-                # As a step that accepts the whole draft: its tokens and the target's next one.
-                drafter.accept("__calibrate", [*draft.token_ids.tolist(), prompt[round_]])
-            drafter.end("__calibrate")
+            priced_apart = hasattr(drafter, "last_catch_up")  # else a first round's time holds its catch-up
+            for request_id in ("__calibrate", "__calibrate-again"):  # the first request warms up
+                drafter.begin(request_id, prompt, greedy)
+                for round_ in range(4):  # the first round catches up on the prompt
+                    start = time.perf_counter()
+                    [draft] = propose([request_id], [self.k])
+                    if len(draft) and request_id != "__calibrate" and (round_ or priced_apart):
+                        self._observe_draft(name, source, len(draft), time.perf_counter() - start)
+                    # As a step that accepts the whole draft: its tokens and the target's next one.
+                    drafter.accept(request_id, [*draft.token_ids.tolist(), prompt[round_]])
+                drafter.end(request_id)
 
     # -- conveniences --------------------------------------------------------------------
     def run(self, requests: Iterable[tuple], speculation: SpeculationParams | None = None) -> list[Completion]:

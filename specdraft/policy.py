@@ -3,7 +3,7 @@
 Each step the engine verifies every running row in one forward pass, and the policy picks each row's
 draft length n_r (0 = plain decoding for that row) to maximise the batch's expected tokens per second:
 
-    rate(n) = sum_r (1 + E_r(n_r)) / (T(B, N) + sum_d D_d(max n_r over d's rows) + O)
+    rate(n) = sum_r (1 + E_r(n_r)) / (T(B, N) + sum_d [D_d(max n_r over d's rows) + C_d(its drafting rows)] + O)
 
 - N: the tokens the pass computes. Where the verifier packs rows (our own forward on the host or an
   eager GPU pass: `Verifier.packs`), N = sum_r (1 + n_r): a row that drafts nothing adds one token, so
@@ -28,10 +28,16 @@ draft length n_r (0 = plain decoding for that row) to maximise the batch's expec
   fit, seeded by a short calibration at start-up). D_d(n): measured time of drafter d drafting n
   tokens for its rows (one pass per draft position: n * the median of its last WINDOW per-token
   timings; a drafter that times its own drafting passes, leaving out catching up on steps it sat
-  out, gives those). O: the step's other host work. Nothing is hard-coded; everything is measured on
-  this machine.
+  out, gives those). C_d: the catching up drafter d must do before it drafts rows that it sat out
+  (`RowPlan.backlog` tokens each, at its measured per-token cost), a new request's whole prompt the
+  first time. Once caught up, a row that the drafter keeps drafting for does not pay again, so the
+  cost is spread over the tokens the row may still generate: a step is charged its expected tokens'
+  share. O: the step's other host work. Nothing is hard-coded; everything is
+  measured on this machine.
 Packed, the candidates are the prefixes of all rows' draft positions sorted by their expected gain
-prod_{j<=i} alpha_r[j] (a row's positions come in order: its gains only fall); padded, the widths.
+prod_{j<=i} alpha_r[j] (a row's positions come in order: its gains only fall), once per cap on the
+costly drafters' rows (a costly drafter costs a pass whatever the gain of its position, so its rows'
+first positions must not stand in front of the free rows' weaker ones); padded, the widths.
 Plain decoding is kept unless a draft promises MARGIN more throughput (timings are noisy). Every
 EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured once
 under load is measured again rather than trusted forever.
@@ -93,6 +99,8 @@ class RowPlan:
     limit: int  # the longest draft this row may verify now (its k, its budget)
     cheap: bool
     avail: int  # cheap: the proposed draft's length; otherwise == limit
+    backlog: int = 0  # costly: context tokens its drafter must catch up on before drafting this row
+    remaining: int = 1  # tokens the row may still generate (the catch-up is an investment in them)
 
 
 @dataclass
@@ -128,6 +136,7 @@ class CostModel:
 
     verify: dict[tuple[int, int], _Timings] = field(default_factory=dict)
     drafting: dict[str, _Timings] = field(default_factory=dict)  # source -> seconds per drafted token
+    catch_up: dict[str, _Timings] = field(default_factory=dict)  # source -> seconds per caught-up token
     other: float = 0.0
     _fit: np.ndarray | None = None
     _stale: bool = True
@@ -141,10 +150,17 @@ class CostModel:
         self._stale = True
 
     def observe_draft(self, drafter: str, tokens: int, seconds: float) -> None:
+        self._per_token(self.drafting, drafter, tokens, seconds)
+
+    def observe_catch_up(self, drafter: str, tokens: int, seconds: float) -> None:
+        self._per_token(self.catch_up, drafter, tokens, seconds)
+
+    @staticmethod
+    def _per_token(costs: dict[str, _Timings], drafter: str, tokens: int, seconds: float) -> None:
         if tokens > 0:
-            timings = self.drafting.get(drafter)
+            timings = costs.get(drafter)
             if timings is None:
-                self.drafting[drafter] = _Timings(seconds / tokens)
+                costs[drafter] = _Timings(seconds / tokens)
             else:
                 timings.add(seconds / tokens)
 
@@ -169,6 +185,10 @@ class CostModel:
 
     def draft_seconds(self, drafter: str, tokens: int) -> float:
         timings = self.drafting.get(drafter)
+        return 0.0 if timings is None else timings.seconds * tokens
+
+    def catch_up_seconds(self, drafter: str, tokens: int) -> float:
+        timings = self.catch_up.get(drafter)
         return 0.0 if timings is None else timings.seconds * tokens
 
     def _refit(self) -> None:
@@ -233,20 +253,25 @@ class DraftPolicy:
         if not self.adaptive or not any(p.avail for p in plans):
             return {p.request_id: p.avail for p in plans}
         gains = {p.request_id: np.cumprod(self.alpha(p.request_id, p.drafter)[: p.avail]) for p in plans}
-        candidates, tokens = self._packed(plans, gains) if self.packed else self._padded(plans, gains)
-        costly = {p.request_id: p.drafter for p in plans if not p.cheap and p.avail}
+        candidates, tokens, computed = self._packed(plans, gains) if self.packed else self._padded(plans, gains)
+        costly = [p for p in plans if not p.cheap and p.avail]
         seconds = np.zeros(len(candidates))
         if costly:
             for i, lengths in enumerate(candidates):
                 depth: dict[str, int] = {}  # a costly drafter runs one pass per position its longest row drafts
-                for request_id, drafter in costly.items():
-                    depth[drafter] = max(depth.get(drafter, 0), lengths[request_id])
-                seconds[i] = sum(self.costs.draft_seconds(d, n) for d, n in depth.items())
+                for plan in costly:
+                    n = lengths[plan.request_id]
+                    if n:
+                        depth[plan.drafter] = max(depth.get(plan.drafter, 0), n)
+                        if plan.backlog:  # this step's share of the tokens the catch-up serves
+                            share = min(1.0, (1.0 + gains[plan.request_id][:n].sum()) / max(plan.remaining, 1))
+                            seconds[i] += share * self.costs.catch_up_seconds(plan.drafter, plan.backlog)
+                seconds[i] += sum(self.costs.draft_seconds(d, n) for d, n in depth.items())
         batch = len(plans)
         # Computing more tokens never costs less; noisy timings must not say otherwise.
-        verify = np.maximum.accumulate([self.costs.verify_seconds(batch, self.computed_tokens(list(c.values())))
-                                        for c in candidates])
-        rates = tokens / np.maximum(verify + self.costs.other + seconds, 1e-9)
+        widths = np.arange(computed.max() + 1)
+        verify = np.maximum.accumulate([self.costs.verify_seconds(batch, int(n)) if n >= batch else 0.0 for n in widths])
+        rates = tokens / np.maximum(verify[computed] + self.costs.other + seconds, 1e-9)
         best = int(np.argmax(rates))
         chosen = best if rates[best] > rates[0] * (1 + MARGIN) else 0
         self._choices += 1
@@ -257,25 +282,41 @@ class DraftPolicy:
         return candidates[chosen]
 
     @staticmethod
-    def _padded(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray]:
-        """Widths W = 1 + n, every row drafting min(n, what it has); their expected tokens."""
+    def _padded(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray, np.ndarray]:
+        """Widths W = 1 + n, every row drafting min(n, what it has); their expected and computed tokens."""
         longest = max(p.avail for p in plans)
         curves = [np.concatenate([[1.0], 1.0 + np.cumsum(gains[p.request_id])]) for p in plans]  # [avail + 1]
         tokens = np.array([sum(c[min(n, len(c) - 1)] for c in curves) for n in range(longest + 1)])
-        return [{p.request_id: min(n, p.avail) for p in plans} for n in range(longest + 1)], tokens
+        candidates = [{p.request_id: min(n, p.avail) for p in plans} for n in range(longest + 1)]
+        return candidates, tokens, len(plans) * (1 + np.arange(longest + 1))
 
     @staticmethod
-    def _packed(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray]:
-        """Prefixes of all rows' draft positions by expected gain, best first (a row's gains only
-        fall, so each prefix drafts a prefix of every row's draft); their expected tokens."""
-        positions = sorted((-float(g), j, p.request_id) for p in plans for j, g in enumerate(gains[p.request_id]))
-        lengths = {p.request_id: 0 for p in plans}
-        candidates = [dict(lengths)]
-        for _, _, request_id in positions:
-            lengths[request_id] += 1
-            candidates.append(dict(lengths))
-        tokens = len(plans) + np.concatenate([[0.0], np.cumsum([-g for g, _, _ in positions])])
-        return candidates, tokens
+    def _packed(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray, np.ndarray]:
+        """Prefixes of the rows' draft positions by expected gain, best first (a row's gains only
+        fall, so each prefix drafts a prefix of every row's draft); their expected and computed tokens.
+
+        A costly drafter's price is paid by the step as soon as one of its rows drafts, whatever the
+        gain of that row's positions, so a costly row's strong first position must not stand between
+        the free rows and their weaker positions. The prefixes are taken once per cap on the costly
+        rows' draft lengths (0: free drafts only, up to the longest allowed)."""
+        costly = {p.request_id for p in plans if not p.cheap and p.avail}
+        caps = range(1 + max((p.avail for p in plans if p.request_id in costly), default=0))
+        candidates: list[dict[str, int]] = [{p.request_id: 0 for p in plans}]
+        tokens, computed = [float(len(plans))], [len(plans)]
+        for cap in caps:
+            positions = sorted((-float(g), j, p.request_id) for p in plans for j, g in enumerate(gains[p.request_id])
+                               if p.request_id not in costly or j < cap)
+            lengths, expected, depth = dict(candidates[0]), tokens[0], 0
+            for m, (gain, _, request_id) in enumerate(positions, 1):
+                lengths[request_id] += 1
+                expected -= gain
+                if request_id in costly:
+                    depth = max(depth, lengths[request_id])
+                if depth == cap:  # a prefix whose costly rows draft less than `cap` came with a smaller cap
+                    candidates.append(dict(lengths))
+                    tokens.append(expected)
+                    computed.append(len(plans) + m)
+        return candidates, np.array(tokens), np.array(computed)
 
     # -- what happened -----------------------------------------------------------------------------
     def observe(self, request_id: str, drafted: int, accepted: int, source: str | None = None) -> None:

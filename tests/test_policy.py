@@ -192,3 +192,40 @@ def test_packed_choice_stops_where_a_token_costs_more_than_it_brings():
     n = policy.choose([row])["r0"]
     rates = [(1 + policy.expected_accepted("r0", m)) / (0.010 * (1 + 0.4 * m)) for m in range(6)]
     assert n == max(range(6), key=rates.__getitem__) and 0 < n < 5
+
+
+def test_a_costly_rows_strong_guess_does_not_stop_free_rows_from_drafting():
+    """Packed: 4 rows with free drafts accepted 70% of the time, and 1 row the model would draft for,
+    believed right 95% of the time but costing a whole verify pass a token. The best step drafts the
+    free rows' proposals and leaves the model out. (Taking prefixes of all positions by gain, the
+    model row's first positions come before the free rows' weaker ones, and every prefix past them
+    pays the model.)"""
+    policy = DraftPolicy(5, packed=True)
+    for tokens in range(5, 31):
+        policy.costs.observe_verify(5, tokens, 0.100 + 0.002 * (tokens - 5))
+    policy.costs.observe_draft("model", 1, 0.100)
+    rows = plans(policy, 4)
+    for row in rows:
+        for _ in range(40):
+            for accepted in (5, 5, 0):  # alpha ~ 0.7 at the first position
+                policy.observe(row.request_id, 5, accepted)
+    policy.begin("m", "model")
+    for _ in range(40):
+        policy.observe("m", 5, 5, "model")
+    chosen = policy.choose([*rows, RowPlan("m", "model", 5, False, 5)])
+    assert chosen["m"] == 0 and all(chosen[r.request_id] == 5 for r in rows)
+
+
+def test_a_costly_drafter_pays_for_what_it_must_catch_up_on():
+    """A model draft that pays when the model is in step with the row does not when it must first
+    catch up on 300 tokens of context it sat out for a few tokens more; for a long generation ahead
+    (which the caught-up model goes on drafting for) the catch-up pays."""
+    policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
+    policy.costs.observe_draft("model", 1, 0.010)
+    policy.costs.observe_catch_up("model", 256, 0.512)  # 2 ms a token
+    [row] = plans(policy, 1, drafter="model", cheap=False)
+    for _ in range(20):
+        policy.observe("r0", 5, 5)
+    assert policy.choose([row]) == {"r0": 5}
+    assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=5)]) == {"r0": 0}
+    assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=2000)]) == {"r0": 5}

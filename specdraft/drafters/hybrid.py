@@ -65,6 +65,14 @@ class HybridDrafter:
         """The model part's last drafting pass, without catching up (see `ModelDrafter`)."""
         return self.model.last_pass_seconds
 
+    @property
+    def last_catch_up(self) -> tuple[int, float]:
+        return self.model.last_catch_up
+
+    def backlog(self, request_id: str) -> int:
+        """What the model part must catch up on before it drafts this row (see `ModelDrafter`)."""
+        return self.model.backlog(request_id)
+
     def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
         """Both parts in one call (for callers without a cost-aware policy)."""
         drafts = self.propose_free(request_ids, max_lengths)

@@ -71,6 +71,8 @@ class ModelDrafter:
         # draft tokens by it: a propose call's whole time also holds the catch-up on tokens the
         # drafter sat out, which a policy that drafts every step does not pay again.
         self.last_pass_seconds: float | None = None
+        # Tokens caught up on and their seconds in the last `propose` (rows far behind; see `backlog`).
+        self.last_catch_up: tuple[int, float] = (0, 0.0)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -96,7 +98,7 @@ class ModelDrafter:
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
         wanted = {r: min(int(n), self.k) for r, n in zip(request_ids, max_lengths) if n > 0}
-        self.last_pass_seconds = None
+        self.last_pass_seconds, self.last_catch_up = None, (0, 0.0)
         if not wanted:
             return [EMPTY_DRAFT for _ in request_ids]
         self._catch_up(wanted)
@@ -107,9 +109,15 @@ class ModelDrafter:
     def _pending(self, request_id: str) -> int:
         return len(self._requests[request_id].context) - self.rows.length(request_id)
 
+    def backlog(self, request_id: str) -> int:
+        """Tokens this row must catch up on in passes of their own before it drafts (0: its drafting
+        pass feeds what it missed): what drafting for it now costs beyond the drafting passes."""
+        pending = self._pending(request_id)
+        return pending if pending > self._lag else 0
+
     def _catch_up(self, wanted: dict[str, int]) -> None:
         """Rows asked to draft but far behind: feed them part of their backlog, one row per pass."""
-        budget = CATCH_UP_BUDGET
+        budget, started = CATCH_UP_BUDGET, time.perf_counter()
         for request_id in wanted:
             pending = self._pending(request_id)
             if pending <= self._lag or budget <= 0:
@@ -119,6 +127,7 @@ class ModelDrafter:
             start = self.rows.length(request_id)
             self.rows.prefill(request_id, self._requests[request_id].context[start : start + take], CATCH_UP_CHUNK)
             budget -= take
+        self.last_catch_up = (CATCH_UP_BUDGET - budget, time.perf_counter() - started)
 
     def _draft(self, wanted: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]]]:
         """Draft wanted[r] tokens for each row r, every row of the cache riding along: one pass
