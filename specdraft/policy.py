@@ -31,8 +31,9 @@ draft length n_r (0 = plain decoding for that row) to maximise the batch's expec
   out, gives those). C_d: the catching up drafter d must do before it drafts rows that it sat out
   (`RowPlan.backlog` tokens each, at its measured per-token cost), a new request's whole prompt the
   first time. Once caught up, a row that the drafter keeps drafting for does not pay again, so the
-  cost is spread over the tokens the row may still generate: a step is charged its expected tokens'
-  share. O: the step's other host work. Nothing is hard-coded; everything is
+  cost is spread over the tokens it serves: the tokens the row may still generate times the share
+  of steps in which the row's draft comes from that drafter (all of them for `model`; for `hybrid`,
+  those where its n-gram part has no draft; learned per request from a pooled prior). O: the step's other host work. Nothing is hard-coded; everything is
   measured on this machine.
 Packed, the candidates are the prefixes of all rows' draft positions sorted by their expected gain
 prod_{j<=i} alpha_r[j] (a row's positions come in order: its gains only fall), once per cap on the
@@ -115,6 +116,8 @@ class _Request:
     drafter: str  # the default source
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per source
     shadow: _Shadow | None = None
+    costly_steps: float = 0.0  # steps whose draft would have come from a costly drafter (decayed) ...
+    steps: float = 0.0  # ... of all steps (decayed)
 
 
 class _Timings:
@@ -214,6 +217,9 @@ class DraftPolicy:
         self._pooled: dict[str, Acceptance] = defaultdict(lambda: Acceptance(max(max_k, 1)))
         self._requests: dict[str, _Request] = {}
         self._choices = 0
+        # Per drafter, the pooled share of steps whose draft would come from a costly drafter (a decayed
+        # ratio, kept as a one-position Acceptance).
+        self._costly_share: dict[str, Acceptance] = defaultdict(lambda: Acceptance(1))
 
     def computed_tokens(self, lengths: Sequence[int]) -> int:
         """Tokens a verify pass with these draft lengths (one per row) computes."""
@@ -242,6 +248,13 @@ class DraftPolicy:
         prior = pooled.alpha(np.full(len(pooled.trials), INITIAL_ALPHA), PRIOR_WEIGHT)
         return self._acceptance(request, source).alpha(prior, PRIOR_WEIGHT)
 
+    def _costly_fraction(self, request_id: str) -> float:
+        """The share of the request's steps in which its draft comes from a costly drafter (all for
+        `model`; for `hybrid`, where its n-gram part has no draft): the tokens a catch-up serves."""
+        request = self._requests[request_id]
+        prior = float(self._costly_share[request.drafter].alpha(np.ones(1), 1.0)[0])
+        return (request.costly_steps + PRIOR_WEIGHT * prior) / (request.steps + PRIOR_WEIGHT)
+
     def expected_accepted(self, request_id: str, n: int, source: str | None = None) -> float:
         if n <= 0:
             return 0.0
@@ -250,6 +263,11 @@ class DraftPolicy:
     # -- the choice ------------------------------------------------------------------------------
     def choose(self, plans: Sequence[RowPlan]) -> dict[str, int]:
         """Each row's draft length this step (0: plain decoding for that row)."""
+        for plan in plans:
+            request = self._requests[plan.request_id]
+            request.steps = DECAY * request.steps + 1
+            request.costly_steps = DECAY * request.costly_steps + (not plan.cheap)
+            self._costly_share[request.drafter].observe(1, 0 if plan.cheap else 1, decay=0.99)
         if not self.adaptive or not any(p.avail for p in plans):
             return {p.request_id: p.avail for p in plans}
         gains = {p.request_id: np.cumprod(self.alpha(p.request_id, p.drafter)[: p.avail]) for p in plans}
@@ -264,7 +282,8 @@ class DraftPolicy:
                     if n:
                         depth[plan.drafter] = max(depth.get(plan.drafter, 0), n)
                         if plan.backlog:  # this step's share of the tokens the catch-up serves
-                            share = min(1.0, (1.0 + gains[plan.request_id][:n].sum()) / max(plan.remaining, 1))
+                            served = self._costly_fraction(plan.request_id) * plan.remaining
+                            share = min(1.0, (1.0 + gains[plan.request_id][:n].sum()) / max(served, 1.0))
                             seconds[i] += share * self.costs.catch_up_seconds(plan.drafter, plan.backlog)
                 seconds[i] += sum(self.costs.draft_seconds(d, n) for d, n in depth.items())
         batch = len(plans)

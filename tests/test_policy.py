@@ -229,3 +229,22 @@ def test_a_costly_drafter_pays_for_what_it_must_catch_up_on():
     assert policy.choose([row]) == {"r0": 5}
     assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=5)]) == {"r0": 0}
     assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=2000)]) == {"r0": 5}
+
+
+def test_a_catch_up_is_spread_only_over_the_steps_the_costly_drafter_serves():
+    """`hybrid` asks its model only where its n-gram part has no draft. A request whose steps nearly
+    all had an n-gram draft would use a caught-up model for few of its remaining tokens: the same
+    catch-up that pays for a `model` request (which drafts with the model every step) does not."""
+    policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
+    for source in ("model", "hybrid/model"):
+        policy.costs.observe_draft(source, 1, 0.010)
+        policy.costs.observe_catch_up(source, 256, 0.512)  # 2 ms a token
+    policy.begin("m", "model")
+    policy.begin("h", "hybrid")
+    for _ in range(20):
+        policy.observe("m", 5, 5, "model")
+        policy.observe("h", 5, 5, "hybrid/model")
+    for _ in range(100):  # the hybrid request's n-gram part had a draft (none to verify here)
+        policy.choose([RowPlan("h", "hybrid:copy4", 5, True, 0)])
+    assert policy.choose([RowPlan("m", "model", 5, False, 5, backlog=600, remaining=200)]) == {"m": 5}
+    assert policy.choose([RowPlan("h", "hybrid/model", 5, False, 5, backlog=600, remaining=200)]) == {"h": 0}
