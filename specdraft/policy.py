@@ -33,8 +33,8 @@ draft length n_r (0 = plain decoding for that row) to maximise the batch's expec
   first time. Once caught up, a row that the drafter keeps drafting for does not pay again, so the
   cost is spread over the tokens it serves: the tokens the row may still generate times the share
   of steps in which the row's draft comes from that drafter (all of them for `model`; for `hybrid`,
-  those where its n-gram part has no draft; learned per request from a pooled prior). O: the step's other host work. Nothing is hard-coded; everything is
-  measured on this machine.
+  those where its n-gram part has no draft; learned per request from a pooled prior). O: the step's
+  other host work. Nothing is hard-coded; everything is measured on this machine.
 Packed, the candidates are the prefixes of all rows' draft positions sorted by their expected gain
 prod_{j<=i} alpha_r[j] (a row's positions come in order: its gains only fall), once per cap on the
 costly drafters' rows (a costly drafter costs a pass whatever the gain of its position, so its rows'
