@@ -116,8 +116,8 @@ class _Request:
     drafter: str  # the default source
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per source
     shadow: _Shadow | None = None
-    costly_steps: float = 0.0  # steps whose draft would have come from a costly drafter (decayed) ...
-    steps: float = 0.0  # ... of all steps (decayed)
+    # The decayed share of its steps whose draft would come from a costly drafter (one-position counts).
+    costly: Acceptance = field(default_factory=lambda: Acceptance(1))
 
 
 class _Timings:
@@ -252,8 +252,8 @@ class DraftPolicy:
         """The share of the request's steps in which its draft comes from a costly drafter (all for
         `model`; for `hybrid`, where its n-gram part has no draft): the tokens a catch-up serves."""
         request = self._requests[request_id]
-        prior = float(self._costly_share[request.drafter].alpha(np.ones(1), 1.0)[0])
-        return (request.costly_steps + PRIOR_WEIGHT * prior) / (request.steps + PRIOR_WEIGHT)
+        prior = self._costly_share[request.drafter].alpha(np.ones(1), 1.0)
+        return float(request.costly.alpha(prior, PRIOR_WEIGHT)[0])
 
     def expected_accepted(self, request_id: str, n: int, source: str | None = None) -> float:
         if n <= 0:
@@ -265,14 +265,15 @@ class DraftPolicy:
         """Each row's draft length this step (0: plain decoding for that row)."""
         for plan in plans:
             request = self._requests[plan.request_id]
-            request.steps = DECAY * request.steps + 1
-            request.costly_steps = DECAY * request.costly_steps + (not plan.cheap)
-            self._costly_share[request.drafter].observe(1, 0 if plan.cheap else 1, decay=0.99)
+            request.costly.observe(1, int(not plan.cheap))
+            self._costly_share[request.drafter].observe(1, int(not plan.cheap), decay=0.99)
         if not self.adaptive or not any(p.avail for p in plans):
             return {p.request_id: p.avail for p in plans}
         gains = {p.request_id: np.cumprod(self.alpha(p.request_id, p.drafter)[: p.avail]) for p in plans}
         candidates, tokens, computed = self._packed(plans, gains) if self.packed else self._padded(plans, gains)
         costly = [p for p in plans if not p.cheap and p.avail]
+        # Tokens each costly row's catch-up serves (see the module docstring): fixed for this step.
+        served = {p.request_id: self._costly_fraction(p.request_id) * p.remaining for p in costly if p.backlog}
         seconds = np.zeros(len(candidates))
         if costly:
             for i, lengths in enumerate(candidates):
@@ -282,8 +283,7 @@ class DraftPolicy:
                     if n:
                         depth[plan.drafter] = max(depth.get(plan.drafter, 0), n)
                         if plan.backlog:  # this step's share of the tokens the catch-up serves
-                            served = self._costly_fraction(plan.request_id) * plan.remaining
-                            share = min(1.0, (1.0 + gains[plan.request_id][:n].sum()) / max(served, 1.0))
+                            share = min(1.0, (1.0 + gains[plan.request_id][:n].sum()) / max(served[plan.request_id], 1.0))
                             seconds[i] += share * self.costs.catch_up_seconds(plan.drafter, plan.backlog)
                 seconds[i] += sum(self.costs.draft_seconds(d, n) for d, n in depth.items())
         batch = len(plans)
