@@ -31,8 +31,7 @@ from benchmarks.run import machine
 from specdraft.engine import Engine
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
-from specdraft.runtime import build_drafters, encode_prompt
-from specdraft.verifier import Verifier
+from specdraft.runtime import build_runtime, encode_prompt
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -98,15 +97,13 @@ def main() -> None:
     ids = [encode_prompt(loaded.tokenizer, p.messages) for p in prompts]
     names = [n.strip() for n in args.drafters.split(",") if n.strip()]
     fixed = [n.strip() for n in args.fixed.split(",") if n.strip()]
-    # Per batch size two engines over the same model: the policy on, and always drafting up to k. Runs
-    # are sequential, so engines can share drafters (each run ends every request it begins).
-    drafters = {True: build_drafters(["none", *names], args.k, loaded), False: build_drafters(fixed, args.k, loaded)}
-    engines = {
-        policy: {b: Engine(Verifier(loaded.model), drafters[policy], loaded.tokenizer, loaded.eos_token_ids,
-                           loaded.max_context, k=args.k, max_batch=b, adaptive=policy) for b in batches}
-        for policy in (True, False)
-    }
-    methods = [("none", True, "none")] + [(f"{n}", True, n) for n in names] + [(f"{n}-fixed", False, n) for n in fixed]
+    # Per batch size two engines over the same model, each learning its own costs: the cost-aware
+    # policy ("auto"), and always drafting up to k ("fixed").
+    drafters = {"auto": ["none", *names], "fixed": fixed}
+    engines = {policy: {b: build_runtime(loaded, drafters=drafters[policy], k=args.k, max_batch=b, policy=policy).engine
+                        for b in batches}
+               for policy in ("auto", "fixed") if drafters[policy]}
+    methods = [("none", "auto", "none")] + [(f"{n}", "auto", n) for n in names] + [(f"{n}-fixed", "fixed", n) for n in fixed]
     for b in batches:  # warm-up: first calls pay one-off costs; the policy's engines learn this machine's costs
         for _, policy, drafter in methods:
             run_once(engines[policy][b], drafter, ids[:2], 16, domains[:2])

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -24,11 +26,9 @@ from tqdm import tqdm
 from benchmarks import peers
 from benchmarks.datasets import DOMAINS, load_domain
 from benchmarks.report import write_report
-from specdraft.engine import Engine
-from specdraft.models import load_model
-from specdraft.params import SamplingParams, SpeculationParams
-from specdraft.runtime import build_drafters, encode_prompt
-from specdraft.verifier import Verifier
+from specdraft import LLM, SamplingParams, SpeculationParams
+from specdraft.models import LoadedModel, load_model
+from specdraft.runtime import encode_prompt
 
 RESULTS = Path(__file__).parent / "results"
 HF_PROMPT_LOOKUP_DEFAULT = 10
@@ -60,17 +60,17 @@ def near_tie(model, prompt_ids: list[int], reference: list[int], ours: list[int]
     return {"index": index, "margin": float(top[0] - top[1])}
 
 
-def specdraft_engine(loaded, k: int, names: list[str], draft_model: str | None) -> Engine:
-    """One engine holding every drafter benchmarked, as a server would: requests choose their drafter,
-    and the cost-aware policy learns this machine's costs across all of them."""
-    drafters = build_drafters(names, k, loaded, draft_model)
-    return Engine(Verifier(loaded.model), drafters, loaded.tokenizer, loaded.eos_token_ids, loaded.max_context,
-                  k=k, max_batch=1, default_drafter=names[0])
+def specdraft_llm(loaded: LoadedModel, k: int, names: list[str], draft_model: str | None,
+                  drafter_options: dict | None = None) -> LLM:
+    """One engine holding every drafter benchmarked (any registered name, plugins too), assembled as
+    the server's is: requests choose their drafter, and the cost-aware policy learns this machine's
+    costs across all of them."""
+    return LLM(loaded, drafters=names, k=k, max_batch=1, draft_model=draft_model, drafter_options=drafter_options)
 
 
-def run_specdraft(engine: Engine, drafter: str, prompt_ids: list[int], max_tokens: int) -> dict:
+def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], max_tokens: int) -> dict:
     start = time.perf_counter()
-    [done] = engine.run([(prompt_ids, SamplingParams(max_tokens=max_tokens), SpeculationParams(drafter))])
+    [done] = llm.generate(prompt_ids, SamplingParams(max_tokens=max_tokens), SpeculationParams(drafter))
     seconds = time.perf_counter() - start
     m = done.metrics
     return {
@@ -119,7 +119,10 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="target (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-model", default=None, help="draft model for specdraft's model/hybrid drafters and HF "
                         "assisted generation (default: the model drafter's int8 copy of the target; no HF assisted run)")
-    parser.add_argument("--drafters", default="none,ngram,model,hybrid", help="specdraft drafters to run")
+    parser.add_argument("--drafters", default="none,ngram,model,hybrid",
+                        help="specdraft drafters to run: any registered name, plugins included (`specdraft drafters`)")
+    parser.add_argument("--drafter-options", type=json.loads, default=None,
+                        help='each drafter\'s options by name, as JSON: \'{"ngram": {"max_n": 4}}\'')
     parser.add_argument("--repeat-slow", type=int, default=3,
                         help="re-run none and ngram this many times on a prompt where ngram looked slower (noise or loss?)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -131,8 +134,11 @@ def main() -> None:
     stock = load_model(args.model, device=device, dtype="auto", few_rows_linears=False) if loaded.few_rows_linears else loaded
     assistant = load_model(args.draft_model, device=device, dtype="auto", few_rows_linears=False).model if args.draft_model else None
     names = [n.strip() for n in args.drafters.split(",") if n.strip()]
-    engine = specdraft_engine(loaded, args.k, names, args.draft_model)
-    ours = {f"specdraft-{n}": (lambda ids, n=n: run_specdraft(engine, n, ids, args.max_tokens)) for n in names}
+    llm = specdraft_llm(loaded, args.k, names, args.draft_model, args.drafter_options)
+    for name, why in llm.runtime.skipped.items():  # a plugin that failed to build: the others run
+        print(f"benchmark: drafter {name!r} is left out: {why}", file=sys.stderr)
+    names = [n for n in names if n not in llm.runtime.skipped]
+    ours = {f"specdraft-{n}": (lambda ids, n=n: run_specdraft(llm, n, ids, args.max_tokens)) for n in names}
     eos = stock.eos_token_ids
     hf_methods = {
         "hf-generate": lambda ids: run_hf(peers.hf_generate, stock.model, ids, args.max_tokens, eos),
@@ -147,7 +153,7 @@ def main() -> None:
     # Warm-up: first calls pay one-off allocation and kernel selection costs.
     warm = encode_prompt(loaded.tokenizer, "Say hello.")
     for name in names:
-        run_specdraft(engine, name, warm, 8)
+        run_specdraft(llm, name, warm, 8)
     for fn in hf_methods.values():
         fn(warm)
 

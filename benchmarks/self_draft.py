@@ -29,23 +29,28 @@ from tqdm import tqdm
 
 from benchmarks.datasets import DOMAINS, load_domain
 from benchmarks.run import machine
+from specdraft import LLM, SamplingParams, SpeculationParams, register
 from specdraft.backend import RowModel
-from specdraft.drafters import create_drafter
 from specdraft.drafters.model import ModelDrafter
-from specdraft.engine import Engine
 from specdraft.models import LoadedModel, int8_copy, load_model
-from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import encode_prompt
-from specdraft.verifier import Verifier
 
 RESULTS = Path(__file__).parent / "results"
+CANDIDATE = "self-draft-candidate"  # this benchmark's own drafter: the `model` drafter over a candidate
+
+
+@register(CANDIDATE)
+def candidate_drafter(k: int, target: LoadedModel, model: torch.nn.Module, layers: list[int] | None = None,
+                      dtype: torch.dtype | None = None) -> ModelDrafter:
+    """The `model` drafter over a candidate self-draft: `model`'s `layers` (None: all of them), run in
+    `dtype` (None: the weights')."""
+    return ModelDrafter(model, k=k, eos_token_ids=target.eos_token_ids, layers=layers, dtype=dtype)
 
 
 def continuations(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[int]]]:
     """The target's greedy continuation of each prompt (plain decoding)."""
-    engine = Engine(Verifier(loaded.model), {"none": create_drafter("none")}, loaded.tokenizer, loaded.eos_token_ids,
-                    loaded.max_context, k=0, max_batch=len(prompts), calibrate=False)
-    return [(p, c.token_ids) for p, c in zip(prompts, engine.run([(p, SamplingParams(max_tokens=max_tokens)) for p in prompts]))]
+    llm = LLM(loaded, drafters=["none"], k=0, max_batch=len(prompts), calibrate=False)
+    return [(p, out.token_ids) for p, out in zip(prompts, llm.generate(prompts, SamplingParams(max_tokens=max_tokens)))]
 
 
 def agreement(model: torch.nn.Module, layers, dtype, sequences) -> float:
@@ -95,19 +100,21 @@ def step_seconds(model, layers, dtype, repeats: int = 25) -> float:
     return statistics.median(times[3:])
 
 
-def end_to_end(loaded: LoadedModel, drafter: ModelDrafter, prompts: list[list[int]], max_tokens: int,
+def end_to_end(loaded: LoadedModel, candidate: dict, prompts: list[list[int]], max_tokens: int,
                references: list[list[int]]) -> dict:
+    """candidate: the options of `candidate_drafter` (model, layers, dtype)."""
     out = {}
-    for label, adaptive in (("policy", True), ("draft 3 always", False)):
-        engine = Engine(Verifier(loaded.model), {"none": create_drafter("none"), "model": drafter}, loaded.tokenizer,
-                        loaded.eos_token_ids, loaded.max_context, k=3 if not adaptive else 5, max_batch=1, adaptive=adaptive)
+    params = SamplingParams(max_tokens=max_tokens)
+    for label, policy, k in (("policy", "auto", 5), ("draft 3 always", "fixed", 3)):
+        llm = LLM(loaded, drafters=["none", CANDIDATE], k=k, max_batch=1, policy=policy,
+                  drafter_options={CANDIDATE: candidate})
         tps, ratios, drafted, accepted, same = [], [], 0, 0, True
         for prompt, reference in zip(prompts, references):
             start = time.perf_counter()
-            [plain] = engine.run([(prompt, SamplingParams(max_tokens=max_tokens), SpeculationParams("none"))])
+            [plain] = llm.generate(prompt, params, SpeculationParams("none"))
             plain_tps = len(plain.token_ids) / (time.perf_counter() - start)
             start = time.perf_counter()
-            [done] = engine.run([(prompt, SamplingParams(max_tokens=max_tokens), SpeculationParams("model"))])
+            [done] = llm.generate(prompt, params, SpeculationParams(CANDIDATE))
             tps.append(len(done.token_ids) / (time.perf_counter() - start))
             ratios.append(tps[-1] / plain_tps)
             drafted += done.metrics["draft_tokens"]
@@ -147,13 +154,13 @@ def main() -> None:
         candidates.append((f"int8, skip {m} layers", int8.model, kept, int8.compute_dtype))
     rows = []
     for label, model, kept, dtype in tqdm(candidates, desc="candidates", unit="candidate"):
-        drafter = ModelDrafter(model, k=5, eos_token_ids=loaded.eos_token_ids, layers=kept, dtype=dtype)
+        candidate = {"model": model, "layers": kept, "dtype": dtype}
         rows.append({
             "candidate": label,
             "layers": len(kept) if kept else layers,
             "agreement": agreement(model, kept, dtype, test_sequences),
             "step_cost": step_seconds(model, kept, dtype) / target_step,
-            "end_to_end": end_to_end(loaded, drafter, held_out, args.max_tokens, [c for _, c in test_sequences]),
+            "end_to_end": end_to_end(loaded, candidate, held_out, args.max_tokens, [c for _, c in test_sequences]),
         })
     result = {"machine": machine(), "model": loaded.name, "target_step_ms": 1000 * target_step,
               "max_tokens": args.max_tokens, "calibration_prompts": len(calibration), "held_out_prompts": len(held_out),

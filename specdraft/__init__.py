@@ -1,3 +1,36 @@
-"""specdraft: lossless speculative decoding with pluggable drafters."""
+"""specdraft: lossless speculative decoding with pluggable drafters.
+
+    from specdraft import LLM, SamplingParams, SpeculationParams
+    llm = LLM()
+    outs = llm.generate(["prompt a", "prompt b"], SamplingParams(max_tokens=64), SpeculationParams("ngram"))
+
+`LLM` and `RequestOutput` (`specdraft.llm`) load torch and are imported on first use, so that
+importing the package (the CLI does) stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from specdraft.drafters import Draft, Drafter, register
+from specdraft.params import SamplingParams, SpeculationParams
+
+if TYPE_CHECKING:
+    from specdraft.llm import LLM, RequestOutput
 
 __version__ = "0.1.0"
+__all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "SamplingParams", "SpeculationParams", "__version__", "register"]
+_LAZY = {"LLM": "specdraft.llm", "RequestOutput": "specdraft.llm"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'specdraft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -3,14 +3,19 @@ request's drafter propose, lets the cost-aware policy (`specdraft.policy`) set t
 length, verifies every running row in one pass, applies stop rules (EOS, stop strings, max_tokens,
 context limit) and reports per-request metrics.
 
-Each request names its drafter and its longest draft (`SpeculationParams`); the engine holds the
-drafters, built and warmed once, by name, and calls each one's batched `propose` once per step for
-the rows that use it. The engine is synchronous and single-threaded; a server runs it on one thread.
+Each request names its drafter, its longest draft and its policy (`SpeculationParams`; the engine
+owns the defaults of all three); the engine holds the drafters, built and warmed once, by name, and
+asks each only what the drafter contract declares (`specdraft.drafters.base`): each step reads as
+
+    plan -> free drafts -> lengths -> costly drafts -> verify -> emit
+
+The engine is synchronous and single-threaded; a server runs it on one thread.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,14 +23,15 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from specdraft.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from specdraft.backend import PREFILL_CHUNK
+from specdraft.drafters.base import EMPTY_DRAFT, Draft, Drafter, Parts, parts_of
 from specdraft.errors import RequestError
-from specdraft.params import SamplingParams, SpeculationParams, check_num_speculative_tokens
+from specdraft.params import SamplingParams, SpeculationParams, check_num_speculative_tokens, check_policy
 from specdraft.policy import DraftPolicy, RowPlan
 from specdraft.text import IncrementalDetokenizer
-from specdraft.verifier import InvalidDraftError, Verifier
+from specdraft.verifier import InvalidDraftError, StepResult, Verifier
 
-PREFILL_BUDGET = 512  # prompt tokens prefilled per step while other requests decode
+log = logging.getLogger("specdraft.engine")
 
 
 @dataclass
@@ -83,6 +89,7 @@ class Request:
     params: SamplingParams
     drafter: str
     k: int  # longest draft per step
+    policy: str  # how each step's draft length is chosen (`specdraft.params.POLICIES`)
     detok: IncrementalDetokenizer
     metrics: RequestMetrics
     generated: list[int] = field(default_factory=list)
@@ -131,11 +138,25 @@ class Completion:
         return out
 
 
+@dataclass
+class _Drafts:
+    """What a drafting stage produced: drafts by row, the policy's source name of each row's draft,
+    the rows left for costly parts (by drafter), the stage's seconds and the rows whose drafter failed."""
+
+    drafts: dict[str, Draft] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    costly: dict[str, list[Request]] = field(default_factory=dict)
+    seconds: float = 0.0
+    failed: list[Delta] = field(default_factory=list)
+
+
 class Engine:
     """verifier: the target; drafters: prebuilt drafters by name (`default_drafter` serves requests
     that name none: the first by default); k: the longest draft a request may ask for (its default);
-    adaptive: the cost-aware draft length (False: every step drafts as long as allowed);
-    calibrate: time a few verify steps and drafts at start so that the policy starts from measurements."""
+    policy: how requests that name none choose draft lengths (`auto`: the cost-aware policy;
+    `fixed`: as long as the drafter goes, every step); calibrate: time a few verify steps and costly
+    drafts at start so that the policy starts from measurements; prefill_budget: prompt tokens
+    prefilled per step while other requests decode."""
 
     def __init__(
         self,
@@ -147,11 +168,12 @@ class Engine:
         k: int = 5,
         max_batch: int = 8,
         default_drafter: str | None = None,
-        adaptive: bool = True,
+        policy: str = "auto",
         calibrate: bool = True,
-        prefill_budget: int = PREFILL_BUDGET,
+        prefill_budget: int = PREFILL_CHUNK,
     ) -> None:
         check_num_speculative_tokens(k, "k")
+        check_policy(policy)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if not drafters:
@@ -160,9 +182,11 @@ class Engine:
         self.default_drafter = default_drafter or next(iter(self.drafters))
         if self.default_drafter not in self.drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not one of {sorted(self.drafters)}")
+        self.parts: dict[str, Parts] = {name: parts_of(drafter) for name, drafter in self.drafters.items()}
+        self.default_policy = policy
         self.eos = frozenset(eos_token_ids)
         self.max_context, self.k, self.max_batch, self.prefill_budget = max_context, k, max_batch, prefill_budget
-        self.policy = DraftPolicy(k, adaptive=adaptive, packed=verifier.packs)
+        self.policy = DraftPolicy(k, packed=verifier.packs)
         self._waiting: deque[Request] = deque()
         self._prefilling: deque[Request] = deque()
         self._running: dict[str, Request] = {}
@@ -176,19 +200,20 @@ class Engine:
     def validate(self, prompt_ids: Sequence[int], speculation: SpeculationParams | None = None) -> SpeculationParams:
         """Raise RequestError if this engine cannot serve the request; return its speculation settings
         with the defaults filled in. Reads only the engine's fixed configuration: safe from any thread."""
-        speculation = speculation or SpeculationParams(self.default_drafter)
+        speculation = speculation or SpeculationParams()
+        drafter = speculation.drafter or self.default_drafter
         if not len(prompt_ids):
             raise RequestError("prompt is empty: give at least one token")
         if len(prompt_ids) >= self.max_context:
             raise RequestError(
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}, leaving no room to generate"
             )
-        if speculation.drafter not in self.drafters:
-            raise RequestError(f"drafter {speculation.drafter!r} is not available here; choose one of: {', '.join(sorted(self.drafters))}")
+        if drafter not in self.drafters:
+            raise RequestError(f"drafter {drafter!r} is not available here; choose one of: {', '.join(sorted(self.drafters))}")
         k = self.k if speculation.num_speculative_tokens is None else speculation.num_speculative_tokens
         if k > self.k:
             raise RequestError(f"num_speculative_tokens {k} is above this engine's maximum of {self.k}")
-        return SpeculationParams(speculation.drafter, k)
+        return SpeculationParams(drafter, k, speculation.policy or self.default_policy)
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, speculation: SpeculationParams | None = None,
                request_id: str | None = None) -> str:
@@ -197,7 +222,7 @@ class Engine:
         k = speculation.num_speculative_tokens
         request_id = request_id or f"req-{next(self._ids)}"
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
-        self._waiting.append(Request(request_id, prompt_ids, params, speculation.drafter, k, detok,
+        self._waiting.append(Request(request_id, prompt_ids, params, speculation.drafter, k, speculation.policy, detok,
                                      RequestMetrics(k, speculation.drafter)))
         return request_id
 
@@ -258,7 +283,11 @@ class Engine:
                 continue
             self._prefilling.popleft()
             self._running[request.id] = request
-            self.drafters[request.drafter].begin(request.id, request.prompt_ids, request.params)
+            try:
+                self.drafters[request.drafter].begin(request.id, request.prompt_ids, request.params)
+            except Exception as exc:  # noqa: BLE001 - the drafter's fault, reported on its request
+                deltas.append(self._fail(request, f"drafter {request.drafter!r} failed: {type(exc).__name__}: {exc}"))
+                continue
             self.policy.begin(request.id, request.drafter)
             request.begun = True
             request.metrics.first_token = time.perf_counter()
@@ -268,123 +297,172 @@ class Engine:
             deltas.append(delta)
 
     def _decode(self) -> list[Delta]:
+        """One verify pass over the running rows, as its stages."""
         started = time.perf_counter()
-        running = [self._running[r] for r in self.verifier.row_ids]
-        limits = {r.id: max(0, min(r.k, self._remaining(r) - 1)) for r in running}  # the step adds one token
-        groups: dict[str, list[Request]] = {}
-        for request in running:
-            groups.setdefault(request.drafter, []).append(request)
-        deltas: list[Delta] = []
-        drafts: dict[str, Draft] = {}
-        proposed: dict[str, Draft] = {}  # free drafts, proposed at full length
-        source = {r.id: r.drafter for r in running}  # where each row's draft comes from, for the policy
-        costly: dict[str, list[Request]] = {}  # drafter -> rows it drafts for only once the length is known
-        draft_seconds = 0.0
-        # Free drafts first, at full length: the policy then sees what they actually have. A drafter
-        # with a free and a costly part (`hybrid`) offers its free drafts here and drafts the rest later.
-        for name, group in groups.items():
-            drafter = self.drafters[name]
-            free = "propose" if getattr(drafter, "cheap", False) else "propose_free" if hasattr(drafter, "propose_free") else None
-            if free:
-                seconds, out = self._propose(name, group, [limits[r.id] for r in group], deltas, free)
-                draft_seconds += seconds
-                proposed.update((r, d) for r, d in out.items() if d is not None)
-                for request_id, draft in out.items():  # the policy learns acceptance per kind of draft
-                    if draft is not None and draft.kind:
-                        source[request_id] = f"{name}:{draft.kind}"
-                rest = [r for r in group if r.id in out and out[r.id] is None]
-                for request in rest:
-                    source[request.id] = f"{name}/{drafter.costly_part}"
-            else:
-                rest = group
-            if rest:
-                costly[name] = rest
-        running = [r for r in running if r.finish_reason is None]
-        plans = [RowPlan(r.id, source[r.id], limits[r.id], r.id in proposed,
-                         len(proposed[r.id]) if r.id in proposed else limits[r.id], self._backlog(r, proposed),
-                         self._remaining(r)) for r in running]
-        chosen = self.policy.choose(plans)
-        for name, group in costly.items():
-            group = [r for r in group if r.finish_reason is None]
-            lengths = [chosen[r.id] for r in group]
-            if max(lengths, default=0) > 0:
-                method = "propose_costly" if hasattr(self.drafters[name], "propose_costly") else "propose"
-                seconds, out = self._propose(name, group, lengths, deltas, method)
-                draft_seconds += seconds
-                self._observe_draft(name, source[group[0].id], max(lengths), seconds)
-                drafts.update(out)
-        for request_id, draft in proposed.items():
-            n = chosen.get(request_id, 0)
-            trimmed = draft if len(draft) <= n else Draft(
-                draft.token_ids[:n], None if draft.probs is None else draft.probs[:n], draft.kind)
-            drafts[request_id] = trimmed if len(trimmed) else EMPTY_DRAFT
-            if len(draft) and not n:
-                self.policy.shadow(request_id, draft.token_ids.tolist(), source[request_id])
-        running = [r for r in running if r.finish_reason is None]
-        if not running:
-            return deltas
+        rows = [self._running[r] for r in self.verifier.row_ids]
+        limits = {r.id: max(0, min(r.k, self._remaining(r) - 1)) for r in rows}  # the step adds one token
+        free = self._free_drafts(rows, limits)
+        rows = [r for r in rows if r.finish_reason is None]
+        lengths = self.policy.choose(self._plans(rows, limits, free))
+        costly = self._costly_drafts(free, lengths)
+        drafts = self._step_drafts(rows, free, costly, lengths)
+        rows = [r for r in rows if r.finish_reason is None]
+        failed = free.failed + costly.failed
+        if not rows:
+            return failed
         verify_started = time.perf_counter()
-        results = self._verify(running, drafts, deltas)
+        results, invalid = self._verify(rows, drafts)
         verify_seconds = time.perf_counter() - verify_started
         if results:
-            lengths = [len(drafts.get(r.id, EMPTY_DRAFT)) for r in running if r.id in results]
-            self.policy.costs.observe_verify(len(results), self.policy.computed_tokens(lengths), verify_seconds)
-        share = draft_seconds / max(len(running), 1)
-        for request in running:
-            if request.id not in results:
+            self.policy.verified([len(drafts.get(r.id, EMPTY_DRAFT)) for r in rows if r.id in results], verify_seconds)
+        draft_seconds = free.seconds + costly.seconds
+        deltas = failed + invalid + self._emit_step(rows, drafts, results, {**free.sources, **costly.sources}, draft_seconds)
+        self.policy.step_overhead(time.perf_counter() - started - verify_seconds - draft_seconds)
+        return deltas
+
+    # -- the step's stages -------------------------------------------------------------------------
+    def _free_drafts(self, rows: list[Request], limits: dict[str, int]) -> _Drafts:
+        """Each drafter's free or measured part drafts its rows at full length, so that the policy sees
+        what they have (a measured part only where its call pays, see `DraftPolicy.worth_calling`);
+        rows it leaves without a draft go to the drafter's costly part, if it has one."""
+        out = _Drafts()
+        for name, group in self._groups(rows).items():
+            parts = self.parts[name]
+            drafted: dict[str, Draft] = {}
+            if parts.free is not None and self._worth_calling(name, parts, group, limits, len(rows)):
+                wanted = [limits[r.id] for r in group]
+                seconds, drafts, failed = self._call(name, group, lambda: parts.free.propose([r.id for r in group], wanted))
+                if not failed:
+                    drafted, failed = self._by_row(name, group, drafts, wanted)
+                out.seconds += seconds
+                out.failed += failed
+                if parts.free_cost == "measured" and not failed:
+                    self.policy.called(name, [r.id for r in group], [len(drafted[r.id]) for r in group], seconds)
+            for request in group:
+                draft = drafted.get(request.id, EMPTY_DRAFT)
+                if request.finish_reason is not None:
+                    continue
+                if len(draft) or parts.costly is None:
+                    out.drafts[request.id] = draft
+                    out.sources[request.id] = f"{name}:{draft.kind}" if draft.kind else name
+                else:
+                    out.costly.setdefault(name, []).append(request)
+                    out.sources[request.id] = name if parts.free is None else f"{name}/{parts.costly_name}"
+        return out
+
+    def _worth_calling(self, name: str, parts: Parts, group: list[Request], limits: dict[str, int], batch: int) -> bool:
+        if parts.free_cost == "free" or any(r.policy == "fixed" for r in group):
+            return True
+        return self.policy.worth_calling(name, [r.id for r in group], [limits[r.id] for r in group], batch)
+
+    def _plans(self, rows: list[Request], limits: dict[str, int], free: _Drafts) -> list[RowPlan]:
+        """The rows as the policy sees them: what a free draft has, or what a costly part may draft."""
+        plans = []
+        for request in rows:
+            cheap = request.id in free.drafts
+            avail = len(free.drafts[request.id]) if cheap else limits[request.id]
+            backlog = 0 if cheap else self.parts[request.drafter].costly.backlog(request.id)
+            plans.append(RowPlan(request.id, free.sources[request.id], limits[request.id], cheap, avail, backlog,
+                                 self._remaining(request), request.policy == "fixed"))
+        return plans
+
+    def _costly_drafts(self, free: _Drafts, lengths: dict[str, int]) -> _Drafts:
+        """Each costly part drafts its rows at the lengths the policy chose (where any is above 0)."""
+        out = _Drafts()
+        for name, group in free.costly.items():
+            group = [r for r in group if r.finish_reason is None]
+            wanted = [lengths[r.id] for r in group]
+            if max(wanted, default=0) == 0:
                 continue
+            part = self.parts[name].costly
+            seconds, result, failed = self._call(name, group, lambda: part.propose_costly([r.id for r in group], wanted))
+            if not failed:
+                drafted, failed = self._by_row(name, group, result.drafts, wanted)
+                out.drafts.update(drafted)
+            out.seconds += seconds
+            out.failed += failed
+            if not failed:
+                self.policy.drafted(free.sources[group[0].id], max(wanted), seconds, result.pass_seconds,
+                                    result.catch_up.tokens, result.catch_up.seconds)
+        return out
+
+    def _step_drafts(self, rows: list[Request], free: _Drafts, costly: _Drafts, lengths: dict[str, int]) -> dict[str, Draft]:
+        """The drafts this step verifies: free drafts cut to their chosen lengths (a free draft the
+        step leaves out is still checked, for free, against what the row emits), and costly drafts."""
+        drafts = dict(costly.drafts)
+        for request in rows:
+            draft = free.drafts.get(request.id)
+            if draft is None or request.finish_reason is not None:
+                continue
+            n = lengths.get(request.id, 0)
+            drafts[request.id] = draft.prefix(n)
+            if len(draft) and not n:
+                self.policy.shadow(request.id, draft.token_ids.tolist(), free.sources[request.id])
+        return drafts
+
+    def _verify(self, rows: list[Request], drafts: dict[str, Draft]) -> tuple[dict[str, StepResult], list[Delta]]:
+        """One verify pass; a row whose draft the verifier cannot check fails, the others go on."""
+        failed: list[Delta] = []
+        while rows:
+            try:
+                results = self.verifier.step({r.id: r.last_token for r in rows},
+                                             {r.id: drafts[r.id] for r in rows if len(drafts.get(r.id, EMPTY_DRAFT))})
+            except InvalidDraftError as exc:  # the drafter's fault: that request fails, the others go on
+                failed.append(self._fail(self._running[exc.row_id], str(exc)))
+                rows = [r for r in rows if r.id != exc.row_id]
+                continue
+            return results, failed
+        return {}, failed
+
+    def _emit_step(self, rows: list[Request], drafts: dict[str, Draft], results: dict[str, StepResult],
+                   sources: dict[str, str], draft_seconds: float) -> list[Delta]:
+        """Tell the policy and each request what the step accepted, and emit each row's tokens."""
+        verified = [r for r in rows if r.id in results]
+        deltas = []
+        share = draft_seconds / len(rows)
+        for request in verified:
             result, drafted = results[request.id], len(drafts.get(request.id, EMPTY_DRAFT))
             request.metrics.record(drafted, result.accepted)
             request.metrics.draft_seconds += share
-            self.policy.observe(request.id, drafted, result.accepted, source[request.id])
+            self.policy.observe(request.id, drafted, result.accepted, sources[request.id])
             self.policy.emitted(request.id, result.tokens)
             delta = self._emit(request, result.tokens, result.accepted)
             if delta.finish_reason is not None:
                 self._retire(request)
             deltas.append(delta)
-        self.policy.costs.observe_other(time.perf_counter() - started - verify_seconds - draft_seconds)
         return deltas
 
-    def _backlog(self, request: Request, proposed: dict[str, Draft]) -> int:
-        """What a costly drafter must catch up on before it drafts this row (0 for free drafts)."""
-        backlog = getattr(self.drafters[request.drafter], "backlog", None)
-        return 0 if request.id in proposed or backlog is None else backlog(request.id)
+    def _groups(self, rows: list[Request]) -> dict[str, list[Request]]:
+        groups: dict[str, list[Request]] = {}
+        for request in rows:
+            groups.setdefault(request.drafter, []).append(request)
+        return groups
 
-    def _observe_draft(self, name: str, source: str, tokens: int, seconds: float) -> None:
-        """Price a costly drafter's draft tokens: by its own timing of one drafting pass where it
-        keeps one (its catching up on rows it sat out is priced apart), else by the call's time."""
-        drafter = self.drafters[name]
-        per_pass = getattr(drafter, "last_pass_seconds", None)
-        if per_pass is not None:
-            self.policy.costs.observe_draft(source, 1, per_pass)
-        elif tokens:
-            self.policy.costs.observe_draft(source, tokens, seconds)
-        self.policy.costs.observe_catch_up(source, *getattr(drafter, "last_catch_up", (0, 0.0)))
-
-    def _propose(self, name: str, group: list[Request], lengths: list[int], deltas: list[Delta], method: str = "propose"):
-        """One batched propose call (`method`: propose, or a two-part drafter's propose_free /
-        propose_costly); a drafter that raises fails its own requests, not the others."""
+    def _call(self, name: str, group: list[Request], call):
+        """A drafter's batched call, timed: (seconds, its result, []), or, where the drafter raises,
+        (seconds, None, the failures of its requests): a drafter's fault fails its own requests only."""
         start = time.perf_counter()
         try:
-            out = getattr(self.drafters[name], method)([r.id for r in group], lengths)
+            result = call()
         except Exception as exc:  # noqa: BLE001 - the drafter's fault, reported on its requests
-            for request in group:
-                deltas.append(self._fail(request, f"drafter {name!r} failed: {type(exc).__name__}: {exc}"))
-            return time.perf_counter() - start, {}
-        for request, draft, limit in zip(group, out, lengths):
-            assert draft is None or len(draft) <= limit, (name, len(draft), limit)
-        return time.perf_counter() - start, {r.id: d for r, d in zip(group, out)}
+            return time.perf_counter() - start, None, self._fail_all(group, f"drafter {name!r} failed: {type(exc).__name__}: {exc}")
+        return time.perf_counter() - start, result, []
 
-    def _verify(self, running: list[Request], drafts: dict[str, Draft], deltas: list[Delta]):
-        while running:
-            try:
-                return self.verifier.step({r.id: r.last_token for r in running},
-                                          {r.id: drafts[r.id] for r in running if len(drafts.get(r.id, EMPTY_DRAFT))})
-            except InvalidDraftError as exc:  # the drafter's fault: that request fails, the others go on
-                failed = self._running[exc.row_id]
-                deltas.append(self._fail(failed, str(exc)))
-                running = [r for r in running if r.id != exc.row_id]
-        return {}
+    def _by_row(self, name: str, group: list[Request], drafts, lengths: list[int]) -> tuple[dict[str, Draft], list[Delta]]:
+        """A call's drafts by row, after checking that it kept the contract (one draft per request,
+        none longer than asked)."""
+        if not isinstance(drafts, list) or len(drafts) != len(group) or not all(isinstance(d, Draft) for d in drafts):
+            count = len(drafts) if isinstance(drafts, list) else type(drafts).__name__
+            return {}, self._fail_all(group, f"drafter {name!r} broke its contract: propose must return a list of "
+                                             f"{len(group)} Drafts, got {count}")
+        for draft, limit in zip(drafts, lengths):
+            if len(draft) > limit:
+                return {}, self._fail_all(group, f"drafter {name!r} broke its contract: a draft of {len(draft)} tokens "
+                                                 f"where at most {limit} were asked for")
+        return {r.id: d for r, d in zip(group, drafts)}, []
+
+    def _fail_all(self, group: list[Request], error: str) -> list[Delta]:
+        return [self._fail(r, error) for r in group if r.finish_reason is None]
 
     def _remaining(self, request: Request) -> int:
         used = len(request.prompt_ids) + len(request.generated)
@@ -412,12 +490,17 @@ class Engine:
             text += rest
         if hit_stop:
             request.finish_reason = "stop"
+        if request.finish_reason is None:
+            request.last_token = kept[-1]
+            try:
+                self.drafters[request.drafter].accept(request.id, kept)
+            except Exception as exc:  # noqa: BLE001 - the drafter's fault: its request ends, with what it has
+                request.finish_reason = "error"
+                request.error = f"drafter {request.drafter!r} failed: {type(exc).__name__}: {exc}"
         if request.finish_reason is not None:
             text += request.detok.flush()
-        else:
-            request.last_token = kept[-1]
-            self.drafters[request.drafter].accept(request.id, kept)
-        return Delta(request.id, kept, text, request.finish_reason, accepted=accepted, drafted_text=drafted_text)
+        return Delta(request.id, kept, text, request.finish_reason, request.error, accepted=accepted,
+                     drafted_text=drafted_text)
 
     def _fail(self, request: Request, error: str) -> Delta:
         request.finish_reason, request.error = "error", error
@@ -428,8 +511,12 @@ class Engine:
         request.metrics.finished = time.perf_counter()
         self.verifier.remove(request.id)
         if request.begun:
-            self.drafters[request.drafter].end(request.id)
+            request.begun = False
             self.policy.end(request.id)
+            try:
+                self.drafters[request.drafter].end(request.id)
+            except Exception:  # noqa: BLE001 - the request is over either way; its drafter's fault is logged
+                log.exception("drafter %r failed to end request %s", request.drafter, request.id)
         del self._running[request.id]
         if request.finish_reason is None:
             request.finish_reason = "cancelled"
@@ -460,23 +547,22 @@ class Engine:
                     for row_id in ids:
                         self.verifier.truncate(row_id, len(prompt))
                 lengths = [self.k] * rows + [0] * (batch - rows)
-                self.policy.costs.observe_verify(batch, self.policy.computed_tokens(lengths), float(np.median(times[1:])))
+                self.policy.verified(lengths, float(np.median(times[1:])))
             for row_id in ids:
                 self.verifier.remove(row_id)
-        for name, drafter in self.drafters.items():
-            if getattr(drafter, "cheap", False) or not self.k:
+        for name, parts in self.parts.items():
+            if parts.costly is None or not self.k:
                 continue
-            two_parts = hasattr(drafter, "propose_costly")
-            propose = drafter.propose_costly if two_parts else drafter.propose
-            source = f"{name}/{drafter.costly_part}" if two_parts else name
-            priced_apart = hasattr(drafter, "last_catch_up")  # else a first round's time holds its catch-up
+            drafter, source = self.drafters[name], name if parts.free is None else f"{name}/{parts.costly_name}"
             for request_id in ("__calibrate", "__calibrate-again"):  # the first request warms up
                 drafter.begin(request_id, prompt, greedy)
-                for round_ in range(4):  # the first round catches up on the prompt
+                for round_ in range(4):  # the first round catches up on the prompt (priced apart)
                     start = time.perf_counter()
-                    [draft] = propose([request_id], [self.k])
-                    if len(draft) and request_id != "__calibrate" and (round_ or priced_apart):
-                        self._observe_draft(name, source, len(draft), time.perf_counter() - start)
+                    result = parts.costly.propose_costly([request_id], [self.k])
+                    [draft] = result.drafts
+                    if len(draft) and request_id != "__calibrate":
+                        self.policy.drafted(source, len(draft), time.perf_counter() - start, result.pass_seconds,
+                                            result.catch_up.tokens, result.catch_up.seconds)
                     # As a step that accepts the whole draft: its tokens and the target's next one.
                     drafter.accept(request_id, [*draft.token_ids.tolist(), prompt[round_]])
                 drafter.end(request_id)

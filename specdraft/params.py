@@ -7,6 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_SPECULATIVE_TOKENS = 64  # the longest draft any request may ask for
+# How a request's draft length is chosen each step: `auto` lets the cost-aware policy
+# (`specdraft.policy`) pick it from measured costs and acceptance (0 included); `fixed` drafts as far
+# as the drafter goes, up to k, every step (vLLM's behaviour: measures a drafter as it is).
+POLICIES = ("auto", "fixed")
 
 
 def check_num_speculative_tokens(k: object, name: str = "num_speculative_tokens") -> int:
@@ -54,20 +58,30 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def check_policy(policy: object, name: str = "policy") -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"{name} must be one of {', '.join(POLICIES)}, got {policy!r}")
+    return policy
+
+
 @dataclass(frozen=True)
 class SpeculationParams:
-    """Which drafter proposes a request's tokens, and its longest draft per step.
+    """Which drafter proposes a request's tokens, its longest draft per step, and how each step's
+    draft length is chosen (`POLICIES`).
 
-    `num_speculative_tokens` None means "auto": the engine's maximum. Either way it is an upper
-    bound; the engine's cost-aware policy picks each step's draft length below it (0 included).
-    Whether the named drafter exists is checked by the engine that serves the request.
+    None means the engine's default for each: its default drafter, its k, its policy. Whether the
+    named drafter exists and k is within the engine's maximum are checked by the engine that serves
+    the request (`Engine.validate`), which returns the request's settings with the defaults filled in.
     """
 
-    drafter: str = "ngram"
+    drafter: str | None = None
     num_speculative_tokens: int | None = None
+    policy: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.drafter, str) or not self.drafter:
+        if self.drafter is not None and (not isinstance(self.drafter, str) or not self.drafter):
             raise ValueError(f"drafter must be a non-empty name, got {self.drafter!r}")
         if self.num_speculative_tokens is not None:
             check_num_speculative_tokens(self.num_speculative_tokens)
+        if self.policy is not None:
+            check_policy(self.policy)

@@ -20,8 +20,10 @@ draft length n_r (0 = plain decoding for that row) to maximise the batch's expec
   price the strong one too low). Estimates start from the source's pooled estimate (a prior of PRIOR_WEIGHT
   observations) and forget old evidence (DECAY per observation, and slowly while the row does not
   draft), so a request whose drafts stop working stops drafting, and one that starts copying resumes.
-- n_r is at most what a cheap drafter (`ngram`) already proposed, or the request's limit for a
-  drafter that drafts only when asked (`model`, `hybrid`).
+- n_r is at most what a free or measured drafter (`ngram`, a drafter that declares nothing) already
+  proposed, or the request's limit for a costly part that drafts only when asked (`model`,
+  `hybrid/model`; see `specdraft.drafters.base.Parts`). A row whose request asks for the `fixed`
+  policy drafts all of that, every step; the others are chosen around it.
 - T(B, N): the verify step's measured time (per (B, N) cell, the median of its last WINDOW timings,
   so that one slow step (a page fault, another process) does not stick, blended with a least-squares
   fit a + b*B + c*N over all cells while the cell has few timings; cells not yet seen come from the
@@ -39,9 +41,15 @@ Packed, the candidates are the prefixes of all rows' draft positions sorted by t
 prod_{j<=i} alpha_r[j] (a row's positions come in order: its gains only fall), once per cap on the
 costly drafters' rows (a costly drafter costs a pass whatever the gain of its position, so its rows'
 first positions must not stand in front of the free rows' weaker ones); padded, the widths.
+A measured drafter (one that declares no parts) is asked for its drafts before the lengths are
+chosen, so its call is paid whatever they are: before each call the policy weighs the call's
+measured time against what the rows' drafts are expected to gain (their last draft lengths at their
+estimated acceptance) and skips the call where it does not pay, calling anyway every EXPLORE_EVERY
+skips so that a drafter that got better is seen again.
 Plain decoding is kept unless a draft promises MARGIN more throughput (timings are noisy). Every
 EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured once
-under load is measured again rather than trusted forever.
+under load is measured again rather than trusted forever (but never one that pays a catch-up: that
+is an investment, not a measurement).
 
 While a row drafts nothing a cheap drafter's proposals are still checked for free against the tokens
 the target then emits ("shadow" acceptance), so a row's estimate keeps learning without paying for a draft.
@@ -92,8 +100,10 @@ class Acceptance:
 
 @dataclass
 class RowPlan:
-    """One running row as the policy sees it. `cheap`: its drafter already proposed `avail` tokens.
-    `drafter`: the source of the draft the row would get (a drafter's name, or name/part)."""
+    """One running row as the policy sees it. `cheap`: its draft was already proposed (`avail`
+    tokens), else a costly part drafts it once its length is chosen. `drafter`: the source of the
+    draft the row would get (a drafter's name, name:kind, or name/part). `fixed`: its request drafts
+    all it can every step (the `fixed` policy)."""
 
     request_id: str
     drafter: str
@@ -102,6 +112,7 @@ class RowPlan:
     avail: int  # cheap: the proposed draft's length; otherwise == limit
     backlog: int = 0  # costly: context tokens its drafter must catch up on before drafting this row
     remaining: int = 1  # tokens the row may still generate (the catch-up is an investment in them)
+    fixed: bool = False
 
 
 @dataclass
@@ -118,6 +129,7 @@ class _Request:
     shadow: _Shadow | None = None
     # The decayed share of its steps whose draft would come from a costly drafter (one-position counts).
     costly: Acceptance = field(default_factory=lambda: Acceptance(1))
+    proposed: dict[str, int] = field(default_factory=dict)  # measured drafter -> its last draft's length
 
 
 class _Timings:
@@ -139,6 +151,7 @@ class CostModel:
 
     verify: dict[tuple[int, int], _Timings] = field(default_factory=dict)
     drafting: dict[str, _Timings] = field(default_factory=dict)  # source -> seconds per drafted token
+    calls: dict[str, _Timings] = field(default_factory=dict)  # measured drafter -> seconds per call
     catch_up: dict[str, _Timings] = field(default_factory=dict)  # source -> seconds per caught-up token
     other: float = 0.0
     _fit: np.ndarray | None = None
@@ -190,6 +203,13 @@ class CostModel:
         timings = self.drafting.get(drafter)
         return 0.0 if timings is None else timings.seconds * tokens
 
+    def observe_call(self, drafter: str, seconds: float) -> None:
+        self._per_token(self.calls, drafter, 1, seconds)
+
+    def call_seconds(self, drafter: str) -> float | None:
+        timings = self.calls.get(drafter)
+        return None if timings is None else timings.seconds
+
     def catch_up_seconds(self, drafter: str, tokens: int) -> float:
         timings = self.catch_up.get(drafter)
         return 0.0 if timings is None else timings.seconds * tokens
@@ -208,12 +228,16 @@ class CostModel:
 
 class DraftPolicy:
     """Chooses each step's draft lengths. packed: the verify pass computes each row's real tokens
-    (N = sum of 1 + n_r), else rows are padded to the longest draft (N = B x W). adaptive=False
-    drafts as long as allowed."""
+    (N = sum of 1 + n_r), else rows are padded to the longest draft (N = B x W).
 
-    def __init__(self, max_k: int, adaptive: bool = True, packed: bool = False) -> None:
-        self.max_k, self.adaptive, self.packed = max_k, adaptive, packed
+    It learns what happened through one method per event: `verified` (a verify pass and its time),
+    `drafted` (a costly part's drafting pass and catch-up), `called` (a measured drafter's call),
+    `step_overhead` (the rest of a step), `observe` / `shadow` / `emitted` (acceptance)."""
+
+    def __init__(self, max_k: int, packed: bool = False) -> None:
+        self.max_k, self.packed = max_k, packed
         self.costs = CostModel()
+        self._skipped: dict[str, int] = defaultdict(int)  # measured drafter -> calls skipped in a row
         self._pooled: dict[str, Acceptance] = defaultdict(lambda: Acceptance(max(max_k, 1)))
         self._requests: dict[str, _Request] = {}
         self._choices = 0
@@ -267,8 +291,8 @@ class DraftPolicy:
             request = self._requests[plan.request_id]
             request.costly.observe(1, int(not plan.cheap))
             self._costly_share[request.drafter].observe(1, int(not plan.cheap), decay=0.99)
-        if not self.adaptive or not any(p.avail for p in plans):
-            return {p.request_id: p.avail for p in plans}
+        if not any(p.avail for p in plans if not p.fixed):  # nothing to choose
+            return {p.request_id: p.avail if p.fixed else 0 for p in plans}
         gains = {p.request_id: np.cumprod(self.alpha(p.request_id, p.drafter)[: p.avail]) for p in plans}
         candidates, tokens, computed = self._packed(plans, gains) if self.packed else self._padded(plans, gains)
         costly = [p for p in plans if not p.cheap and p.avail]
@@ -294,38 +318,49 @@ class DraftPolicy:
         best = int(np.argmax(rates))
         chosen = best if rates[best] > rates[0] * (1 + MARGIN) else 0
         self._choices += 1
-        if self._choices % EXPLORE_EVERY == 0 and len(rates) > 1:
-            runner_up = max((i for i in range(len(rates)) if i != chosen), key=lambda i: rates[i])
+        # Explore only where a step's cost is re-measured, never into a catch-up (a one-off investment
+        # in a row that its estimates say does not pay).
+        catching_up = [p.request_id for p in costly if p.backlog]
+        explorable = [i for i in range(len(rates)) if i != chosen and not any(candidates[i][r] for r in catching_up)]
+        if self._choices % EXPLORE_EVERY == 0 and explorable:
+            runner_up = max(explorable, key=lambda i: rates[i])
             if rates[runner_up] >= EXPLORE_WITHIN * rates[chosen]:
                 chosen = runner_up
         return candidates[chosen]
 
     @staticmethod
     def _padded(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray, np.ndarray]:
-        """Widths W = 1 + n, every row drafting min(n, what it has); their expected and computed tokens."""
+        """Widths W = 1 + n, every row drafting min(n, what it has), n at least what the fixed rows
+        draft; their expected and computed tokens."""
         longest = max(p.avail for p in plans)
+        floor = max((p.avail for p in plans if p.fixed), default=0)
+        widths = range(floor, longest + 1)
         curves = [np.concatenate([[1.0], 1.0 + np.cumsum(gains[p.request_id])]) for p in plans]  # [avail + 1]
-        tokens = np.array([sum(c[min(n, len(c) - 1)] for c in curves) for n in range(longest + 1)])
-        candidates = [{p.request_id: min(n, p.avail) for p in plans} for n in range(longest + 1)]
-        return candidates, tokens, len(plans) * (1 + np.arange(longest + 1))
+        tokens = np.array([sum(c[min(n, len(c) - 1)] for c in curves) for n in widths])
+        candidates = [{p.request_id: min(n, p.avail) for p in plans} for n in widths]
+        return candidates, tokens, len(plans) * (1 + np.arange(floor, longest + 1))
 
     @staticmethod
     def _packed(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray, np.ndarray]:
         """Prefixes of the rows' draft positions by expected gain, best first (a row's gains only
         fall, so each prefix drafts a prefix of every row's draft); their expected and computed tokens.
+        Fixed rows draft all they have in every candidate.
 
         A costly drafter's price is paid by the step as soon as one of its rows drafts, whatever the
         gain of that row's positions, so a costly row's strong first position must not stand between
         the free rows and their weaker positions. The prefixes are taken once per cap on the costly
         rows' draft lengths (0: free drafts only, up to the longest allowed)."""
-        costly = {p.request_id for p in plans if not p.cheap and p.avail}
-        caps = range(1 + max((p.avail for p in plans if p.request_id in costly), default=0))
-        candidates: list[dict[str, int]] = [{p.request_id: 0 for p in plans}]
-        tokens, computed = [float(len(plans))], [len(plans)]
+        chosen = [p for p in plans if not p.fixed]
+        costly = {p.request_id for p in chosen if not p.cheap and p.avail}
+        caps = range(1 + max((p.avail for p in chosen if p.request_id in costly), default=0))
+        base = {p.request_id: p.avail if p.fixed else 0 for p in plans}
+        candidates: list[dict[str, int]] = [base]
+        tokens = [len(plans) + sum(float(gains[p.request_id].sum()) for p in plans if p.fixed)]
+        computed = [len(plans) + sum(base.values())]
         for cap in caps:
-            positions = sorted((-float(g), j, p.request_id) for p in plans for j, g in enumerate(gains[p.request_id])
+            positions = sorted((-float(g), j, p.request_id) for p in chosen for j, g in enumerate(gains[p.request_id])
                                if p.request_id not in costly or j < cap)
-            lengths, expected, depth = dict(candidates[0]), tokens[0], 0
+            lengths, expected, depth = dict(base), tokens[0], 0
             for m, (gain, _, request_id) in enumerate(positions, 1):
                 lengths[request_id] += 1
                 expected -= gain
@@ -334,10 +369,56 @@ class DraftPolicy:
                 if depth == cap:  # a prefix whose costly rows draft less than `cap` came with a smaller cap
                     candidates.append(dict(lengths))
                     tokens.append(expected)
-                    computed.append(len(plans) + m)
+                    computed.append(computed[0] + m)
         return candidates, np.array(tokens), np.array(computed)
 
+    def worth_calling(self, drafter: str, request_ids: Sequence[str], limits: Sequence[int], batch: int) -> bool:
+        """Whether a measured drafter's call is expected to pay this step: what its rows' drafts (as
+        long as their last ones, at their estimated acceptance) gain against the call's measured time
+        (see the module docstring). `batch`: the rows the step verifies."""
+        seconds = self.costs.call_seconds(drafter)
+        if seconds is None or not any(limits):
+            return bool(any(limits))
+        lengths = [min(self._requests[r].proposed.get(drafter, n), n) for r, n in zip(request_ids, limits)]
+        gain = sum(self.expected_accepted(r, n, drafter) for r, n in zip(request_ids, lengths))
+        plain = self.costs.verify_seconds(batch, self.computed_tokens([0] * batch)) + self.costs.other
+        drafting = self.costs.verify_seconds(batch, self.computed_tokens([*lengths, *[0] * (batch - len(lengths))]))
+        # A call that costs less than the noise in a step's timing is never worth skipping: its next
+        # draft may be better than its last.
+        cheap = seconds <= MARGIN * plain
+        if cheap or (batch + gain) / max(drafting + self.costs.other + seconds, 1e-9) > batch / max(plain, 1e-9) * (1 + MARGIN):
+            self._skipped[drafter] = 0
+            return True
+        self._skipped[drafter] += 1
+        return self._skipped[drafter] % EXPLORE_EVERY == 0  # now and then, see whether it pays now
+
     # -- what happened -----------------------------------------------------------------------------
+    def verified(self, lengths: Sequence[int], seconds: float) -> None:
+        """A verify pass over rows with these draft lengths took `seconds`."""
+        self.costs.observe_verify(len(lengths), self.computed_tokens(lengths), seconds)
+
+    def drafted(self, source: str, positions: int, seconds: float, pass_seconds: float | None,
+                catch_up_tokens: int = 0, catch_up_seconds: float = 0.0) -> None:
+        """A costly part drafted up to `positions` tokens a row in `seconds`: priced by its own timing
+        of one drafting pass where it gives one (its catching up is priced apart), else by the call."""
+        if pass_seconds is not None:
+            self.costs.observe_draft(source, 1, pass_seconds)
+        elif positions:
+            self.costs.observe_draft(source, positions, seconds)
+        self.costs.observe_catch_up(source, catch_up_tokens, catch_up_seconds)
+
+    def called(self, drafter: str, request_ids: Sequence[str], lengths: Sequence[int], seconds: float) -> None:
+        """A measured drafter's call took `seconds` and proposed drafts of these lengths."""
+        self.costs.observe_call(drafter, seconds)
+        for request_id, n in zip(request_ids, lengths):
+            request = self._requests.get(request_id)
+            if request is not None:
+                request.proposed[drafter] = n
+
+    def step_overhead(self, seconds: float) -> None:
+        """A step's host work besides verifying and drafting."""
+        self.costs.observe_other(seconds)
+
     def observe(self, request_id: str, drafted: int, accepted: int, source: str | None = None) -> None:
         """A verified draft from `source`: `drafted` tokens, of which the first `accepted` were accepted."""
         request = self._requests[request_id]

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from specdraft.backend import StaticShapes, llama
-from specdraft.drafters import Drafter, create_drafter, drafter_options
+from specdraft.drafters import Drafter, check_options, create_drafter, drafter_names, drafter_options, is_builtin
+from specdraft.drafters.memory import DEFAULT_CAPACITY, NgramMemory
+from specdraft.drafters.ngram import open_memory
 from specdraft.engine import Engine, RequestError
 from specdraft.models import LoadedModel, load_draft_model, load_model
+from specdraft.params import check_num_speculative_tokens, check_policy
 from specdraft.verifier import Verifier
+
+log = logging.getLogger("specdraft")
 
 
 @dataclass
@@ -19,6 +25,8 @@ class Runtime:
     engine: Engine
     target: LoadedModel
     drafter_name: str  # the default drafter
+    skipped: dict[str, str] = field(default_factory=dict)  # plugin drafters that failed to build: why
+    ngram_memory: NgramMemory | None = None  # the cross-request memory of `ngram` and hybrid's n-gram part
 
 
 def drafters_with_a_model(names: Sequence[str], draft_model: str | None) -> list[str]:
@@ -29,47 +37,94 @@ def drafters_with_a_model(names: Sequence[str], draft_model: str | None) -> list
     return with_model
 
 
-def build_drafters(names: Sequence[str], k: int, target: LoadedModel, draft_model: str | None = None,
-                   dtype: str = "auto", ngram_options: dict | None = None,
-                   static: StaticShapes | None = None) -> dict[str, Drafter]:
-    """Build and warm each named drafter once. The drafters that draft with a model (`model`,
-    `hybrid`) share one draft model, loaded (or built) once, and run at `static` shapes if given."""
+def resolve_options(names: Sequence[str], drafter_options: Mapping[str, Mapping[str, Any]] | None
+                    ) -> tuple[dict[str, dict[str, Any]], NgramMemory | None]:
+    """Each named drafter's options. Keys must name drafters being built. A composite gets its parts'
+    options through the same path as the parts alone: hybrid's n-gram part takes `ngram`'s (unless
+    hybrid names its own), and one cross-request memory serves both."""
+    given = {name: dict(options) for name, options in (drafter_options or {}).items()}
+    parts = {"ngram"} if "hybrid" in names else set()  # options of a composite's part
+    stray = sorted(set(given) - set(names) - parts)
+    if stray:
+        raise ValueError(f"drafter options name {stray[0]!r}, which is not among the drafters: {', '.join(names)}")
+    for name, options in given.items():
+        if not isinstance(options, Mapping):
+            raise ValueError(f"the options of drafter {name!r} must be an object of option names, got {options!r}")
+        check_options(name, options)  # refused by name before anything loads, plugins' too
+    ngram = given.get("ngram", {})
+    memory = None
+    if ngram.get("memory") or ngram.get("memory_path") is not None:
+        memory = open_memory(bool(ngram.get("memory")), ngram.get("memory_path"),
+                             ngram.get("memory_capacity", DEFAULT_CAPACITY))
+        ngram = {key: value for key, value in ngram.items() if key not in ("memory_path", "memory_capacity")}
+        ngram["memory"] = memory
+        given["ngram"] = ngram
+    if "hybrid" in names:
+        given.setdefault("hybrid", {}).setdefault("ngram", ngram)
+    return given, memory
+
+
+def build_drafters(names: Sequence[str], k: int, target: LoadedModel, draft_model: str | LoadedModel | None = None,
+                   dtype: str = "auto", options: Mapping[str, Mapping[str, Any]] | None = None,
+                   static: StaticShapes | None = None) -> tuple[dict[str, Drafter], dict[str, str]]:
+    """Build and warm each named drafter once, with its options (already resolved: `resolve_options`).
+    The drafters that draft with a model (`model`, `hybrid`) share one draft model, loaded (or built)
+    once, and run at `static` shapes if given. A plugin that fails to build is left out, with a
+    warning naming it (returned as name -> why); a built-in one that fails raises."""
     with_model = drafters_with_a_model(names, draft_model)
     shared = load_draft_model(draft_model, target, dtype) if with_model else None
-    drafters = {}
+    drafters, skipped = {}, {}
     for name in names:
-        options = {"draft_model": shared, "static_shapes": static} if name in with_model else {}
-        if name == "ngram" and ngram_options:
-            options.update(ngram_options)
-        drafters[name] = create_drafter(name, k=k, target=target, **options)
-    return drafters
+        given = dict((options or {}).get(name, {}))
+        if name in with_model:
+            given = {"draft_model": shared, "static_shapes": static, **given}
+        try:
+            drafters[name] = create_drafter(name, k=k, target=target, **given)
+        except Exception as exc:
+            if is_builtin(name):
+                raise
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+            log.warning("drafter plugin %r failed to build and is left out: %s", name, skipped[name])
+    return drafters, skipped
 
 
 def build_runtime(
-    model: str | None = None,
-    drafter: str = "ngram",
+    model: str | LoadedModel | None = None,
+    drafter: str | None = None,
+    drafters: Sequence[str] | None = None,
     k: int = 5,
     max_batch: int = 8,
     device: str | None = None,
     dtype: str = "auto",
-    draft_model: str | None = None,
+    draft_model: str | LoadedModel | None = None,
     max_context: int | None = None,
-    drafters: Sequence[str] | None = None,
-    adaptive: bool = True,
-    ngram_options: dict | None = None,
+    drafter_options: Mapping[str, Mapping[str, Any]] | None = None,
+    policy: str = "auto",
     enforce_eager: bool = False,
+    calibrate: bool = True,
 ) -> Runtime:
-    """drafter: the default drafter; drafters: every drafter requests may choose (default: just it);
-    enforce_eager: no CUDA graphs."""
-    names = list(dict.fromkeys([drafter, *(drafters or [])]))
+    """The one assembly of an engine (the server, the CLI, `specdraft.LLM` and the benchmarks use it).
+
+    model: a name, path or .gguf, or an already loaded `LoadedModel` (default: the embedded model);
+    drafter: the default drafter (default: the first of `drafters`, else `ngram`); drafters: every
+    drafter requests may choose; drafter_options: each drafter's options by name; policy: the
+    requests' default (`auto` or `fixed`); enforce_eager: no CUDA graphs."""
+    check_num_speculative_tokens(k, "k")
+    check_policy(policy)
+    names = list(dict.fromkeys([*([drafter] if drafter else []), *(drafters or [])])) or ["ngram"]
+    default = drafter or names[0]
+    unknown = [n for n in names if n not in drafter_names()]
+    if unknown:
+        raise ValueError(f"unknown drafter {unknown[0]!r}; choose one of: {', '.join(drafter_names())}")
     drafters_with_a_model(names, draft_model)  # refuse a pointless draft model before loading anything
-    target = load_model(model, device=device, dtype=dtype)
+    options, memory = resolve_options(names, drafter_options)
+    target = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
     context = min(max_context, target.max_context) if max_context else target.max_context
     static = static_shapes(target, max_batch, context, graphs=not enforce_eager)
-    built = build_drafters(names, k, target, draft_model, dtype, ngram_options, static)
+    built, skipped = build_drafters(names, k, target, draft_model, dtype, options, static)
     engine = Engine(Verifier(target.model, static), built, target.tokenizer, target.eos_token_ids, context, k=k,
-                    max_batch=max_batch, default_drafter=drafter, adaptive=adaptive)
-    return Runtime(engine, target, drafter)
+                    max_batch=max_batch, default_drafter=default, policy=policy, calibrate=calibrate)
+    return Runtime(engine, target, default, skipped, memory)
 
 
 def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: bool = True) -> StaticShapes | None:

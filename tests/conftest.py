@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.params import SamplingParams
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -86,9 +86,12 @@ def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_i
 
 
 class ScriptedDrafter:
-    """Drafts from a function of the request's context: `script(context, max_len) -> tokens`."""
+    """Drafts from a function of the request's context: `script(context, max_len) -> tokens`. Declared
+    free, so that the policy never weighs calling it (tests of undeclared drafters use their own)."""
 
-    cheap = True
+    @property
+    def parts(self) -> Parts:
+        return Parts(self, free_cost="free")
 
     def __init__(self, script: Callable[[list[int], int], Sequence[int]]) -> None:
         self.script = script

@@ -25,7 +25,7 @@ PROMPTS = [
 
 def make_engine(model, drafter, k=4, max_batch=8, max_context=256, eos=()):
     return Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), eos, max_context, k=k, max_batch=max_batch,
-                  adaptive=False)
+                  policy="fixed")
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def exact(tiny_model):
 def sample_second_tokens(tiny_model, second) -> np.ndarray:
     likely = second.argmax(-1).tolist()  # the drafter guesses the most likely t2 given t1
     drafter = ScriptedDrafter(lambda context, limit: [likely[context[-1]]] if len(context) == len(PROMPT) + 1 else [])
-    engine = Engine(Verifier(tiny_model), {"scripted": drafter}, ToyTokenizer(), (), 256, k=1, max_batch=256, adaptive=False)
+    engine = Engine(Verifier(tiny_model), {"scripted": drafter}, ToyTokenizer(), (), 256, k=1, max_batch=256, policy="fixed")
     # max_tokens 3: the prefill gives t1, leaving room for a one-token draft (and a bonus) after it.
     done = engine.run([(PROMPT, SamplingParams(max_tokens=3, temperature=TEMPERATURE, seed=s)) for s in range(RUNS)])
     assert all(c.metrics["draft_tokens"] == 1 for c in done)  # every run verified a draft

@@ -40,7 +40,7 @@ def test_swapped_model_decodes_like_the_stock_model(references):  # noqa: F811
     model = make_tiny_model()  # the same weights as the `tiny_model` the references come from
     use_few_rows_linears(model)
     drafter = ScriptedDrafter(oracle_script(references, lambda s, i: i == 2))  # verify steps of every width
-    engine = Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), (), 256, k=4, max_batch=4, adaptive=False)
+    engine = Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), (), 256, k=4, max_batch=4, policy="fixed")
     done = engine.run([(p, SamplingParams(max_tokens=40)) for p in PROMPTS])
     for prompt, completion in zip(PROMPTS, done):
         assert completion.token_ids == references[tuple(prompt)]

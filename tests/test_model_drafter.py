@@ -40,14 +40,14 @@ def pair():
     return target, shallow_copy_of(target, keep=[0, 3])
 
 
-def engine_for(target, draft, max_batch=8, adaptive=False, eos=()):
+def engine_for(target, draft, max_batch=8, policy="fixed", eos=()):
     drafters = {
         "none": create_drafter("none"),
         "model": ModelDrafter(draft, k=K, eos_token_ids=eos),
         # min_match 3: short matches go to the model, so both parts draft in these tests
         "hybrid": HybridDrafter(NgramDrafter(k=K, eos_token_ids=eos), ModelDrafter(draft, k=K, eos_token_ids=eos), min_match=3),
     }
-    return Engine(Verifier(target), drafters, ToyTokenizer(), eos, 256, k=K, max_batch=max_batch, adaptive=adaptive)
+    return Engine(Verifier(target), drafters, ToyTokenizer(), eos, 256, k=K, max_batch=max_batch, policy=policy)
 
 
 @pytest.mark.parametrize("drafter", ["model", "hybrid"])
@@ -60,11 +60,11 @@ def test_greedy_alone_equals_the_target(pair, drafter):
         assert done.metrics["draft_tokens"] > 0 and done.metrics["drafter"] == drafter
 
 
-@pytest.mark.parametrize("adaptive", [False, True])
-def test_batch_of_eight_with_rows_joining_and_leaving(pair, adaptive):
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_batch_of_eight_with_rows_joining_and_leaving(pair, policy):
     """12 requests on 8 rows, every drafter mixed in one batch, budgets ending at different steps."""
     target, draft = pair
-    engine = engine_for(target, draft, max_batch=8, adaptive=adaptive)
+    engine = engine_for(target, draft, max_batch=8, policy=policy)
     budgets = [30, 7, 19, 3, 25, 11, 30, 1, 16, 22, 9, 28]
     names = ["model", "hybrid", "none", "model", "hybrid", "model"]
     requests = [(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=n), SpeculationParams(names[i % len(names)]))
@@ -92,11 +92,12 @@ def test_draft_equal_to_target_is_always_accepted(pair):
 def test_hybrid_copies_confident_matches_and_asks_the_model_elsewhere(pair):
     target, draft = pair
     engine = engine_for(target, draft, max_batch=1)
-    hybrid = engine.drafters["hybrid"]
     prompt = hf_greedy(target, [9, 9, 13], 24)  # the target's own text, so copying it pays
     [done] = engine.run([(prompt + [9, 9, 13], SamplingParams(max_tokens=24), SpeculationParams("hybrid"))])
     assert done.token_ids == hf_greedy(target, prompt + [9, 9, 13], 24)
-    assert hybrid.ngram_drafts > 0 and hybrid.model_drafts > 0
+    sources = engine.policy._pooled  # drafts verified, by where they came from
+    assert any(s.startswith("hybrid:") and sources[s].trials.sum() for s in sources)  # n-gram copies
+    assert sources["hybrid/model"].trials.sum() > 0
 
 
 def test_hybrid_free_drafts_are_the_ngram_drafts_it_is_confident_in(pair):
@@ -109,18 +110,18 @@ def test_hybrid_free_drafts_are_the_ngram_drafts_it_is_confident_in(pair):
     for min_match, expect_free in ((0, True), (2, True), (3, False)):
         hybrid = HybridDrafter(NgramDrafter(k=K), ModelDrafter(draft, k=K), min_match=min_match)
         hybrid.begin("r", context, SamplingParams())
-        [free] = hybrid.propose_free(["r"], [K])
+        [free] = hybrid.parts.free.propose(["r"], [K])
         if expect_free:
-            assert free is not None and free.token_ids.tolist() == reference.token_ids.tolist()
+            assert free.token_ids.tolist() == reference.token_ids.tolist()
         else:
-            assert free is None  # the model part drafts for it
-            [costly] = hybrid.propose_costly(["r"], [K])
+            assert not len(free)  # the model part drafts for it
+            [costly] = hybrid.parts.costly.propose_costly(["r"], [K]).drafts
             assert len(costly) == K and costly.probs is None  # greedy: argmax drafts
 
 
 def test_policy_learns_the_hybrids_parts_apart(pair):
     target, draft = pair
-    engine = engine_for(target, draft, max_batch=2, adaptive=True)
+    engine = engine_for(target, draft, max_batch=2, policy="auto")
 
     class FlatVerify(CostModel):  # a verify pass costs 50 ms at any width: drafting pays, whatever this machine measures
         def observe_verify(self, batch, tokens, seconds):
@@ -245,7 +246,7 @@ def test_pair_at_the_llama32_vocabulary(tmp_path):
     check_draft_pair(loaded(target, "tiny-llama32-3l", tokenizer, eos), loaded(draft, "tiny-llama32-2l", tokenizer, eos))
     drafters = {"model": ModelDrafter(draft, k=K, eos_token_ids=eos),
                 "hybrid": HybridDrafter(NgramDrafter(k=K, eos_token_ids=eos), ModelDrafter(draft, k=K, eos_token_ids=eos))}
-    engine = Engine(Verifier(target), drafters, tokenizer, eos, 256, k=K, max_batch=8, adaptive=False)
+    engine = Engine(Verifier(target), drafters, tokenizer, eos, 256, k=K, max_batch=8, policy="fixed")
     texts = ["Speculative decoding keeps the output.", "def f(x):\n    return x + 1\n", '{"name": "Ada", "age": 36}']
     prompts = [tokenizer.encode(t) for t in texts] * 3
     done = engine.run([(p, SamplingParams(max_tokens=12 + 3 * i), SpeculationParams(["model", "hybrid"][i % 2]))

@@ -77,7 +77,7 @@ def test_out_of_vocabulary_draft_fails_its_request_alone(tiny_model, bad):
         return [bad, 3] if tuple(context[:3]) == poisoned and len(context) > 4 else []
 
     engine = Engine(Verifier(tiny_model), {"scripted": ScriptedDrafter(script)}, ToyTokenizer(), (), 256, k=4, max_batch=3,
-                    adaptive=False)
+                    policy="fixed")
     done = engine.run([(p, SamplingParams(max_tokens=12)) for p in prompts])
     assert done[1].finish_reason == "error"
     assert f"draft token id {bad} is outside the vocabulary (0..{TINY_VOCAB - 1})" in done[1].error

@@ -8,7 +8,7 @@ import pytest
 
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams
-from specdraft.policy import CostModel, DraftPolicy, RowPlan
+from specdraft.policy import EXPLORE_EVERY, CostModel, DraftPolicy, RowPlan
 from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 
@@ -248,3 +248,38 @@ def test_a_catch_up_is_spread_only_over_the_steps_the_costly_drafter_serves():
         policy.choose([RowPlan("h", "hybrid:copy4", 5, True, 0)])
     assert policy.choose([RowPlan("m", "model", 5, False, 5, backlog=600, remaining=200)]) == {"m": 5}
     assert policy.choose([RowPlan("h", "hybrid/model", 5, False, 5, backlog=600, remaining=200)]) == {"h": 0}
+
+
+def test_a_fixed_row_drafts_all_it_has_while_the_others_are_chosen_around_it():
+    policy = DraftPolicy(5, packed=True)
+    for tokens in range(2, 13):
+        policy.costs.observe_verify(2, tokens, 0.010 * tokens)  # each draft token costs a whole row's step
+    policy.begin("f", "ngram")
+    policy.begin("a", "ngram")
+    chosen = policy.choose([RowPlan("f", "ngram", 5, True, 4, fixed=True), RowPlan("a", "ngram", 5, True, 5)])
+    assert chosen == {"f": 4, "a": 0}
+    padded = DraftPolicy(5, packed=False)
+    for width in range(1, 7):
+        padded.costs.observe_verify(2, 2 * width, 0.010 * width)
+    padded.begin("f", "ngram")
+    padded.begin("a", "ngram")
+    chosen = padded.choose([RowPlan("f", "ngram", 5, True, 3, fixed=True), RowPlan("a", "ngram", 5, True, 5)])
+    assert chosen["f"] == 3 and chosen["a"] in (3, 4, 5)  # padded: the width is at least the fixed row's
+
+
+def test_exploring_never_pays_a_catch_up():
+    """Every EXPLORE_EVERY choices the policy tries a close runner-up to measure its cost afresh; a
+    candidate that would catch a costly drafter up on a prompt is an investment, never explored."""
+    policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
+    policy.costs.observe_draft("model", 1, 0.010)
+    policy.costs.observe_catch_up("model", 256, 0.512)
+    [row] = plans(policy, 1, drafter="model", cheap=False)
+    row = RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=10)  # close: 0.88x plain
+    assert all(policy.choose([row]) == {"r0": 0} for _ in range(3 * EXPLORE_EVERY))
+    # Without a catch-up, a close runner-up (one draft token at 0.86x plain's rate) is explored now and then.
+    policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
+    policy.costs.observe_draft("model", 1, 0.080)
+    plans(policy, 1, drafter="model", cheap=False)
+    caught_up = RowPlan("r0", "model", 5, False, 5, backlog=0, remaining=10)
+    chosen = [policy.choose([caught_up])["r0"] for _ in range(3 * EXPLORE_EVERY)]
+    assert 0 < sum(n > 0 for n in chosen) <= 3

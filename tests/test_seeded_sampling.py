@@ -54,7 +54,7 @@ class MixedDrafter:
 
 def decode(model, drafter, others: list[tuple[list[int], SamplingParams]], max_batch: int, join_after: int) -> list[int]:
     """Run `others`, submit the seeded request after `join_after` steps, and return its tokens."""
-    engine = Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), (), 256, k=K, max_batch=max_batch, adaptive=False)
+    engine = Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), (), 256, k=K, max_batch=max_batch, policy="fixed")
     for prompt, params in others:
         engine.submit(prompt, params)
     for _ in range(join_after):

@@ -124,7 +124,7 @@ def test_annotate_marks_the_accepted_draft_text_of_each_chunk(client, model):
     assert all("speculation" not in (c.choices[0].model_extra or {}) for c in plain)  # off unless asked for
     chunks = [c.choices[0] for c in client.completions.create(
         model=model, prompt=prompt, max_tokens=32, temperature=0, stream=True,
-        extra_body={"speculation": {"drafter": "ngram", "annotate": True}}) if c.choices and c.choices[0].text]
+        extra_body={"speculation": {"drafter": "ngram", "policy": "fixed", "annotate": True}}) if c.choices and c.choices[0].text]
     drafted = [c.model_extra["speculation"]["drafted_text"] for c in chunks]
     # Each step's text is its accepted draft tokens then the target's own token, so the drafted part is a prefix.
     assert all(c.text.startswith(d) for c, d in zip(chunks, drafted))

@@ -1,4 +1,5 @@
-"""`specdraft` command line: `generate` (one prompt) and `serve` (the OpenAI-compatible server).
+"""`specdraft` command line: `generate` (one prompt), `serve` (the OpenAI-compatible server) and
+`drafters` (every drafter, built-in or plugin, with its options).
 
 Options are parsed and checked here, once; bad input exits non-zero with one line naming it."""
 
@@ -6,10 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
-from specdraft.drafters import drafter_names
+from specdraft.drafters import check_options, drafter_names, is_builtin
+from specdraft.params import POLICIES
+
+SERVED_BUILTINS = ["ngram", "none", "model", "hybrid"]  # served by default, with every plugin; the first is the default
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,9 +54,37 @@ def _draft_length(value: str) -> int:
         raise argparse.ArgumentTypeError(message) from None
 
 
+def _drafter_options(value: str) -> dict[str, dict]:
+    """--drafter-options: a JSON object of objects, `{"ngram": {"max_n": 4}, ...}`; every drafter
+    named must exist and take every option given it."""
+    try:
+        options = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {value!r} ({exc})") from None
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object of drafter names to options, got {value!r}")
+    for name, given in options.items():
+        if not isinstance(given, dict):
+            raise argparse.ArgumentTypeError(f"the options of {name!r} must be a JSON object, got {json.dumps(given)}")
+        if name not in drafter_names():
+            raise argparse.ArgumentTypeError(f"unknown drafter {name!r}; choose from {', '.join(drafter_names())}")
+        try:
+            check_options(name, given)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return options
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF id, local directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--drafter", default="ngram", choices=drafter_names(), help="how drafts are proposed (none = plain decoding)")
+    parser.add_argument("--drafter", default=None, choices=drafter_names(),
+                        help="how drafts are proposed: a built-in drafter or an installed plugin (`specdraft drafters` "
+                             "lists them; none = plain decoding). Default: the first of serve's --drafters, else ngram")
+    parser.add_argument("--drafter-options", type=_drafter_options, default={}, metavar="JSON",
+                        help='options by drafter, e.g. \'{"ngram": {"max_n": 4}}\' (`specdraft drafters` lists them)')
+    parser.add_argument("--policy", default="auto", choices=POLICIES,
+                        help="how each step's draft length is chosen: auto = the cost-aware policy (drafts only where "
+                             "it pays); fixed = as long as the drafter goes, up to k, every step (measures a drafter as it is)")
     parser.add_argument("--draft-model", default=None,
                         help="draft model for the model and hybrid drafters: HF id, directory or .gguf sharing the "
                              "target's vocabulary (default: self-int8, an int8 copy of the target)")
@@ -82,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve an OpenAI-compatible completions API (SSE streaming)")
     add_model_options(serve)
     serve.add_argument("--drafters", type=_drafter_list, default=None,
-                       help="comma-separated drafters requests may choose (default: none,ngram,model,hybrid)")
+                       help=f"comma-separated drafters requests may choose (default: {','.join(SERVED_BUILTINS)} and "
+                            "every installed plugin)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--max-batch-size", type=_positive("--max-batch-size"), default=16, help="rows decoded together")
@@ -92,10 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="context length to serve (default: the model's)")
     serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
     serve.add_argument("--ngram-memory", nargs="?", const="", default=None, metavar="PATH",
-                       help="let the ngram drafter draft from earlier requests' outputs; with PATH, load it from there "
-                            "at start and save it there periodically and at shutdown")
+                       help="let the ngram drafter (and hybrid's n-gram part) draft from earlier requests' outputs; with "
+                            "PATH, load it from there at start and save it there periodically and at shutdown")
     serve.add_argument("--ngram-memory-save-every", type=_positive("--ngram-memory-save-every"), default=300,
                        metavar="SECONDS")
+
+    sub.add_parser("drafters", help="list every drafter (built-in and installed plugins), where it comes from and its options")
     return parser
 
 
@@ -129,8 +165,9 @@ def _generate(args: argparse.Namespace) -> int:
     )
     from specdraft.runtime import build_runtime, encode_prompt  # loads torch: after the cheap checks
 
-    runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, 1, args.device, args.dtype, args.draft_model,
-                            enforce_eager=args.enforce_eager)
+    runtime = build_runtime(model=args.model, drafter=args.drafter, k=args.num_speculative_tokens, max_batch=1,
+                            device=args.device, dtype=args.dtype, draft_model=args.draft_model,
+                            drafter_options=args.drafter_options, policy=args.policy, enforce_eager=args.enforce_eager)
     engine = runtime.engine
     prompt_ids = encode_prompt(runtime.target.tokenizer, prompt, chat=not args.no_chat)
     request_id = engine.submit(prompt_ids, params)
@@ -154,36 +191,85 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    drafters = args.drafters or ["none", "ngram", "model", "hybrid"]
-    if args.drafter not in drafters:
+    drafters = args.drafters or SERVED_BUILTINS + [name for name in drafter_names() if not is_builtin(name)]
+    if args.drafter is not None and args.drafter not in drafters:
         drafters = [args.drafter, *drafters]
-    if args.ngram_memory is not None and "ngram" not in drafters:
-        raise ValueError("--ngram-memory needs the ngram drafter among --drafters")
+    options = dict(args.drafter_options)
+    if args.ngram_memory is not None:
+        if not {"ngram", "hybrid"} & set(drafters):
+            raise ValueError("--ngram-memory needs the ngram or hybrid drafter among --drafters")
+        path = {"memory_path": args.ngram_memory} if args.ngram_memory else {}
+        options["ngram"] = {**options.get("ngram", {}), "memory": True, **path}
     import uvicorn
 
     from specdraft.api.server import create_app
     from specdraft.runtime import build_runtime
 
-    memory = None
-    if args.ngram_memory is not None:
-        memory = {"memory": True, **({"memory_path": args.ngram_memory} if args.ngram_memory else {})}
-    runtime = build_runtime(args.model, args.drafter, args.num_speculative_tokens, args.max_batch_size, args.device,
-                            args.dtype, args.draft_model, args.max_model_len, drafters=drafters, ngram_options=memory,
-                            enforce_eager=args.enforce_eager)
+    runtime = build_runtime(model=args.model, drafter=args.drafter, drafters=drafters, k=args.num_speculative_tokens,
+                            max_batch=args.max_batch_size, device=args.device, dtype=args.dtype,
+                            draft_model=args.draft_model, max_context=args.max_model_len, drafter_options=options,
+                            policy=args.policy, enforce_eager=args.enforce_eager)
     app = create_app(runtime, max_queued=args.max_queue, memory_path=args.ngram_memory or None,
                      save_every=args.ngram_memory_save_every, model_name=args.served_model_name)
     print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "
-          f"(drafters: {', '.join(sorted(runtime.engine.drafters))}; default {args.drafter}, k <= {args.num_speculative_tokens})",
-          file=sys.stderr, flush=True)
+          f"(drafters: {', '.join(sorted(runtime.engine.drafters))}; default {runtime.drafter_name}, "
+          f"k <= {args.num_speculative_tokens}, policy {args.policy})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
-COMMANDS = {"generate": _generate, "serve": _serve}
+def _drafters(args: argparse.Namespace) -> int:
+    """Every drafter with its origin and options (defaults as JSON, as --drafter-options takes them),
+    then the plugins that were left out and why."""
+    from specdraft.drafters import REQUIRED, drafter_option_defaults, drafter_origin, plugin_errors, takes_any_option
+
+    for name in drafter_names():
+        listed = [f"{option} (required)" if default is REQUIRED else f"{option}={_as_json(default)}"
+                  for option, default in drafter_option_defaults(name).items()]
+        if takes_any_option(name):
+            listed.append("any other option (unchecked)")
+        print(f"{name}  ({drafter_origin(name)})\n  options: {', '.join(listed) or 'none'}")
+    left_out = plugin_errors()
+    if left_out:
+        print("left out:")
+    for name, why in left_out.items():
+        print(f"  {name}  {why}")
+    return 0
+
+
+def _as_json(value) -> str:
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+COMMANDS = {"generate": _generate, "serve": _serve, "drafters": _drafters}
+
+
+class _OneLine(logging.Formatter):
+    """`specdraft: warning: ...`"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.level = record.levelname.lower()
+        return super().format(record)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # specdraft's warnings (a plugin left out, ...) read as the CLI's other lines, on stderr
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine("specdraft: %(level)s: %(message)s"))
+    logger = logging.getLogger("specdraft")
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        return _run(argv)
+    finally:
+        logger.removeHandler(handler)
+
+
+def _run(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)  # finds the plugins (the drafter choices)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from specdraft.errors import ModelNotFoundError, RequestError
 
@@ -194,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`specdraft drafters | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

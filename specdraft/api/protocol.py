@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specdraft.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculationParams
+from specdraft.params import MAX_SPECULATIVE_TOKENS, POLICIES, SamplingParams, SpeculationParams
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
@@ -29,6 +29,7 @@ class Speculation(_Strict):
 
     drafter: str | None = None  # default: the server's --drafter
     num_speculative_tokens: int | Literal["auto"] | None = Field(default=None)  # "auto"/None: the server's -k
+    policy: Literal[POLICIES] | None = None  # how each step's draft length is chosen; default: the server's --policy
     annotate: bool = False  # stream chunks say which of their text came from accepted draft tokens
 
     @field_validator("num_speculative_tokens")
@@ -100,10 +101,11 @@ class _Sampling(_Strict):
                               top_k=top_k, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
                               stop=tuple(stops))
 
-    def speculation_params(self, default_drafter: str) -> SpeculationParams:
+    def speculation_params(self) -> SpeculationParams:
+        """The request's choices; what it leaves out (None) the engine fills in with its defaults."""
         spec = self.speculation or Speculation()
         k = spec.num_speculative_tokens
-        return SpeculationParams(spec.drafter or default_drafter, None if k in (None, "auto") else k)
+        return SpeculationParams(drafter=spec.drafter, num_speculative_tokens=None if k == "auto" else k, policy=spec.policy)
 
     @property
     def include_usage(self) -> bool:

@@ -48,12 +48,12 @@ def served_name(runtime: Runtime) -> str:
 
 def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None = None,
                save_every: float = 300.0, model_name: str | None = None) -> FastAPI:
-    """The app over a built runtime. memory_path: where the ngram drafter's cross-request memory is
-    saved (every `save_every` seconds and at shutdown)."""
+    """The app over a built runtime. memory_path: where the runtime's cross-request n-gram memory
+    (shared by `ngram` and `hybrid`) is saved, every `save_every` seconds and at shutdown."""
     engine = runtime.engine
     name = model_name or served_name(runtime)
     metrics = ServerMetrics(engine.k)
-    memory = getattr(engine.drafters.get("ngram"), "memory", None)
+    memory = runtime.ngram_memory
     periodic = (lambda: memory.save(memory_path)) if memory is not None and memory_path else None
     service = EngineService(engine, max_queued, on_step=metrics.on_step, on_finish=metrics.on_finish, periodic=periodic,
                             every_seconds=save_every)
@@ -169,9 +169,10 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
                            param="max_tokens", code="context_length_exceeded")
         try:
             params = body.sampling_params(max_tokens)
-            speculation = engine.validate(prompt_ids, body.speculation_params(engine.default_drafter))
+            speculation = engine.validate(prompt_ids, body.speculation_params())
         except (RequestError, ValueError) as exc:
-            raise ApiError(400, str(exc), param="speculation" if "drafter" in str(exc) or "speculative" in str(exc) else None) from None
+            about_speculation = any(word in str(exc) for word in ("drafter", "speculative", "policy"))
+            raise ApiError(400, str(exc), param="speculation" if about_speculation else None) from None
         try:
             request_id, queue = service.submit(prompt_ids, params, speculation)
         except Overloaded as exc:

@@ -2,6 +2,6 @@
 `RowModel`, a causal LM with one KV-cache row per request; `RowKVCache`, its storage; the own
 Llama-family forward it runs where it can; and the linear layers models are loaded with."""
 
-from specdraft.backend.rowmodel import RowModel, StaticShapes
+from specdraft.backend.rowmodel import PREFILL_CHUNK, RowModel, StaticShapes
 
-__all__ = ["RowModel", "StaticShapes"]
+__all__ = ["PREFILL_CHUNK", "RowModel", "StaticShapes"]

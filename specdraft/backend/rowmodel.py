@@ -21,6 +21,10 @@ import torch
 from specdraft.backend import llama
 from specdraft.backend.cache import RowKVCache
 
+# Prompt tokens per prefill pass, and per step while other rows decode (the engine), or per drafting
+# call while a draft model catches up (the model drafter): one size, so a step stays bounded.
+PREFILL_CHUNK = 512
+
 
 @dataclass(frozen=True)
 class StaticShapes:
@@ -286,7 +290,7 @@ class RowModel:
         at = torch.as_tensor(np.asarray(logits_at) - first, dtype=torch.int64, device=self.device)
         return logits.gather(1, at[:, None, None].expand(len(at), 1, logits.shape[-1]))
 
-    def prefill(self, row_id: str, token_ids: Sequence[int], chunk: int) -> torch.Tensor:
+    def prefill(self, row_id: str, token_ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
         """Feed one row `token_ids` in passes of at most `chunk` tokens and commit them; return the
         logits [vocab] after the last one."""
         window = self.window_of(row_id)

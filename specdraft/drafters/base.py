@@ -1,14 +1,28 @@
-"""The drafter contract: a request lifecycle over a fast core, and the `Draft` value it proposes.
+"""The drafter contract: everything the engine asks of a drafter, and the values it gets back.
 
-Lifecycle per request: `begin` with the prompt, then each step `propose` (batched over the active
-requests) and `accept` with the tokens that joined the context, and finally `end`. A drafter learns
-how much of its draft was accepted by comparing what it proposed with what `accept` receives.
+A drafter is four verbs (`Drafter`). Lifecycle per request: `begin` with the prompt, then each step
+`propose` (batched over the active requests) and `accept` with the tokens that joined the context,
+and finally `end`. A drafter learns how much of its draft was accepted by comparing what it proposed
+with what `accept` receives. A drafter that implements only these works as it is: the engine asks it
+for full-length drafts before each step's lengths are chosen, times each call, and the cost-aware
+policy (`specdraft.policy`) skips calling it in steps where what its drafts are expected to gain
+does not pay for the measured time of the call.
+
+A drafter may declare more, as data (`DeclaresParts.parts`, a `Parts` value), and nothing else is
+ever asked of it:
+- that its drafts are *free* (microseconds: `ngram`, `none`), so the policy never weighs calling it;
+- a *costly part* (`CostlyPart`): drafts only when asked, each draft position a forward pass (a
+  draft model), so the engine asks it only after the policy has chosen each row's length. It says
+  what it must catch up on before drafting a row (`backlog`) and returns its drafts with what they
+  cost (`CostlyDrafts`), as values;
+- both: a free part that drafts where it can and a costly part for the other rows (`hybrid`).
+`parts_of` is the one place a drafter's declaration is read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -20,13 +34,14 @@ if TYPE_CHECKING:  # the protocol module stays light: listing drafters must not 
 
 @dataclass(frozen=True)
 class Draft:
-    """Up to k proposed tokens for one request.
+    """Up to k proposed tokens for one request: a chain, each token following the one before.
 
     `probs` is q, the distribution each token was drawn from (`[len(token_ids), vocab]`, after the
     request's temperature / top-k / top-p), or None for deterministic drafters (q is one-hot).
     `kind` names the evidence the draft rests on (the n-gram drafter's `copy3`: a copy after a
     3-token suffix match); the cost-aware policy learns acceptance per kind, because kinds differ
-    far more than requests do ("": one kind).
+    far more than requests do ("": one kind). A frozen value, so that fields can be added (token
+    trees) without changing what existing drafters return.
     """
 
     token_ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))  # int32 [k]
@@ -41,22 +56,100 @@ class Draft:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def prefix(self, n: int) -> Draft:
+        """The first n tokens (a step verifies a prefix of a longer draft)."""
+        if n >= len(self):
+            return self
+        if n <= 0:
+            return EMPTY_DRAFT
+        return Draft(self.token_ids[:n], None if self.probs is None else self.probs[:n], self.kind)
+
 
 EMPTY_DRAFT = Draft()
 
 
+class Proposer(Protocol):
+    def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
+        """One draft per request, each at most `max_lengths[i]` tokens (0 allowed: plain step)."""
+
+
 @runtime_checkable
-class Drafter(Protocol):
+class Drafter(Proposer, Protocol):
     """Proposes continuations; never sees logits of the target and never changes the output."""
 
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Start tracking a request whose context is `prompt_ids`."""
-
-    def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
-        """One draft per request, each at most `max_lengths[i]` tokens (0 allowed: plain step)."""
 
     def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Tokens that joined the request's context this step (accepted draft + target token)."""
 
     def end(self, request_id: str) -> None:
         """Forget the request; called exactly once, also for requests that were cancelled."""
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Context tokens a costly part fed, in passes of their own, to rows it had sat out."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class CostlyDrafts:
+    """A costly part's drafts (one per request asked) and what they cost. `pass_seconds`: one drafting
+    pass (one position for every drafting row), catching up left out (None: not measured; the call's
+    time is used); `catch_up`: what the call spent catching up, priced apart by the policy."""
+
+    drafts: list[Draft]
+    pass_seconds: float | None = None
+    catch_up: CatchUp = CatchUp()
+
+
+class CostlyPart(Protocol):
+    """Drafts only when asked, each draft position costing a forward pass."""
+
+    def backlog(self, request_id: str) -> int:
+        """Context tokens it must catch up on before it can draft this row (0: none)."""
+
+    def propose_costly(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> CostlyDrafts:
+        """Drafts of up to `max_lengths[i]` tokens each, with their cost."""
+
+
+Cost = Literal["free", "measured"]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """How the engine asks a drafter for drafts, and how the policy prices them.
+
+    free: asked first each step, at full length, so the policy sees each row's draft before choosing
+    lengths (its drafts are trimmed to them); `free_cost` "free" costs nothing to the policy,
+    "measured" is timed per call and called only where it pays. costly: asked afterwards, for the
+    rows without a free draft, at the chosen lengths; `costly_name` names it in the policy's sources
+    (`hybrid/model`) when the drafter also has a free part. Lifecycle calls (`begin`, `accept`,
+    `end`) always go to the drafter itself, which forwards them to its parts.
+    """
+
+    free: Proposer | None
+    free_cost: Cost = "measured"
+    costly: CostlyPart | None = None
+    costly_name: str = "costly"
+
+    def __post_init__(self) -> None:
+        assert self.free is not None or self.costly is not None, "a drafter needs a part that drafts"
+        assert self.free_cost in ("free", "measured"), self.free_cost
+
+
+@runtime_checkable
+class DeclaresParts(Protocol):
+    """A drafter that declares its parts (the built-in drafters do)."""
+
+    parts: Parts
+
+
+def parts_of(drafter: Drafter) -> Parts:
+    """The drafter's declared parts; one that declares none is a single measured part: itself."""
+    if isinstance(drafter, DeclaresParts):
+        return drafter.parts
+    return Parts(free=drafter, free_cost="measured")

@@ -124,10 +124,13 @@ def find_context(keys: np.ndarray, tokens: np.ndarray, start: int, n: int) -> in
     return find_key(keys, gram_key(tokens, start, n, CONTEXT_KIND))
 
 
+DEFAULT_CAPACITY = 1 << 20  # entries
+
+
 class NgramMemory:
     """The shared table and its cap; `learn` a finished request, `save` and `load` it across restarts."""
 
-    def __init__(self, capacity: int = 1 << 20, max_n: int = 4) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, max_n: int = 4) -> None:
         if capacity < 16:
             raise ValueError(f"memory capacity must be >= 16 entries, got {capacity}")
         if max_n < 2:

@@ -29,15 +29,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdraft.backend import RowModel, StaticShapes
+from specdraft.backend import PREFILL_CHUNK, RowModel, StaticShapes
 from specdraft.drafters import register
-from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, Parts
 from specdraft.models import LoadedModel, load_draft_model
 from specdraft.params import SamplingParams
 from specdraft.sampling import DRAFT, SAMPLE, distribution, inverse_cdf, keyed_uniforms
 
-CATCH_UP_CHUNK = 256  # tokens per catch-up pass of a row far behind
-CATCH_UP_BUDGET = 512  # catch-up tokens per propose call, over all rows
 
 
 @dataclass
@@ -53,9 +51,12 @@ class _Request:
 
 class ModelDrafter:
     """model: the draft causal LM (eval mode, on the target's device); k: the longest draft;
-    eos_token_ids: a draft ends after one; layers, dtype, static: see `RowModel`."""
+    eos_token_ids: a draft ends after one; layers, dtype, static: see `RowModel`.
 
-    cheap = False  # each draft position is a forward pass: the engine decides the length first
+    One costly part (`specdraft.drafters.base.Parts`): each draft position is a forward pass, so the
+    engine asks it after the step's lengths are chosen, and it returns the time of one drafting pass
+    without catching up (a propose call's whole time also holds the catch-up on tokens it sat out,
+    which a policy that drafts every step does not pay again) and the catch-up apart."""
 
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
                  layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
@@ -66,13 +67,10 @@ class ModelDrafter:
         self.device = self.rows.device
         self._requests: dict[str, _Request] = {}
         self._lag = 2 * k + 2  # more pending tokens than this: catch up before drafting
-        # Seconds of one drafting pass (one draft position for every drafting row) in the last
-        # `propose`, without catching up (None: not measured then). The cost-aware policy prices
-        # draft tokens by it: a propose call's whole time also holds the catch-up on tokens the
-        # drafter sat out, which a policy that drafts every step does not pay again.
-        self.last_pass_seconds: float | None = None
-        # Tokens caught up on and their seconds in the last `propose` (rows far behind; see `backlog`).
-        self.last_catch_up: tuple[int, float] = (0, 0.0)
+
+    @property
+    def parts(self) -> Parts:
+        return Parts(free=None, costly=self, costly_name="model")
 
     # -- lifecycle ---------------------------------------------------------------------------
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -97,14 +95,16 @@ class ModelDrafter:
 
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
+        return self.propose_costly(request_ids, max_lengths).drafts
+
+    def propose_costly(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> CostlyDrafts:
         wanted = {r: min(int(n), self.k) for r, n in zip(request_ids, max_lengths) if n > 0}
-        self.last_pass_seconds, self.last_catch_up = None, (0, 0.0)
         if not wanted:
-            return [EMPTY_DRAFT for _ in request_ids]
-        self._catch_up(wanted)
+            return CostlyDrafts([EMPTY_DRAFT for _ in request_ids])
+        catch_up = self._catch_up(wanted)
         drafting = [r for r in wanted if self._pending(r) <= self._lag]
-        tokens, probs = self._draft({r: wanted[r] for r in drafting})
-        return [self._finish(r, tokens.get(r), probs.get(r)) for r in request_ids]
+        tokens, probs, pass_seconds = self._draft({r: wanted[r] for r in drafting})
+        return CostlyDrafts([self._finish(r, tokens.get(r), probs.get(r)) for r in request_ids], pass_seconds, catch_up)
 
     def _pending(self, request_id: str) -> int:
         return len(self._requests[request_id].context) - self.rows.length(request_id)
@@ -115,25 +115,26 @@ class ModelDrafter:
         pending = self._pending(request_id)
         return pending if pending > self._lag else 0
 
-    def _catch_up(self, wanted: dict[str, int]) -> None:
+    def _catch_up(self, wanted: dict[str, int]) -> CatchUp:
         """Rows asked to draft but far behind: feed them part of their backlog, one row per pass."""
-        budget, started = CATCH_UP_BUDGET, time.perf_counter()
+        budget, started = PREFILL_CHUNK, time.perf_counter()  # catch-up tokens per call, over all rows
         for request_id in wanted:
             pending = self._pending(request_id)
             if pending <= self._lag or budget <= 0:
                 continue
             # Leave one pending token: the drafting pass needs an input whose logits give q_1.
-            take = min(pending - 1, CATCH_UP_CHUNK, budget)
+            take = min(pending - 1, budget)
             start = self.rows.length(request_id)
-            self.rows.prefill(request_id, self._requests[request_id].context[start : start + take], CATCH_UP_CHUNK)
+            self.rows.prefill(request_id, self._requests[request_id].context[start : start + take])
             budget -= take
-        self.last_catch_up = (CATCH_UP_BUDGET - budget, time.perf_counter() - started)
+        return CatchUp(PREFILL_CHUNK - budget, time.perf_counter() - started)
 
-    def _draft(self, wanted: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]]]:
+    def _draft(self, wanted: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], float | None]:
         """Draft wanted[r] tokens for each row r, every row of the cache riding along: one pass
-        feeding each row its pending tokens, then one pass per further position."""
+        feeding each row its pending tokens, then one pass per further position. Also returns the
+        seconds of one drafting pass (None where the only pass also fed a backlog)."""
         if not wanted:
-            return {}, {}
+            return {}, {}, None
         order, window = self.rows.active_ids, self.rows.active_window
         # First pass: T = the drafting rows' longest backlog; other rows catch up on up to T tokens.
         steps = max(self._pending(r) for r in wanted)
@@ -154,15 +155,15 @@ class ModelDrafter:
         tokens: dict[str, list[int]] = {r: [] for r in wanted}
         probs: dict[str, list[torch.Tensor]] = {r: [] for r in wanted}
         live = dict(wanted)  # rows still drafting -> their target length
-        passes = 0
+        passes, pass_seconds = 0, None
         while True:
             chosen = self._choose(logits, {r: index[r] for r in live}, tokens)  # reads the logits: in sync
             if passes == 0:
                 first, started = time.perf_counter() - started, time.perf_counter()
                 if steps <= 2:  # the bonus token and the last draft token: a pass as every step has
-                    self.last_pass_seconds = first
+                    pass_seconds = first
             else:
-                self.last_pass_seconds = (time.perf_counter() - started) / passes
+                pass_seconds = (time.perf_counter() - started) / passes
             for request_id, (token, q) in chosen.items():
                 tokens[request_id].append(token)
                 if q is not None:
@@ -171,7 +172,7 @@ class ModelDrafter:
                     live[request_id] = len(tokens[request_id])  # the draft ends after EOS
             live = {r: n for r, n in live.items() if len(tokens[r]) < n}
             if not live:
-                return tokens, probs
+                return tokens, probs, pass_seconds
             # Next pass: the drafting rows feed their newest draft token; the others feed padding.
             step = np.zeros((len(order), 1), dtype=np.int64)
             fed = np.zeros(len(order), dtype=np.int64)

@@ -36,7 +36,7 @@ from numba.typed import List
 
 from specdraft.drafters import register
 from specdraft.drafters import memory as mem
-from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.drafters.memory import NgramMemory
 from specdraft.drafters.ngram_table import BEST, BEST_COUNT, COUNT, FIELDS, extend, find, longest_match, new_table
 from specdraft.drafters.ngram_table import rehash, slots_for, warm_up
@@ -205,7 +205,7 @@ class NgramDrafter:
         self.adaptive, self.adapt_from_batch, self.strong_copy_n = adaptive, adapt_from_batch, strong_copy_n
         self.eos = np.asarray(sorted(set(eos_token_ids)), dtype=np.int32)
         self.memory = memory
-        self.cheap = True
+        self.parts = Parts(self, free_cost="free")  # microseconds a draft: asked at full length first
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
         self._meta = np.zeros((0, META_FIELDS), dtype=np.int64)
@@ -336,6 +336,16 @@ class NgramDrafter:
         return tokens, table
 
 
+def open_memory(memory: bool, memory_path: str | None, capacity: int) -> NgramMemory | None:
+    """The cross-request memory the options ask for: loaded from `memory_path` where it exists, new
+    where `memory` is on or a path is given, else None."""
+    if memory_path is not None and Path(memory_path).exists():
+        return NgramMemory.load(memory_path)
+    if memory or memory_path is not None:
+        return NgramMemory(capacity=capacity)
+    return None
+
+
 @register("ngram")
 def _create(
     k: int,
@@ -345,18 +355,15 @@ def _create(
     copy_min_n: int = 1,
     min_confidence: float = 0.5,
     adaptive: bool = False,
-    memory: bool = False,
+    memory: bool | NgramMemory = False,
     memory_path: str | None = None,
-    memory_capacity: int = 1 << 20,
+    memory_capacity: int = mem.DEFAULT_CAPACITY,
 ) -> NgramDrafter:
     """`eos_token_ids` default to the target's; `memory` (or a `memory_path` to load from) turns on
-    the cross-request memory. The other options are `NgramDrafter`'s."""
+    the cross-request memory (an `NgramMemory` given as `memory` is shared: a runtime gives `ngram`
+    and `hybrid`'s n-gram part one). The other options are `NgramDrafter`'s."""
     if eos_token_ids is None:
-        eos_token_ids = getattr(target, "eos_token_ids", ())
-    shared = None
-    if memory_path is not None and Path(memory_path).exists():
-        shared = NgramMemory.load(memory_path)
-    elif memory or memory_path is not None:
-        shared = NgramMemory(capacity=memory_capacity)
+        eos_token_ids = () if target is None else target.eos_token_ids
+    shared = memory if isinstance(memory, NgramMemory) else open_memory(memory, memory_path, memory_capacity)
     return NgramDrafter(k=k, max_n=max_n, copy_min_n=copy_min_n, min_confidence=min_confidence, adaptive=adaptive,
                         eos_token_ids=eos_token_ids, memory=shared)

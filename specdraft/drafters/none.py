@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdraft.drafters import register
-from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.params import SamplingParams
 
 
 class NoDrafter:
-    cheap = True  # its (empty) drafts cost nothing: the policy sees them before it chooses, and drafts nothing
+    @property
+    def parts(self) -> Parts:
+        return Parts(self, free_cost="free")  # its (empty) drafts cost nothing
 
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         pass

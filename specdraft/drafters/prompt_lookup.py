@@ -58,7 +58,8 @@ class TokenBuffer:
 
 
 class ScanPromptLookupDrafter:
-    """Deterministic drafts copied from the request's own context (prompt + output)."""
+    """Deterministic drafts copied from the request's own context (prompt + output). It declares no
+    parts: its cost grows with the context, so the engine times its calls like any undeclared drafter's."""
 
     def __init__(self, k: int = 5, min_n: int = 1, max_n: int = 3) -> None:
         if not 1 <= min_n <= max_n:

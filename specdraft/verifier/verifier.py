@@ -15,8 +15,6 @@ from specdraft.params import SamplingParams
 from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms
 from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
 
-PREFILL_CHUNK = 512  # tokens per prefill pass
-
 
 class InvalidDraftError(ValueError):
     """A drafter proposed something the verifier cannot check (e.g. a token outside the vocabulary)."""
@@ -58,7 +56,7 @@ class Verifier:
         """Feed the next part of a row's prompt. After the last part the row joins the steps and its
         first generated token is returned."""
         assert len(token_ids) > 0
-        logits = self.rows.prefill(row_id, token_ids, PREFILL_CHUNK)  # [vocab]
+        logits = self.rows.prefill(row_id, token_ids)  # [vocab]
         if not last:
             return None
         self.rows.activate(row_id)
