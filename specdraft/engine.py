@@ -140,8 +140,9 @@ class Completion:
 
 @dataclass
 class _Drafts:
-    """What a drafting stage produced: drafts by row, the policy's source name of each row's draft,
-    the rows left for costly parts (by drafter), the stage's seconds and the rows whose drafter failed."""
+    """What a drafting stage produced: drafts by row, the policy's source name of each row's draft
+    (set by the free stage, for costly rows too), the rows left for costly parts (by drafter), the
+    stage's seconds and the rows whose drafter failed."""
 
     drafts: dict[str, Draft] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
@@ -316,7 +317,7 @@ class Engine:
         if results:
             self.policy.verified([len(drafts.get(r.id, EMPTY_DRAFT)) for r in rows if r.id in results], verify_seconds)
         draft_seconds = free.seconds + costly.seconds
-        deltas = failed + invalid + self._emit_step(rows, drafts, results, {**free.sources, **costly.sources}, draft_seconds)
+        deltas = failed + invalid + self._emit_step(rows, drafts, results, free.sources, draft_seconds)
         self.policy.step_overhead(time.perf_counter() - started - verify_seconds - draft_seconds)
         return deltas
 
@@ -376,10 +377,10 @@ class Engine:
                 continue
             part = self.parts[name].costly
             seconds, result, failed = self._call(name, group, lambda: part.propose_costly([r.id for r in group], wanted))
+            out.seconds += seconds
             if not failed:
                 drafted, failed = self._by_row(name, group, result.drafts, wanted)
                 out.drafts.update(drafted)
-            out.seconds += seconds
             out.failed += failed
             if not failed:
                 self.policy.drafted(free.sources[group[0].id], max(wanted), seconds, result.pass_seconds,
