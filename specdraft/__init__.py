@@ -13,8 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from specdraft.drafters import Draft, Drafter, register
-from specdraft.params import SamplingParams, SpeculationParams
+from specdraft import threads
+
+threads.configure()  # before anything loads torch (and OpenMP with it)
+
+from specdraft.drafters import Draft, Drafter, register  # noqa: E402
+from specdraft.params import SamplingParams, SpeculationParams  # noqa: E402
 
 if TYPE_CHECKING:
     from specdraft.llm import LLM, RequestOutput

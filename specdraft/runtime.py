@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from specdraft.backend import StaticShapes, llama
+from specdraft.backend.fused import FusedLayers
 from specdraft.drafters import Drafter, check_options, create_drafter, drafter_names, drafter_options, is_builtin
 from specdraft.drafters.memory import DEFAULT_CAPACITY, NgramMemory
 from specdraft.drafters.ngram import open_memory
@@ -108,7 +109,7 @@ def build_runtime(
     model: a name, path or .gguf, or an already loaded `LoadedModel` (default: the embedded model);
     drafter: the default drafter (default: the first of `drafters`, else `ngram`); drafters: every
     drafter requests may choose; drafter_options: each drafter's options by name; policy: the
-    requests' default (`auto` or `fixed`); enforce_eager: no CUDA graphs."""
+    requests' default (`auto` or `fixed`); enforce_eager: no CUDA graphs, no compiled CPU step."""
     check_num_speculative_tokens(k, "k")
     check_policy(policy)
     names = list(dict.fromkeys([*([drafter] if drafter else []), *(drafters or [])])) or ["ngram"]
@@ -122,8 +123,9 @@ def build_runtime(
     context = min(max_context, target.max_context) if max_context else target.max_context
     static = static_shapes(target, max_batch, context, graphs=not enforce_eager)
     built, skipped = build_drafters(names, k, target, draft_model, dtype, options, static)
-    engine = Engine(Verifier(target.model, static), built, target.tokenizer, target.eos_token_ids, context, k=k,
-                    max_batch=max_batch, default_drafter=default, policy=policy, calibrate=calibrate)
+    fused = not enforce_eager and FusedLayers.pays(target.model)  # applies on CPU only (`FusedLayers.applies`)
+    engine = Engine(Verifier(target.model, static, fused=fused), built, target.tokenizer, target.eos_token_ids, context,
+                    k=k, max_batch=max_batch, default_drafter=default, policy=policy, calibrate=calibrate)
     return Runtime(engine, target, default, skipped, memory)
 
 

@@ -93,7 +93,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="auto: float32 on CPU, bfloat16 on CUDA; float32 gives exact parity with plain decoding on a GPU")
-    parser.add_argument("--enforce-eager", action="store_true", help="on CUDA, run steps without CUDA graphs")
+    parser.add_argument("--enforce-eager", action="store_true", help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from specdraft.backend.fused import FusedLayers
+
 _FAMILY = ("llama",)
 
 
@@ -43,7 +45,8 @@ class LlamaForward:
     """model: a Llama-family causal LM; layers: indices of the decoder layers to run (default all);
     dtype: the activations' dtype (default the model's)."""
 
-    def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+                 fused: bool = False) -> None:
         assert supports(model), type(model).__name__
         config = model.config
         self.model = model
@@ -53,6 +56,9 @@ class LlamaForward:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # fused: the per-token parts of decode and verify passes compiled for CPU, where they apply.
+        self.fused = (FusedLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
+                      if fused and FusedLayers.applies(model, self.layers, self.dtype) else None)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
                  logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
@@ -68,23 +74,40 @@ class LlamaForward:
         x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
         cos, sin = self.model.model.rotary_emb(x, positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        fused = self.fused if self.fused is not None and FusedLayers.takes(len(ids)) else None
+        if fused is not None:  # rotary embedding inside the fused layers, on the computed tokens' rows
+            cos, sin = (c.reshape(batch * steps, -1) if real is None else c.reshape(batch * steps, -1)[real]
+                        for c in (cos, sin))
+        qkv = None if fused is None else fused.before_attention(0, x, cos, sin)  # then one call between attentions
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
-            h = layer.input_layernorm(x).to(self.dtype)
-            q = self._heads(attention.q_proj(h), real, batch, steps, self.num_heads)
-            k = self._heads(attention.k_proj(h), real, batch, steps, self.num_kv_heads)
-            v = self._heads(attention.v_proj(h), real, batch, steps, self.num_kv_heads)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [batch, heads, T, head_dim]
+            if fused is not None:
+                q, k, v = (self._heads(y, real, batch, steps, n)
+                           for y, n in zip(qkv, (self.num_heads, self.num_kv_heads, self.num_kv_heads)))
+            else:
+                h = layer.input_layernorm(x).to(self.dtype)
+                q = self._heads(attention.q_proj(h), real, batch, steps, self.num_heads)
+                k = self._heads(attention.k_proj(h), real, batch, steps, self.num_kv_heads)
+                v = self._heads(attention.v_proj(h), real, batch, steps, self.num_kv_heads)
+                q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [batch, heads, T, head_dim]
             keys, values = cache.update(k, v, i)  # [batch, kv_heads, kv, head_dim]
             out = F.scaled_dot_product_attention(q, keys.to(self.dtype), values.to(self.dtype), attn_mask=mask,
                                                  enable_gqa=self.num_kv_heads != self.num_heads)
             out = out.transpose(1, 2).reshape(batch * steps, -1)  # [batch * T, heads * head_dim]
-            x = x + attention.o_proj(out if real is None else out[real]).to(self.dtype)
-            x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
+            out = out if real is None else out[real]
+            if fused is not None and i + 1 < len(self.layers):
+                x, *qkv = fused.between(i, x, out, cos, sin)
+            elif fused is not None:
+                x = fused.after_attention(i, x, out)
+            else:
+                x = x + attention.o_proj(out).to(self.dtype)
+                x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
         if logits_at is not None:
-            x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1]))
-            return self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float()  # [batch, 1, vocab]
-        logits = self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float()  # [N, vocab]
+            x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)
+        logits = (fused.head(x) if fused is not None
+                  else self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float())  # [N or batch, vocab]
+        if logits_at is not None:
+            return logits.view(batch, 1, -1)
         if real is not None:
             logits = logits.new_zeros(batch * steps, logits.shape[-1]).index_copy_(0, real, logits)
         return logits.view(batch, steps, -1)

@@ -37,10 +37,11 @@ class _Row:
 
 
 class Verifier:
-    """model: the target; static: run steps at static shapes (`StaticShapes`, CUDA graphs on CUDA)."""
+    """model: the target; static: run steps at static shapes (`StaticShapes`, CUDA graphs on CUDA);
+    fused: on CPU, compiled decode and verify passes (`RowModel`)."""
 
-    def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None) -> None:
-        self.rows = RowModel(model, static=static)
+    def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, fused: bool = False) -> None:
+        self.rows = RowModel(model, static=static, fused=fused)
         self.device = self.rows.device
         self.vocab_size = self.rows.vocab_size
         self._params: dict[str, _Row] = {}

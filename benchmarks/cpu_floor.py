@@ -1,0 +1,256 @@
+"""CPU floor: how close a decode step comes to reading the weights at memory speed.
+
+In one run on this machine, with the threads a step uses:
+- read bandwidth: the rate a streaming read reaches (torch's sum over a buffer 16x the last-level
+  cache), median of interleaved repeats;
+- weight bytes per token: every weight a decode step reads (each layer's projections and MLP, the
+  norms, the output layer; of the embedding, one row);
+- the floor, bandwidth / bytes per token, and plain decoding (`none`, batch 1, greedy, the model's
+  dtype) as a fraction of it: decode-only tokens/s of the compiled step and of the eager one
+  (`enforce_eager`), interleaved round by round;
+- the verify step's cost at k = 1..8 relative to a plain step, both steps;
+- with one competing busy process: plain decoding per thread setting, each in a fresh process
+  (OpenMP reads its waiting policy when it starts), against the same setting on a quiet machine.
+
+    python -m benchmarks.cpu_floor [--rounds 3] [--tokens 128] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specdraft.threads import THREAD_SETTINGS, THREAD_VARIABLES
+
+RESULTS = Path(__file__).parent / "results"
+PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
+
+
+def read_bandwidth(repeats: int = 7) -> float:
+    """Bytes per second a streaming read of a buffer far larger than the caches reaches (median)."""
+    import torch
+
+    buffer = torch.ones(_buffer_bytes() // 4, dtype=torch.float32)
+    buffer.sum()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        times.append(time.perf_counter() - start)
+    return buffer.numel() * 4 / statistics.median(times)
+
+
+def _buffer_bytes() -> int:
+    """16x the last-level cache (at least 512 MiB)."""
+    llc = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()
+            llc = max(llc, int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(size[-1], 1))
+        except (OSError, ValueError):
+            continue
+    return max(16 * llc, 512 << 20)
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights one decode step reads: every parameter once (tied ones once), the input
+    embedding only for its one row unless it is also the output layer."""
+    seen, total = set(), 0
+    embedding = model.get_input_embeddings().weight
+    output = model.get_output_embeddings().weight
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        if p.data_ptr() == embedding.data_ptr() and embedding.data_ptr() != output.data_ptr():
+            total += p[0].numel() * p.element_size()
+        else:
+            total += p.numel() * p.element_size()
+    return total
+
+
+def decode_rate(llm, tokens: int) -> float:
+    """Decode-only tokens/s of one greedy request (from its first token to its last)."""
+    from specdraft import SamplingParams, SpeculationParams
+
+    stream = llm.stream(PROMPT, SamplingParams(max_tokens=tokens, ignore_eos=True), SpeculationParams("none"))
+    first = next(stream)
+    start, produced = time.perf_counter(), 0
+    for delta in stream:
+        produced += len(delta.token_ids)
+    assert produced + len(first.token_ids) == tokens
+    return produced / (time.perf_counter() - start)
+
+
+def plain_llms(loaded) -> dict:
+    from specdraft import LLM
+
+    return {step: LLM(loaded, drafter="none", max_batch=1, enforce_eager=step == "eager") for step in ("compiled", "eager")}
+
+
+def verify_costs(loaded, rounds: int) -> dict:
+    """Step ms at batch 1 for k = 0..8, compiled and eager, steps interleaved (benchmarks.verify_cost)."""
+    from benchmarks.verify_cost import measure
+    from specdraft.params import SamplingParams
+    from specdraft.verifier import Verifier
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 1000, size=256).tolist()
+    verifiers = {step: Verifier(loaded.model, fused=step == "compiled") for step in ("compiled", "eager")}
+    for verifier in verifiers.values():
+        verifier.admit("row0", prompt, SamplingParams())
+    cells = {step: [] for step in verifiers}
+    for _ in range(rounds):
+        for step, verifier in verifiers.items():
+            cells[step].append({c["k"]: c["step_ms"] for c in measure(verifier, 1, list(range(9)), 5, rng)})
+    return {step: {k: statistics.median(r[k] for r in runs) for k in range(9)} for step, runs in cells.items()}
+
+
+def child(setting: str, tokens: int) -> None:
+    """One process: plain decoding tokens/s under the thread setting its environment was started with."""
+    from specdraft.models import load_model
+    from specdraft import LLM
+
+    llm = LLM(load_model(None, device="cpu", dtype="float32"), drafter="none", max_batch=1)
+    decode_rate(llm, 16)  # warm: compile (cached on disk), allocations
+    print(json.dumps({"setting": setting, "tokens_per_second": statistics.median(decode_rate(llm, tokens) for _ in range(2))}))
+
+
+def _env(setting: str) -> dict[str, str]:
+    """This process's environment with the thread variables left to `setting` alone."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+    return {**env, "SPECDRAFT_THREADS": setting, "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def under_neighbour(rounds: int, tokens: int) -> list[dict]:
+    """Plain decoding per thread setting, quiet and beside one busy process, in fresh processes,
+    interleaved round by round."""
+    runs: dict[tuple[str, bool], list[float]] = {}
+    for _ in range(rounds):
+        for setting in THREAD_SETTINGS:
+            for busy in (False, True):
+                neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+                try:
+                    out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_floor", "--child", setting,
+                                          "--tokens", str(tokens)], capture_output=True, text=True, check=True,
+                                         env=_env(setting))
+                finally:
+                    if neighbour is not None:
+                        neighbour.kill()
+                        neighbour.wait()
+                rate = json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_second"]
+                runs.setdefault((setting, busy), []).append(rate)
+                print(f"  {setting:>8} {'busy' if busy else 'quiet'}: {rate:.1f} tok/s", flush=True)
+    rows = []
+    for setting in THREAD_SETTINGS:
+        quiet, busy = statistics.median(runs[setting, False]), statistics.median(runs[setting, True])
+        rows.append({"setting": setting, "env": THREAD_SETTINGS[setting], "quiet": quiet, "busy": busy,
+                     "busy_over_quiet": busy / quiet, "quiet_runs": runs[setting, False], "busy_runs": runs[setting, True]})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--skip-neighbour", action="store_true", help="leave out the busy-neighbour runs")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.tokens)
+        return
+
+    import torch
+
+    from benchmarks.run import machine
+    from specdraft.models import load_model
+
+    loaded = load_model(None, device="cpu", dtype="float32")
+    llms = plain_llms(loaded)
+    for llm in llms.values():
+        decode_rate(llm, 16)  # warm
+    per_token = weight_bytes_per_token(loaded.model)
+    bandwidths, rates = [], {step: [] for step in llms}
+    for r in range(args.rounds):
+        bandwidths.append(read_bandwidth())
+        for step, llm in llms.items():
+            rates[step].append(decode_rate(llm, args.tokens))
+        print(f"round {r + 1}: {bandwidths[-1] / 1e9:.1f} GB/s; "
+              + ", ".join(f"{s} {v[-1]:.1f} tok/s" for s, v in rates.items()), flush=True)
+    bandwidth = statistics.median(bandwidths)
+    floor = bandwidth / per_token
+    plain = {step: {"tokens_per_second": statistics.median(v), "runs": v,
+                    "fraction_of_floor": statistics.median(v) / floor} for step, v in rates.items()}
+    costs = verify_costs(loaded, args.rounds)
+    result = {
+        "date": dt.date.today().isoformat(),
+        "machine": machine(),
+        "load_before": os.getloadavg()[0],
+        "threads": torch.get_num_threads(),
+        "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
+        "model": loaded.name,
+        "dtype": str(loaded.model.dtype),
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "read_bandwidth_runs_gb_s": [b / 1e9 for b in bandwidths],
+        "weight_bytes_per_token": per_token,
+        "floor_tokens_per_second": floor,
+        "plain": plain,
+        "verify_step_ms": costs,
+        "neighbour": None if args.skip_neighbour else under_neighbour(args.rounds, args.tokens),
+    }
+    write(result, args.out)
+
+
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu_floor.json").write_text(json.dumps(result, indent=1))
+    plain, costs = result["plain"], result["verify_step_ms"]
+    lines = [
+        "# CPU floor: plain decoding against the weight-read floor",
+        "",
+        f"{result['date']}, {result['machine']}; load average {result['load_before']:.2f} at the start. "
+        f"{result['model']} ({result['dtype']}), batch 1, greedy, {result['tokens']} tokens, decode only; "
+        f"medians of {result['rounds']} interleaved rounds. Run with `python -m benchmarks.cpu_floor`.",
+        "",
+        f"- read bandwidth (streaming sum over a buffer far larger than the caches, {result['threads']} threads): "
+        f"**{result['read_bandwidth_gb_s']:.1f} GB/s** (runs: "
+        + ", ".join(f"{b:.1f}" for b in result["read_bandwidth_runs_gb_s"]) + ")",
+        f"- weights read per token: **{result['weight_bytes_per_token'] / 1e6:.0f} MB**",
+        f"- floor: **{result['floor_tokens_per_second']:.1f} tok/s**",
+        "",
+        "| plain decoding (`none`) | tok/s | of the floor | runs |",
+        "| --- | --- | --- | --- |",
+    ]
+    for step, p in plain.items():
+        lines.append(f"| {step} step | {p['tokens_per_second']:.1f} | {100 * p['fraction_of_floor']:.0f}% | "
+                     + ", ".join(f"{v:.1f}" for v in p["runs"]) + " |")
+    lines += ["", "Verify step at batch 1 (256 tokens of context): ms, and in brackets the ratio to the same "
+              "kind's plain step (k = 0):", "", "| k | compiled | eager |", "| --- | --- | --- |"]
+    for k in sorted(costs["compiled"], key=int):
+        lines.append(f"| {k} | " + " | ".join(
+            f"{costs[s][k]:.1f} ({costs[s][k] / costs[s][min(costs[s], key=int)]:.2f}x)" for s in ("compiled", "eager")) + " |")
+    if result["neighbour"]:
+        lines += ["", "Plain decoding (compiled step) quiet and beside one busy process (`python -c 'while True: pass'`), "
+                  "each in a fresh process:", "",
+                  "| thread setting | environment | quiet tok/s | busy tok/s | busy / quiet |", "| --- | --- | --- | --- | --- |"]
+        for row in result["neighbour"]:
+            env = " ".join(f"{k}={v}" for k, v in row["env"].items()) or "(torch's defaults)"
+            lines.append(f"| {row['setting']} | `{env}` | {row['quiet']:.1f} | {row['busy']:.1f} | "
+                         f"{100 * row['busy_over_quiet']:.0f}% |")
+    (out / "cpu_floor.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

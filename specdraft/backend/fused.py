@@ -1,0 +1,228 @@
+"""`FusedLayers`: a decoder layer's per-token work compiled into a few CPU kernels (Llama family).
+
+On CPU a decode step is bound by reading the weights, and the eager layer spends about half of it
+elsewhere: dozens of small ops per layer (norms, rotary embedding, activation, residual adds, views)
+each paying Python and dispatch, and BLAS matrix-vector paths that read the weights at about half
+the rate memory allows (`benchmarks/results/cpu_profile.md`). Here each layer is two compiled
+calls (inductor's CPU backend): before attention (norm, q/k/v projections, rotary embedding) and
+after it (output projection, residual, norm, MLP, residual); the final norm and output layer are a
+third. Attention and the cache writes stay as they are (`llama.LlamaForward`).
+
+A single token's projections are written as a reduction over each weight row (`(W * x).sum(-1)`),
+which inductor turns into one vectorised pass over the weights near memory speed; a few tokens use
+`(W @ x.T).T` (one product reading the weights once, see `linear.FewRowsLinear`). The arithmetic is
+the eager layer's, summed in another order: logits agree to float rounding (`tests/test_fused.py`)
+and greedy output equals Hugging Face `generate`'s on every test and benchmark prompt.
+
+The weights are arguments, not captured constants, so the 30 layers of a model share one compiled
+graph per shape kind: one token, and any other count up to `linear.MAX_ROWS` (compiled once with a
+dynamic token count). Compiling costs seconds on first use (inductor caches it on disk after); if it
+fails the layers fall back to eager with a warning, and the output is the same either way.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from specdraft.backend.linear import FewRowsLinear
+
+
+MIN_WEIGHT_BYTES = 64 << 20  # smaller models stay eager by default (`FusedLayers.pays`)
+MAX_TOKENS = 8  # passes of up to this many tokens run here, padded to 1, 2, 4 or 8 (4 graphs)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [N, in] -> [N, out]: one reduction over each weight row per token, which inductor fuses into
+    one vectorised pass that reads the weights once for all N tokens."""
+    out = torch.stack([(weight * x[i]).sum(-1) for i in range(x.shape[0])])
+    return out if bias is None else out + bias
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Transformers' `LlamaRMSNorm`: computed in float32, scaled in the input's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [N, heads, head_dim] at cos/sin [N, head_dim] (transformers' `rotate_half`)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+# Each part also returns the inputs of its projections (normed rows, the MLP's activations): as
+# outputs they are stored once, where inductor would otherwise recompute them inside every weight
+# row's reduction (3x slower at 4 tokens, 3.5x at 8). The callers keep only the first outputs.
+
+def _before_attention(x, cos, sin, norm, eps: float, wqkv, bqkv, head_dim: int, heads: int, kv_heads: int):
+    """x [N, hidden] -> q [N, heads * head_dim], k, v [N, kv_heads * head_dim] (q, k rotated), normed x."""
+    h = _rms_norm(x, norm, eps)
+    n = x.shape[0]
+    q, k, v = _linear(h, wqkv, bqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = _rotate(q.reshape(n, heads, head_dim), cos, sin).reshape(n, -1)
+    k = _rotate(k.reshape(n, kv_heads, head_dim), cos, sin).reshape(n, -1)
+    return q, k, v, h
+
+
+def _after_attention(x, attended, wo, bo, norm, eps: float, wgu, bgu, wd, bd):
+    """The residual stream after the attention output [N, heads * head_dim] and the MLP; normed
+    stream, MLP activations."""
+    x = x + _linear(attended, wo, bo)
+    h = _rms_norm(x, norm, eps)
+    gate, up = _linear(h, wgu, bgu).chunk(2, dim=-1)
+    act = F.silu(gate) * up
+    return x + _linear(act, wd, bd), h, act
+
+
+def _between(x, attended, cos, sin, after: tuple, before: tuple):
+    """Layer i after its attention, then layer i + 1 up to its attention: one call, larger kernels.
+    after/before: `_after_attention`'s and `_before_attention`'s weights. -> the stream, q, k, v of
+    layer i + 1, then the stored intermediates."""
+    x, h, act = _after_attention(x, attended, *after)
+    q, k, v, h2 = _before_attention(x, cos, sin, *before)
+    return x, q, k, v, h, act, h2
+
+
+def _head(x, norm, eps: float, weight, bias):
+    """Final norm and output layer: x [N, hidden] -> float32 logits [N, vocab]; normed x."""
+    h = _rms_norm(x, norm, eps)
+    return _linear(h, weight, bias).float(), h
+
+
+def _plain_linear(module: torch.nn.Module) -> bool:
+    return type(module) in (torch.nn.Linear, FewRowsLinear)
+
+
+def _plain_mlp(mlp: torch.nn.Module) -> bool:
+    act = getattr(getattr(mlp, "config", None), "hidden_act", None) or getattr(mlp, "hidden_act", None)
+    return (all(_plain_linear(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj"))
+            and act in ("silu", "swish"))
+
+
+def _joined(modules: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight [sum of outs, in] (and bias) whose row blocks are these linears' weights: the
+    layers' q/k/v (gate/up) projections become one reduction over one buffer. The modules' weights
+    are made views of it (same values, nothing copied twice); joined already, it is reused."""
+    weights = [m.weight for m in modules]
+    rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
+    adjacent = all(w.is_contiguous() and w.untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr()
+                   and w.storage_offset() == weights[0].storage_offset() + sum(v.numel() for v in weights[:i])
+                   for i, w in enumerate(weights))
+    with torch.no_grad():
+        if adjacent:
+            joined = weights[0].new_empty(0).set_(weights[0].untyped_storage(), weights[0].storage_offset(), (rows, cols))
+        else:
+            joined = torch.cat([w.detach() for w in weights])
+            start = 0
+            for m, w in zip(modules, weights):
+                m.weight = torch.nn.Parameter(joined[start : start + w.shape[0]], requires_grad=w.requires_grad)
+                start += w.shape[0]
+        biases = [m.bias for m in modules]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b.detach() if b is not None else weights[0].new_zeros(m.weight.shape[0]) for m, b in zip(modules, biases)])
+    return joined, bias
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+class FusedLayers:
+    """The compiled per-token parts of `layers` (a model's decoder layers) and of its output head."""
+
+    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], head_dim: int, heads: int,
+                 kv_heads: int) -> None:
+        """Joins each layer's q/k/v and gate/up weights into one buffer each (`_joined`)."""
+        self._layers = []
+        for layer in layers:
+            a, mlp = layer.self_attn, layer.mlp
+            self._layers.append((
+                (layer.input_layernorm.weight, _eps(layer.input_layernorm),
+                 *_joined([a.q_proj, a.k_proj, a.v_proj]), head_dim, heads, kv_heads),
+                (a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
+                 _eps(layer.post_attention_layernorm), *_joined([mlp.gate_proj, mlp.up_proj]),
+                 mlp.down_proj.weight, mlp.down_proj.bias)))
+        norm, lm_head = model.model.norm, model.lm_head
+        self._head = (norm.weight, _eps(norm), lm_head.weight, lm_head.bias)
+        # One graph per token bucket (1, 2, 4, ... MAX_TOKENS): within dynamo's default limit of 8.
+        self._eager = [_before_attention, _after_attention, _head, _between]
+        self._compiled = [torch.compile(f, dynamic=False) for f in self._eager]
+        self.failed: str | None = None
+        self._warm_up(model, head_dim, heads)
+
+    def _warm_up(self, model: torch.nn.Module, head_dim: int, heads: int) -> None:
+        """Compile every token bucket now: a compile inside a live step would take seconds, and the
+        cost-aware policy would read it as that draft length's cost."""
+        weight = model.model.embed_tokens.weight
+        with torch.inference_mode():
+            for n in range(MAX_TOKENS.bit_length()):
+                x = weight.new_zeros(1 << n, weight.shape[1])
+                cos = weight.new_zeros(1 << n, head_dim)
+                self.before_attention(0, x, cos, cos)
+                attended = weight.new_zeros(1 << n, heads * head_dim)
+                self.after_attention(0, x, attended)
+                self.head(x)
+                if len(self._layers) > 1:
+                    self.between(0, x, attended, cos, cos)
+
+    @staticmethod
+    def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
+        """Whether the layers are plain (float linears, SiLU MLP, RMS norms) on CPU in `dtype`."""
+        weight = model.model.embed_tokens.weight
+        if weight.device.type != "cpu" or dtype != weight.dtype or not dtype.is_floating_point:
+            return False
+        a = [l.self_attn for l in layers]
+        return (_plain_linear(model.lm_head) and all(_plain_mlp(l.mlp) for l in layers)
+                and all(_plain_linear(getattr(x, n, None)) for x in a for n in ("q_proj", "k_proj", "v_proj", "o_proj")))
+
+    @staticmethod
+    def pays(model: torch.nn.Module) -> bool:
+        """Whether compiling is worth its seconds: the weights (at least `MIN_WEIGHT_BYTES`) are too
+        large for the caches, so a step is bound by reading them. Smaller models (the test suite's
+        tiny ones) keep the eager layers unless asked."""
+        return sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_WEIGHT_BYTES
+
+    @staticmethod
+    def takes(tokens: int) -> bool:
+        """Whether a pass of this many tokens runs here (larger ones run the eager layers)."""
+        return tokens <= MAX_TOKENS
+
+    def _call(self, which: int, keep: int, rows: tuple[torch.Tensor, ...], *weights):
+        """Run part `which` on `rows` (tensors of N rows each) padded with zero rows to a power of
+        two; return the first N rows of its first `keep` outputs."""
+        n = len(rows[0])
+        bucket = 1 << (n - 1).bit_length()
+        rows = tuple(F.pad(r, (0, 0, 0, bucket - n)) if bucket > n else r for r in rows)
+        out = None
+        if self.failed is None:
+            try:
+                out = self._compiled[which](*rows, *weights)
+            except Exception as error:  # a compiler that cannot run here: eager gives the same output
+                self.failed = f"{type(error).__name__}: {error}".splitlines()[0]
+                warnings.warn(f"compiling the CPU decode step failed ({self.failed}); running it eagerly",
+                              RuntimeWarning, stacklevel=3)
+        if out is None:
+            out = self._eager[which](*rows, *weights)
+        return tuple(o[:n] for o in out[:keep])
+
+    def before_attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Layer i: x [N, hidden], cos/sin [N, head_dim] -> q, k, v [N, heads * head_dim] (q, k rotated)."""
+        return self._call(0, 3, (x, cos, sin), *self._layers[i][0])
+
+    def after_attention(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Layer i: the residual stream x [N, hidden] after attention's output [N, heads * head_dim] and the MLP."""
+        return self._call(1, 1, (x, attended), *self._layers[i][1])[0]
+
+    def between(self, i: int, x: torch.Tensor, attended: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """`after_attention(i, ...)` then `before_attention(i + 1, ...)` in one call: the stream and
+        layer i + 1's q, k, v."""
+        return self._call(3, 4, (x, attended, cos, sin), self._layers[i][1], self._layers[i + 1][0])
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, hidden] -> float32 logits [N, vocab]."""
+        return self._call(2, 1, (x,), *self._head)[0]

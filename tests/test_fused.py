@@ -1,0 +1,79 @@
+"""The compiled CPU decode step (`specdraft.backend.fused`): its logits equal the eager layers' for
+every token count it takes (1, 2..8 padded to a power of two) and the eager layers take the rest;
+joining the q/k/v and gate/up weights changes no value and copies nothing twice; a compiler that
+fails leaves the same output, with a warning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft.backend import RowModel
+from specdraft.backend.fused import MAX_TOKENS, FusedLayers
+from tests.conftest import TINY_VOCAB, make_tiny_model
+
+
+def passes(rows: RowModel, prompt: list[int], counts: list[int]) -> list[torch.Tensor]:
+    """Logits of one row fed `prompt`, then passes of `counts` tokens each (committed)."""
+    rows.add("r", active=True)
+    rows.prefill("r", prompt)
+    out, rng = [], np.random.default_rng(0)
+    for n in counts:
+        ids = rng.integers(0, TINY_VOCAB, size=(1, n))
+        out.append(rows.forward(rows.active_window, ids).clone())
+        rows.commit(rows.active_window, [n])
+    return out
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability(), reason="no CPU compiler")
+def test_fused_passes_equal_the_eager_layers_for_every_token_count():
+    model = make_tiny_model(seed=5, dtype=torch.float32, layers=2, attention_bias=True)
+    counts = [1, 2, 3, 5, 8, MAX_TOKENS + 4, 1]  # every bucket, then the eager layers, then one again
+    fused = RowModel(model, fused=True)
+    assert fused._own.fused is not None
+    reference = passes(RowModel(model), list(range(1, 30)), counts)
+    for n, got, want in zip(counts, passes(fused, list(range(1, 30)), counts), reference):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5, msg=f"a pass of {n} tokens")
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert fused._own.fused.failed is None
+
+
+def test_joining_projections_keeps_every_value_and_shares_one_buffer():
+    model = make_tiny_model(seed=6, dtype=torch.float32, layers=2)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    FusedLayers(model, list(model.model.layers), 16, 4, 2)
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    q, k, v = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    assert mlp.gate_proj.weight.untyped_storage().data_ptr() == mlp.up_proj.weight.untyped_storage().data_ptr()
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    ptr = q.data_ptr()
+    FusedLayers(model, list(model.model.layers), 16, 4, 2)  # joined already: reused, not copied again
+    assert attention.q_proj.weight.data_ptr() == ptr
+
+
+def test_a_failing_compiler_falls_back_to_eager_with_the_same_output():
+    model = make_tiny_model(seed=7, dtype=torch.float32, layers=1)
+    rows = RowModel(model, fused=True)
+    fused = rows._own.fused
+
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    fused._compiled = [broken] * 3
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        got = passes(rows, [1, 2, 3, 4], [1, 3])
+    assert fused.failed == "RuntimeError: no compiler here"
+    for a, b in zip(got, passes(RowModel(model), [1, 2, 3, 4], [1, 3])):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)  # the same sums, eagerly (another order)
+
+
+def test_fused_layers_apply_only_to_plain_float_layers_on_cpu():
+    model = make_tiny_model(seed=8, dtype=torch.float32, layers=1)
+    layers = list(model.model.layers)
+    assert FusedLayers.applies(model, layers, torch.float32)
+    assert not FusedLayers.applies(model, layers, torch.bfloat16)  # activations in another dtype
+    model.config.hidden_act = "gelu"
+    assert not FusedLayers.applies(model, layers, torch.float32)
