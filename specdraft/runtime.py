@@ -67,10 +67,10 @@ def resolve_options(names: Sequence[str], drafter_options: Mapping[str, Mapping[
 
 def build_drafters(names: Sequence[str], k: int, target: LoadedModel, draft_model: str | LoadedModel | None = None,
                    dtype: str = "auto", options: Mapping[str, Mapping[str, Any]] | None = None,
-                   static: StaticShapes | None = None) -> tuple[dict[str, Drafter], dict[str, str]]:
+                   static: StaticShapes | None = None, fused: bool = False) -> tuple[dict[str, Drafter], dict[str, str]]:
     """Build and warm each named drafter once, with its options (already resolved: `resolve_options`).
     The drafters that draft with a model (`model`, `hybrid`) share one draft model, loaded (or built)
-    once, and run at `static` shapes if given. A plugin that fails to build is left out, with a
+    once, and run at `static` shapes if given, compiled on CPU if `fused` and it pays. A plugin that fails to build is left out, with a
     warning naming it (returned as name -> why); a built-in one that fails raises."""
     with_model = drafters_with_a_model(names, draft_model)
     shared = load_draft_model(draft_model, target, dtype) if with_model else None
@@ -78,7 +78,8 @@ def build_drafters(names: Sequence[str], k: int, target: LoadedModel, draft_mode
     for name in names:
         given = dict((options or {}).get(name, {}))
         if name in with_model:
-            given = {"draft_model": shared, "static_shapes": static, **given}
+            given = {"draft_model": shared, "static_shapes": static, "fused": fused and FusedLayers.pays(shared.model),
+                     **given}
         try:
             drafters[name] = create_drafter(name, k=k, target=target, **given)
         except Exception as exc:
@@ -122,7 +123,7 @@ def build_runtime(
     target = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
     context = min(max_context, target.max_context) if max_context else target.max_context
     static = static_shapes(target, max_batch, context, graphs=not enforce_eager)
-    built, skipped = build_drafters(names, k, target, draft_model, dtype, options, static)
+    built, skipped = build_drafters(names, k, target, draft_model, dtype, options, static, fused=not enforce_eager)
     fused = not enforce_eager and FusedLayers.pays(target.model)  # applies on CPU only (`FusedLayers.applies`)
     engine = Engine(Verifier(target.model, static, fused=fused), built, target.tokenizer, target.eos_token_ids, context,
                     k=k, max_batch=max_batch, default_drafter=default, policy=policy, calibrate=calibrate)

@@ -11,6 +11,7 @@ import torch
 
 from specdraft.backend import RowModel
 from specdraft.backend.fused import MAX_TOKENS, FusedLayers
+from specdraft.backend.linear import use_int8_linears
 from tests.conftest import TINY_VOCAB, make_tiny_model
 
 
@@ -42,7 +43,7 @@ def test_fused_passes_equal_the_eager_layers_for_every_token_count():
 def test_joining_projections_keeps_every_value_and_shares_one_buffer():
     model = make_tiny_model(seed=6, dtype=torch.float32, layers=2)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    FusedLayers(model, list(model.model.layers), 16, 4, 2)
+    FusedLayers(model, list(model.model.layers), torch.float32, 16, 4, 2)
     attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     q, k, v = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
     assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
@@ -50,7 +51,7 @@ def test_joining_projections_keeps_every_value_and_shares_one_buffer():
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
     ptr = q.data_ptr()
-    FusedLayers(model, list(model.model.layers), 16, 4, 2)  # joined already: reused, not copied again
+    FusedLayers(model, list(model.model.layers), torch.float32, 16, 4, 2)  # joined already: reused, not copied again
     assert attention.q_proj.weight.data_ptr() == ptr
 
 
@@ -74,6 +75,27 @@ def test_fused_layers_apply_only_to_plain_float_layers_on_cpu():
     model = make_tiny_model(seed=8, dtype=torch.float32, layers=1)
     layers = list(model.model.layers)
     assert FusedLayers.applies(model, layers, torch.float32)
-    assert not FusedLayers.applies(model, layers, torch.bfloat16)  # activations in another dtype
+    assert not FusedLayers.applies(model, layers, torch.int8)  # activations must be floats
     model.config.hidden_act = "gelu"
     assert not FusedLayers.applies(model, layers, torch.float32)
+    model.config.hidden_act = "silu"
+    use_int8_linears(model.model.layers[0].mlp)
+    assert not FusedLayers.applies(model, layers, torch.float32)  # int8 and float linears mixed
+    use_int8_linears(model)
+    assert FusedLayers.applies(model, layers, torch.bfloat16)  # all int8: an int8 draft copy
+
+
+def test_an_int8_draft_copy_runs_fused_as_its_eager_step():
+    """The model drafter's int8 copy (bf16 activations; the int8 kernel called from the compiled
+    parts): its distributions stay as close to the eager int8 step's as rounding allows."""
+    from specdraft.models import LoadedModel, int8_copy
+
+    target = make_tiny_model(seed=9, dtype=torch.float32, layers=2)
+    draft = int8_copy(LoadedModel(target, None, "tiny", None, 256, (), False))
+    fused = RowModel(draft.model, dtype=draft.compute_dtype, fused=True)
+    assert fused._own.fused is not None
+    eager = RowModel(draft.model, dtype=draft.compute_dtype)
+    for got, want in zip(passes(fused, [5, 6, 7, 8, 9], [1, 4, 1]), passes(eager, [5, 6, 7, 8, 9], [1, 4, 1])):
+        assert 0.5 * (got.softmax(-1) - want.softmax(-1)).abs().sum(-1).max() < 0.02
+    assert fused._own.fused.failed is None
+

@@ -27,17 +27,22 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from specdraft.backend.linear import FewRowsLinear
+from specdraft.backend.linear import FewRowsLinear, Int8Linear
 
 
 MIN_WEIGHT_BYTES = 64 << 20  # smaller models stay eager by default (`FusedLayers.pays`)
 MAX_TOKENS = 8  # passes of up to this many tokens run here, padded to 1, 2, 4 or 8 (4 graphs)
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _linear(x: torch.Tensor, projection: tuple) -> torch.Tensor:
     """x [N, in] -> [N, out]: one reduction over each weight row per token, which inductor fuses into
-    one vectorised pass that reads the weights once for all N tokens."""
-    out = torch.stack([(weight * x[i]).sum(-1) for i in range(x.shape[0])])
+    one vectorised pass that reads the weights once for all N tokens. projection: (weight [out, in],
+    bias [out] or None, scales [out] of int8 weights or None)."""
+    weight, bias, scales = projection
+    if scales is not None:  # int8 weights: torch's int8 kernel on bf16 rows (`Int8Linear`)
+        out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), weight, scales).to(x.dtype)
+    else:
+        out = torch.stack([(weight * x[i]).sum(-1) for i in range(x.shape[0])])
     return out if bias is None else out + bias
 
 
@@ -59,24 +64,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 # outputs they are stored once, where inductor would otherwise recompute them inside every weight
 # row's reduction (3x slower at 4 tokens, 3.5x at 8). The callers keep only the first outputs.
 
-def _before_attention(x, cos, sin, norm, eps: float, wqkv, bqkv, head_dim: int, heads: int, kv_heads: int):
+def _before_attention(x, cos, sin, norm, eps: float, qkv: tuple, head_dim: int, heads: int, kv_heads: int):
     """x [N, hidden] -> q [N, heads * head_dim], k, v [N, kv_heads * head_dim] (q, k rotated), normed x."""
     h = _rms_norm(x, norm, eps)
     n = x.shape[0]
-    q, k, v = _linear(h, wqkv, bqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = _linear(h, qkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q = _rotate(q.reshape(n, heads, head_dim), cos, sin).reshape(n, -1)
     k = _rotate(k.reshape(n, kv_heads, head_dim), cos, sin).reshape(n, -1)
     return q, k, v, h
 
 
-def _after_attention(x, attended, wo, bo, norm, eps: float, wgu, bgu, wd, bd):
-    """The residual stream after the attention output [N, heads * head_dim] and the MLP; normed
-    stream, MLP activations."""
-    x = x + _linear(attended, wo, bo)
-    h = _rms_norm(x, norm, eps)
-    gate, up = _linear(h, wgu, bgu).chunk(2, dim=-1)
+def _after_attention(x, attended, o: tuple, norm, eps: float, gate_up: tuple, down: tuple):
+    """The residual stream (in x's dtype) after the attention output [N, heads * head_dim] and the
+    MLP; normed stream, MLP activations."""
+    y = x + _linear(attended, o)
+    h = _rms_norm(y, norm, eps)
+    gate, up = _linear(h, gate_up).chunk(2, dim=-1)
     act = F.silu(gate) * up
-    return x + _linear(act, wd, bd), h, act
+    return (y + _linear(act, down)).to(x.dtype), h, act
 
 
 def _between(x, attended, cos, sin, after: tuple, before: tuple):
@@ -88,26 +93,31 @@ def _between(x, attended, cos, sin, after: tuple, before: tuple):
     return x, q, k, v, h, act, h2
 
 
-def _head(x, norm, eps: float, weight, bias):
+def _head(x, norm, eps: float, projection: tuple):
     """Final norm and output layer: x [N, hidden] -> float32 logits [N, vocab]; normed x."""
     h = _rms_norm(x, norm, eps)
-    return _linear(h, weight, bias).float(), h
+    return _linear(h, projection).float(), h
 
 
 def _plain_linear(module: torch.nn.Module) -> bool:
-    return type(module) in (torch.nn.Linear, FewRowsLinear)
+    """A float linear layer, or an int8 one (`Int8Linear`: its own kernel, called from the compiled
+    part; as a reduction, inductor's int8 loads ran 10x slower than it)."""
+    return type(module) in (torch.nn.Linear, FewRowsLinear, Int8Linear)
 
 
-def _plain_mlp(mlp: torch.nn.Module) -> bool:
+def _projection(module: torch.nn.Module) -> tuple:
+    return module.weight, module.bias, getattr(module, "scales", None)
+
+
+def _silu_mlp(mlp: torch.nn.Module) -> bool:
     act = getattr(getattr(mlp, "config", None), "hidden_act", None) or getattr(mlp, "hidden_act", None)
-    return (all(_plain_linear(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj"))
-            and act in ("silu", "swish"))
+    return act in ("silu", "swish")
 
 
-def _joined(modules: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight [sum of outs, in] (and bias) whose row blocks are these linears' weights: the
-    layers' q/k/v (gate/up) projections become one reduction over one buffer. The modules' weights
-    are made views of it (same values, nothing copied twice); joined already, it is reused."""
+def _joined(modules: list[torch.nn.Module]) -> tuple:
+    """One projection (weight [sum of outs, in], bias, scales) whose row blocks are these linears':
+    the layer's q/k/v (gate/up) projections become one reduction over one buffer. The modules'
+    weights are made views of it (same values, nothing copied twice); joined already, it is reused."""
     weights = [m.weight for m in modules]
     rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
     adjacent = all(w.is_contiguous() and w.untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr()
@@ -120,12 +130,16 @@ def _joined(modules: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor 
             joined = torch.cat([w.detach() for w in weights])
             start = 0
             for m, w in zip(modules, weights):
-                m.weight = torch.nn.Parameter(joined[start : start + w.shape[0]], requires_grad=w.requires_grad)
+                view = joined[start : start + w.shape[0]]
+                # A parameter stays a parameter; a buffer (int8 weights) stays a buffer.
+                m.weight = view if "weight" in m._buffers else torch.nn.Parameter(view, requires_grad=w.requires_grad)
                 start += w.shape[0]
         biases = [m.bias for m in modules]
         bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else weights[0].new_zeros(m.weight.shape[0]) for m, b in zip(modules, biases)])
-    return joined, bias
+        scales = [getattr(m, "scales", None) for m in modules]
+        scales = None if scales[0] is None else torch.cat(scales)
+    return joined, bias, scales
 
 
 def _eps(norm: torch.nn.Module) -> float:
@@ -135,57 +149,58 @@ def _eps(norm: torch.nn.Module) -> float:
 class FusedLayers:
     """The compiled per-token parts of `layers` (a model's decoder layers) and of its output head."""
 
-    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], head_dim: int, heads: int,
-                 kv_heads: int) -> None:
-        """Joins each layer's q/k/v and gate/up weights into one buffer each (`_joined`)."""
+    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype, head_dim: int,
+                 heads: int, kv_heads: int) -> None:
+        """dtype: the activations'. Joins each layer's q/k/v and gate/up weights into one buffer each
+        (`_joined`) and compiles every token bucket (`_warm_up`)."""
         self._layers = []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             self._layers.append((
-                (layer.input_layernorm.weight, _eps(layer.input_layernorm),
-                 *_joined([a.q_proj, a.k_proj, a.v_proj]), head_dim, heads, kv_heads),
-                (a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
-                 _eps(layer.post_attention_layernorm), *_joined([mlp.gate_proj, mlp.up_proj]),
-                 mlp.down_proj.weight, mlp.down_proj.bias)))
-        norm, lm_head = model.model.norm, model.lm_head
-        self._head = (norm.weight, _eps(norm), lm_head.weight, lm_head.bias)
+                (layer.input_layernorm.weight, _eps(layer.input_layernorm), _joined([a.q_proj, a.k_proj, a.v_proj]),
+                 head_dim, heads, kv_heads),
+                (_projection(a.o_proj), layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm),
+                 _joined([mlp.gate_proj, mlp.up_proj]), _projection(mlp.down_proj))))
+        self._head = (model.model.norm.weight, _eps(model.model.norm), _projection(model.lm_head))
         # One graph per token bucket (1, 2, 4, ... MAX_TOKENS): within dynamo's default limit of 8.
         self._eager = [_before_attention, _after_attention, _head, _between]
         self._compiled = [torch.compile(f, dynamic=False) for f in self._eager]
         self.failed: str | None = None
-        self._warm_up(model, head_dim, heads)
+        self._warm_up(model.config.hidden_size, dtype, head_dim, heads)
 
-    def _warm_up(self, model: torch.nn.Module, head_dim: int, heads: int) -> None:
+    def _warm_up(self, hidden: int, dtype: torch.dtype, head_dim: int, heads: int) -> None:
         """Compile every token bucket now: a compile inside a live step would take seconds, and the
         cost-aware policy would read it as that draft length's cost."""
-        weight = model.model.embed_tokens.weight
         with torch.inference_mode():
             for n in range(MAX_TOKENS.bit_length()):
-                x = weight.new_zeros(1 << n, weight.shape[1])
-                cos = weight.new_zeros(1 << n, head_dim)
-                self.before_attention(0, x, cos, cos)
-                attended = weight.new_zeros(1 << n, heads * head_dim)
+                x = torch.zeros(1 << n, hidden, dtype=dtype)
+                cos, sin = (torch.zeros(1 << n, head_dim, dtype=dtype) for _ in range(2))  # distinct, as a step's
+                self.before_attention(0, x, cos, sin)
+                attended = torch.zeros(1 << n, heads * head_dim, dtype=dtype)
                 self.after_attention(0, x, attended)
                 self.head(x)
                 if len(self._layers) > 1:
-                    self.between(0, x, attended, cos, cos)
+                    self.between(0, x, attended, cos, sin)
 
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
-        """Whether the layers are plain (float linears, SiLU MLP, RMS norms) on CPU in `dtype`."""
-        weight = model.model.embed_tokens.weight
-        if weight.device.type != "cpu" or dtype != weight.dtype or not dtype.is_floating_point:
+        """Whether the layers are plain (SiLU MLP, RMS norms, linears all float or all int8) on CPU
+        with float activations."""
+        if model.model.embed_tokens.weight.device.type != "cpu" or not dtype.is_floating_point:
             return False
-        a = [l.self_attn for l in layers]
-        return (_plain_linear(model.lm_head) and all(_plain_mlp(l.mlp) for l in layers)
-                and all(_plain_linear(getattr(x, n, None)) for x in a for n in ("q_proj", "k_proj", "v_proj", "o_proj")))
+        linears = [model.lm_head] + [getattr(layer.self_attn, n, None) for layer in layers
+                                     for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        linears += [getattr(layer.mlp, n, None) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
+        return (all(_silu_mlp(layer.mlp) for layer in layers) and all(_plain_linear(m) for m in linears)
+                and len({type(m) is Int8Linear for m in linears}) == 1)
 
     @staticmethod
     def pays(model: torch.nn.Module) -> bool:
         """Whether compiling is worth its seconds: the weights (at least `MIN_WEIGHT_BYTES`) are too
         large for the caches, so a step is bound by reading them. Smaller models (the test suite's
         tiny ones) keep the eager layers unless asked."""
-        return sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_WEIGHT_BYTES
+        tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
+        return sum(t.numel() * t.element_size() for t in tensors.values()) >= MIN_WEIGHT_BYTES
 
     @staticmethod
     def takes(tokens: int) -> bool:

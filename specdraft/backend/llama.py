@@ -57,7 +57,7 @@ class LlamaForward:
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # fused: the per-token parts of decode and verify passes compiled for CPU, where they apply.
-        self.fused = (FusedLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
+        self.fused = (FusedLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads, self.num_kv_heads)
                       if fused and FusedLayers.applies(model, self.layers, self.dtype) else None)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,

@@ -79,12 +79,12 @@ class HybridDrafter:
 @register("hybrid")
 def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, min_match: int = 0,
             dtype: str = "auto", static_shapes: StaticShapes | None = None,
-            ngram: Mapping[str, Any] | None = None) -> HybridDrafter:
-    """`draft_model`, `dtype`, `static_shapes`: as for the `model` drafter; `min_match`: the shortest
+            ngram: Mapping[str, Any] | None = None, fused: bool = False) -> HybridDrafter:
+    """`draft_model`, `dtype`, `static_shapes`, `fused`: as for the `model` drafter; `min_match`: the shortest
     suffix match whose copy the n-gram drafter drafts instead of the model (0: any n-gram draft);
     `ngram`: the options of the n-gram part, as for the `ngram` drafter (a runtime gives it those of
     its `ngram` drafter)."""
     draft = load_draft_model(draft_model, target, dtype)
     model = ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
-                         static=static_shapes)
+                         static=static_shapes, fused=fused)
     return HybridDrafter(create_drafter("ngram", k=k, target=target, **(ngram or {})), model, min_match=min_match)

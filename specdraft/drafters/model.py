@@ -60,8 +60,8 @@ class ModelDrafter:
 
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
                  layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None) -> None:
-        self.rows = RowModel(model, layers=layers, dtype=dtype, static=static)
+                 static: StaticShapes | None = None, fused: bool = False) -> None:
+        self.rows = RowModel(model, layers=layers, dtype=dtype, static=static, fused=fused)
         self.k = k
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.device = self.rows.device
@@ -212,9 +212,10 @@ class ModelDrafter:
 
 @register("model")
 def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, dtype: str = "auto",
-            static_shapes: StaticShapes | None = None) -> ModelDrafter:
+            static_shapes: StaticShapes | None = None, fused: bool = False) -> ModelDrafter:
     """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target); `dtype` for
-    loading it (auto: the target's device default); `static_shapes`: as the verifier's (CUDA graphs)."""
+    loading it (auto: the target's device default); `static_shapes`: as the verifier's (CUDA graphs);
+    `fused`: on CPU, the compiled draft step (`RowModel`; a runtime sets it where it pays)."""
     draft = load_draft_model(draft_model, target, dtype)
     return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
-                        static=static_shapes)
+                        static=static_shapes, fused=fused)
