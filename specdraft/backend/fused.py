@@ -31,7 +31,7 @@ from specdraft.backend.linear import FewRowsLinear, Int8Linear
 
 
 MIN_WEIGHT_BYTES = 64 << 20  # smaller models stay eager by default (`FusedLayers.pays`)
-MAX_TOKENS = 8  # passes of up to this many tokens run here, padded to 1, 2, 4 or 8 (4 graphs)
+MAX_TOKENS = 8  # passes of up to this many tokens run here (a graph per count)
 
 
 def _linear(x: torch.Tensor, projection: tuple) -> torch.Tensor:
@@ -162,7 +162,7 @@ class FusedLayers:
                 (_projection(a.o_proj), layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm),
                  _joined([mlp.gate_proj, mlp.up_proj]), _projection(mlp.down_proj))))
         self._head = (model.model.norm.weight, _eps(model.model.norm), _projection(model.lm_head))
-        # One graph per token bucket (1, 2, 4, ... MAX_TOKENS): within dynamo's default limit of 8.
+        # One graph per token count (1 .. MAX_TOKENS), all compiled by `_warm_up`.
         self._eager = [_before_attention, _after_attention, _head, _between]
         self._compiled = [torch.compile(f, dynamic=False) for f in self._eager]
         self.failed: str | None = None
@@ -171,12 +171,14 @@ class FusedLayers:
     def _warm_up(self, hidden: int, dtype: torch.dtype, head_dim: int, heads: int) -> None:
         """Compile every token bucket now: a compile inside a live step would take seconds, and the
         cost-aware policy would read it as that draft length's cost."""
-        with torch.inference_mode():
-            for n in range(MAX_TOKENS.bit_length()):
-                x = torch.zeros(1 << n, hidden, dtype=dtype)
-                cos, sin = (torch.zeros(1 << n, head_dim, dtype=dtype) for _ in range(2))  # distinct, as a step's
+        # Dynamo keeps at most 8 graphs per function by default (a limit on compiling more, not on
+        # using them): raised while this model's graphs are made, so another model's fit too.
+        with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=256):
+            for n in range(1, MAX_TOKENS + 1):
+                x = torch.zeros(n, hidden, dtype=dtype)
+                cos, sin = (torch.zeros(n, head_dim, dtype=dtype) for _ in range(2))  # distinct, as a step's
                 self.before_attention(0, x, cos, sin)
-                attended = torch.zeros(1 << n, heads * head_dim, dtype=dtype)
+                attended = torch.zeros(n, heads * head_dim, dtype=dtype)
                 self.after_attention(0, x, attended)
                 self.head(x)
                 if len(self._layers) > 1:
@@ -208,11 +210,7 @@ class FusedLayers:
         return tokens <= MAX_TOKENS
 
     def _call(self, which: int, keep: int, rows: tuple[torch.Tensor, ...], *weights):
-        """Run part `which` on `rows` (tensors of N rows each) padded with zero rows to a power of
-        two; return the first N rows of its first `keep` outputs."""
-        n = len(rows[0])
-        bucket = 1 << (n - 1).bit_length()
-        rows = tuple(F.pad(r, (0, 0, 0, bucket - n)) if bucket > n else r for r in rows)
+        """Run part `which` on `rows` (tensors of N rows each); return its first `keep` outputs."""
         out = None
         if self.failed is None:
             try:
@@ -223,7 +221,7 @@ class FusedLayers:
                               RuntimeWarning, stacklevel=3)
         if out is None:
             out = self._eager[which](*rows, *weights)
-        return tuple(o[:n] for o in out[:keep])
+        return out[:keep]
 
     def before_attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Layer i: x [N, hidden], cos/sin [N, head_dim] -> q, k, v [N, heads * head_dim] (q, k rotated)."""
