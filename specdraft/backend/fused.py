@@ -3,21 +3,23 @@
 On CPU a decode step is bound by reading the weights, and the eager layer spends about half of it
 elsewhere: dozens of small ops per layer (norms, rotary embedding, activation, residual adds, views)
 each paying Python and dispatch, and BLAS matrix-vector paths that read the weights at about half
-the rate memory allows (`benchmarks/results/cpu_profile.md`). Here each layer is two compiled
-calls (inductor's CPU backend): before attention (norm, q/k/v projections, rotary embedding) and
-after it (output projection, residual, norm, MLP, residual); the final norm and output layer are a
-third. Attention and the cache writes stay as they are (`llama.LlamaForward`).
+the rate memory allows (`benchmarks/results/cpu_profile.md`). Here a layer's per-token work is
+compiled by inductor's CPU backend: norm, q/k/v projections (one joined weight) and rotary
+embedding before attention; output projection, residual, norm, MLP (gate/up joined) and residual
+after it. Layer i's end and layer i + 1's start are one call; the final norm and output layer
+another. Attention and the cache writes stay as they are (`llama.LlamaForward`).
 
-A single token's projections are written as a reduction over each weight row (`(W * x).sum(-1)`),
-which inductor turns into one vectorised pass over the weights near memory speed; a few tokens use
-`(W @ x.T).T` (one product reading the weights once, see `linear.FewRowsLinear`). The arithmetic is
-the eager layer's, summed in another order: logits agree to float rounding (`tests/test_fused.py`)
-and greedy output equals Hugging Face `generate`'s on every test and benchmark prompt.
+A projection is written as one reduction over each weight row per token (`(W * x[i]).sum(-1)`):
+inductor fuses a pass's reductions into one vectorised loop that reads the weights once for all its
+tokens, near memory speed. Int8 draft copies call torch's int8 kernel instead (`Int8Linear`'s).
+The arithmetic is the eager layer's, summed in another order: logits agree to float rounding
+(`tests/test_fused.py`) and greedy output equals Hugging Face `generate`'s on every test and
+benchmark prompt.
 
-The weights are arguments, not captured constants, so the 30 layers of a model share one compiled
-graph per shape kind: one token, and any other count up to `linear.MAX_ROWS` (compiled once with a
-dynamic token count). Compiling costs seconds on first use (inductor caches it on disk after); if it
-fails the layers fall back to eager with a warning, and the output is the same either way.
+The weights are arguments, not captured constants, so the layers of a model share one graph per
+token count (1 to `MAX_TOKENS`; larger passes run the eager layers, where BLAS products win). All
+are compiled when the layers are built: ~6 s with inductor's disk cache warm, ~1 min the first time
+on a machine. If compiling fails the layers run the same functions eagerly, with a warning.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ class FusedLayers:
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype, head_dim: int,
                  heads: int, kv_heads: int) -> None:
         """dtype: the activations'. Joins each layer's q/k/v and gate/up weights into one buffer each
-        (`_joined`) and compiles every token bucket (`_warm_up`)."""
+        (`_joined`) and compiles every token count (`_warm_up`)."""
         self._layers = []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -169,7 +171,7 @@ class FusedLayers:
         self._warm_up(model.config.hidden_size, dtype, head_dim, heads)
 
     def _warm_up(self, hidden: int, dtype: torch.dtype, head_dim: int, heads: int) -> None:
-        """Compile every token bucket now: a compile inside a live step would take seconds, and the
+        """Compile every token count now: a compile inside a live step would take seconds, and the
         cost-aware policy would read it as that draft length's cost."""
         # Dynamo keeps at most 8 graphs per function by default (a limit on compiling more, not on
         # using them): raised while this model's graphs are made, so another model's fit too.
