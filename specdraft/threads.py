@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 # name -> the environment it sets; "torch" is torch's own defaults (libgomp spins at barriers).
 THREAD_SETTINGS: dict[str, dict[str, str]] = {
@@ -33,8 +34,9 @@ def configure() -> str | None:
     None when torch was imported first (too late for OpenMP to see them)."""
     name = os.environ.get("SPECDRAFT_THREADS", DEFAULT_SETTING)
     if name not in THREAD_SETTINGS:
-        raise ValueError(f"SPECDRAFT_THREADS={name!r} is not a thread setting; choose one of: "
-                         f"{', '.join(THREAD_SETTINGS)}")
+        warnings.warn(f"SPECDRAFT_THREADS={name!r} is not a thread setting (one of: {', '.join(THREAD_SETTINGS)}); "
+                      f"using {DEFAULT_SETTING!r}", RuntimeWarning, stacklevel=2)
+        name = DEFAULT_SETTING
     if "torch" in sys.modules:
         return None
     for key, value in THREAD_SETTINGS[name].items():
