@@ -30,7 +30,7 @@ GROUPS = [
     ("weights: projections and output layer (BLAS)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")),
     ("weights: compiled kernels (norm, projections, rotary, MLP fused)", ("## Call CompiledFxGraph",)),
     ("compiled calls: guards and wrappers", ("Torch-Compiled Region", "TorchDynamo Cache Lookup", "AOTDispatcher",
-                                             "Pregraph bytecode", "## Call CompiledFxGraph wrapper")),
+                                             "Pregraph bytecode")),
     ("attention", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
     ("cache writes", ("aten::scatter_",)),
     ("norms, rotary, activation, residual (eager elementwise)",

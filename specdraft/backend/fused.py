@@ -19,7 +19,8 @@ benchmark prompt.
 The weights are arguments, not captured constants, so the layers of a model share one graph per
 token count (1 to `MAX_TOKENS`; larger passes run the eager layers, where BLAS products win). All
 are compiled when the layers are built: ~6 s with inductor's disk cache warm, ~1 min the first time
-on a machine. If compiling fails the layers run the same functions eagerly, with a warning.
+on a machine. If compiling fails, that call runs the same functions eagerly, with a warning, and
+`LlamaForward` runs its eager layers from then on.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ class FusedLayers:
         if self.failed is None:
             try:
                 out = self._compiled[which](*rows, *weights)
-            except Exception as error:  # a compiler that cannot run here: eager gives the same output
+            except Exception as error:  # a compiler that cannot run here: eager gives the same output once
                 self.failed = f"{type(error).__name__}: {error}".splitlines()[0]
                 warnings.warn(f"compiling the CPU decode step failed ({self.failed}); running it eagerly",
                               RuntimeWarning, stacklevel=3)

@@ -59,8 +59,6 @@ class LlamaForward:
         # fused: the per-token parts of decode and verify passes compiled for CPU, where they apply.
         self.fused = (FusedLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads, self.num_kv_heads)
                       if fused and FusedLayers.applies(model, self.layers, self.dtype) else None)
-        if self.fused is not None and self.fused.failed:  # no compiler here: the eager layers, not their slow twin
-            self.fused = None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
                  logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,6 +74,7 @@ class LlamaForward:
         x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
         cos, sin = self.model.model.rotary_emb(x, positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        # Once compiling has failed (no compiler here), the eager layers, not the fused functions run eagerly.
         fused = self.fused if self.fused is not None and not self.fused.failed and FusedLayers.takes(len(ids)) else None
         if fused is not None:  # rotary embedding inside the fused layers, on the computed tokens' rows
             cos, sin = (c.reshape(batch * steps, -1) if real is None else c.reshape(batch * steps, -1)[real]
