@@ -18,13 +18,13 @@ from specdraft import threads
 threads.configure()  # before anything loads torch (and OpenMP with it)
 
 from specdraft.drafters import Draft, Drafter, register  # noqa: E402
-from specdraft.params import SamplingParams, SpeculationParams  # noqa: E402
+from specdraft.params import ResponseFormat, SamplingParams, SpeculationParams  # noqa: E402
 
 if TYPE_CHECKING:
     from specdraft.llm import LLM, RequestOutput
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "SamplingParams", "SpeculationParams", "__version__", "register"]
+__all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "ResponseFormat", "SamplingParams", "SpeculationParams", "__version__", "register"]
 _LAZY = {"LLM": "specdraft.llm", "RequestOutput": "specdraft.llm"}
 
 

@@ -26,10 +26,11 @@ import numpy as np
 from specdraft.backend import PREFILL_CHUNK
 from specdraft.drafters.base import EMPTY_DRAFT, Draft, Drafter, Parts, parts_of
 from specdraft.errors import RequestError
+from specdraft.grammar import GrammarCompiler, GrammarError, RowGrammar
 from specdraft.params import SamplingParams, SpeculationParams, check_num_speculative_tokens, check_policy
 from specdraft.policy import DraftPolicy, RowPlan
 from specdraft.text import IncrementalDetokenizer
-from specdraft.verifier import InvalidDraftError, StepResult, Verifier
+from specdraft.verifier import GrammarFailedError, InvalidDraftError, StepResult, Verifier
 
 log = logging.getLogger("specdraft.engine")
 
@@ -45,6 +46,10 @@ class RequestMetrics:
     drafted_at: np.ndarray = None  # [k] how often a draft reached position i
     accepted_at: np.ndarray = None  # [k] how often position i was accepted
     draft_seconds: float = 0.0
+    constrained: bool = False  # the request has a response format
+    grammar_seconds: float = 0.0  # its masks, cutting its drafts, its forced tokens
+    forced_draft_tokens: int = 0  # drafted tokens that the grammar forced
+    forced_accepted_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     finished: float | None = None
@@ -61,9 +66,16 @@ class RequestMetrics:
         self.drafted_at[:drafted] += 1
         self.accepted_at[:accepted] += 1
 
-    def to_dict(self, generated: int) -> dict:
+    def to_dict(self, generated: int, complete: bool | None = None) -> dict:
+        """complete: for a constrained request, whether its output is a whole JSON value."""
         elapsed = (self.finished or time.perf_counter()) - self.started
         drafted = self.drafted_at[self.drafted_at > 0]
+        grammar = {} if not self.constrained else {"grammar": {
+            "complete": complete,
+            "seconds": self.grammar_seconds,
+            "forced_draft_tokens": self.forced_draft_tokens,
+            "forced_accepted_tokens": self.forced_accepted_tokens,
+        }}
         return {
             "drafter": self.drafter,
             "steps": self.steps,
@@ -79,6 +91,7 @@ class RequestMetrics:
             "seconds": elapsed,
             "time_to_first_token": (self.first_token - self.started) if self.first_token else None,
             "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
+            **grammar,
         }
 
 
@@ -98,6 +111,7 @@ class Request:
     error: str | None = None  # why the request failed (finish_reason "error")
     prefilled: int = 0  # prompt tokens in the target's cache
     begun: bool = False  # its drafter and the policy track it
+    grammar: RowGrammar | None = None  # its response format's state (the verifier advances it)
 
 
 @dataclass(frozen=True)
@@ -142,9 +156,11 @@ class Completion:
 class _Drafts:
     """What a drafting stage produced: drafts by row, the policy's source name of each row's draft
     (set by the free stage, for costly rows too), the rows left for costly parts (by drafter), the
-    stage's seconds and the rows whose drafter failed."""
+    stage's seconds and the rows whose drafter failed; for constrained rows whose draft ends in
+    tokens the grammar forced, where those start."""
 
     drafts: dict[str, Draft] = field(default_factory=dict)
+    forced_from: dict[str, int] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     costly: dict[str, list[Request]] = field(default_factory=dict)
     seconds: float = 0.0
@@ -157,7 +173,8 @@ class Engine:
     policy: how requests that name none choose draft lengths (`auto`: the cost-aware policy;
     `fixed`: as long as the drafter goes, every step); calibrate: time a few verify steps and costly
     drafts at start so that the policy starts from measurements; prefill_budget: prompt tokens
-    prefilled per step while other requests decode."""
+    prefilled per step while other requests decode; grammar: compiles requests' response formats
+    (None: requests with one are refused)."""
 
     def __init__(
         self,
@@ -172,6 +189,7 @@ class Engine:
         policy: str = "auto",
         calibrate: bool = True,
         prefill_budget: int = PREFILL_CHUNK,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         check_num_speculative_tokens(k, "k")
         check_policy(policy)
@@ -179,7 +197,7 @@ class Engine:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if not drafters:
             raise ValueError("an engine needs at least one drafter (`none` for plain decoding)")
-        self.verifier, self.drafters, self.tokenizer = verifier, dict(drafters), tokenizer
+        self.verifier, self.drafters, self.tokenizer, self.grammar = verifier, dict(drafters), tokenizer, grammar
         self.default_drafter = default_drafter or next(iter(self.drafters))
         if self.default_drafter not in self.drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not one of {sorted(self.drafters)}")
@@ -198,9 +216,13 @@ class Engine:
             self._calibrate()
 
     # -- submission ----------------------------------------------------------------------
-    def validate(self, prompt_ids: Sequence[int], speculation: SpeculationParams | None = None) -> SpeculationParams:
-        """Raise RequestError if this engine cannot serve the request; return its speculation settings
-        with the defaults filled in. Reads only the engine's fixed configuration: safe from any thread."""
+    def validate(self, prompt_ids: Sequence[int], speculation: SpeculationParams | None = None,
+                 params: SamplingParams | None = None) -> SpeculationParams:
+        """Raise RequestError if this engine cannot serve the request (its response format included,
+        when `params` are given); return its speculation settings with the defaults filled in. Reads
+        only the engine's fixed configuration and the grammar compiler (which locks): safe from any thread."""
+        if params is not None and params.response_format is not None:
+            self._grammar_of(params)
         speculation = speculation or SpeculationParams()
         drafter = speculation.drafter or self.default_drafter
         if not len(prompt_ids):
@@ -220,12 +242,22 @@ class Engine:
                request_id: str | None = None) -> str:
         prompt_ids = [int(t) for t in prompt_ids]
         speculation = self.validate(prompt_ids, speculation)
+        grammar = self._grammar_of(params) if params.response_format is not None else None
         k = speculation.num_speculative_tokens
         request_id = request_id or f"req-{next(self._ids)}"
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         self._waiting.append(Request(request_id, prompt_ids, params, speculation.drafter, k, speculation.policy, detok,
-                                     RequestMetrics(k, speculation.drafter)))
+                                     RequestMetrics(k, speculation.drafter, constrained=grammar is not None),
+                                     grammar=grammar))
         return request_id
+
+    def _grammar_of(self, params: SamplingParams) -> RowGrammar:
+        if self.grammar is None:
+            raise RequestError("response_format is not available: this engine was built without a grammar compiler")
+        try:
+            return self.grammar.matcher(params.response_format)
+        except GrammarError as exc:
+            raise RequestError(str(exc)) from None
 
     def cancel(self, request_id: str) -> None:
         """Stop a request now; its rows and drafter state are freed (it is collected as "cancelled")."""
@@ -260,7 +292,7 @@ class Engine:
         deltas: list[Delta] = []
         while self._waiting and len(self._running) + len(self._prefilling) < self.max_batch:
             request = self._waiting.popleft()
-            self.verifier.add(request.id, request.params)
+            self.verifier.add(request.id, request.params, request.grammar)
             self._prefilling.append(request)
         self._prefill(deltas)
         if self._running:
@@ -275,7 +307,13 @@ class Engine:
             take = rest if budget is None else min(rest, budget)
             piece = request.prompt_ids[request.prefilled : request.prefilled + take]
             started = time.perf_counter()
-            first = self.verifier.prefill(request.id, piece, last=take == rest)
+            try:
+                first = self.verifier.prefill(request.id, piece, last=take == rest)
+            except GrammarFailedError as exc:
+                self._prefilling.popleft()
+                self._running[request.id] = request
+                deltas.append(self._fail(request, str(exc)))
+                continue
             self.prefill_seconds += time.perf_counter() - started
             request.prefilled += take
             if budget is not None:
@@ -317,7 +355,7 @@ class Engine:
         if results:
             self.policy.verified([len(drafts.get(r.id, EMPTY_DRAFT)) for r in rows if r.id in results], verify_seconds)
         draft_seconds = free.seconds + costly.seconds
-        deltas = failed + invalid + self._emit_step(rows, drafts, results, free.sources, draft_seconds)
+        deltas = failed + invalid + self._emit_step(rows, drafts, results, free, draft_seconds)
         self.policy.step_overhead(time.perf_counter() - started - verify_seconds - draft_seconds)
         return deltas
 
@@ -343,6 +381,8 @@ class Engine:
                 draft = drafted.get(request.id, EMPTY_DRAFT)
                 if request.finish_reason is not None:
                     continue
+                if request.grammar is not None:
+                    draft = self._legal(request, draft, limits[request.id], parts.forced_tokens, out.forced_from)
                 if len(draft) or parts.costly is None:
                     out.drafts[request.id] = draft
                     out.sources[request.id] = f"{name}:{draft.kind}" if draft.kind else name
@@ -387,11 +427,33 @@ class Engine:
                                     result.catch_up.tokens, result.catch_up.seconds)
         return out
 
+    def _legal(self, request: Request, draft: Draft, limit: int, forced: bool, forced_from: dict[str, int]) -> Draft:
+        """A constrained row's draft cut before its first token the grammar forbids (an illegal token
+        is never verified), then, where the drafter allows (`Parts.forced_tokens`), extended up to
+        `limit` tokens by the tokens the grammar forces after it (where they start: `forced_from`)."""
+        start = time.perf_counter()
+        tokens = draft.token_ids.tolist()
+        legal = request.grammar.legal_prefix(tokens)
+        extra = request.grammar.forced(tokens[:legal], limit - legal) if forced else []
+        request.metrics.grammar_seconds += time.perf_counter() - start
+        if legal == len(tokens) and not extra:
+            return draft
+        if extra:
+            forced_from[request.id] = legal
+        if not legal and not extra:
+            return EMPTY_DRAFT
+        # Kept tokens lose q: a constrained row's drafts are tested as deterministic (`specdraft.verifier`).
+        return Draft(np.asarray(tokens[:legal] + extra, dtype=np.int32), None, draft.kind if legal else "forced")
+
     def _step_drafts(self, rows: list[Request], free: _Drafts, costly: _Drafts, lengths: dict[str, int]) -> dict[str, Draft]:
         """The drafts this step verifies: free drafts cut to their chosen lengths (a free draft the
-        step leaves out is still checked, for free, against what the row emits), and costly drafts."""
+        step leaves out is still checked, for free, against what the row emits), and costly drafts
+        (a constrained row's made legal, as free drafts were when drafted)."""
         drafts = dict(costly.drafts)
         for request in rows:
+            if request.grammar is not None and request.id in drafts:
+                drafts[request.id] = self._legal(request, drafts[request.id], lengths[request.id],
+                                                 self.parts[request.drafter].forced_tokens, free.forced_from)
             draft = free.drafts.get(request.id)
             if draft is None or request.finish_reason is not None:
                 continue
@@ -408,7 +470,7 @@ class Engine:
             try:
                 results = self.verifier.step({r.id: r.last_token for r in rows},
                                              {r.id: drafts[r.id] for r in rows if len(drafts.get(r.id, EMPTY_DRAFT))})
-            except InvalidDraftError as exc:  # the drafter's fault: that request fails, the others go on
+            except (InvalidDraftError, GrammarFailedError) as exc:  # that request fails, the others go on
                 failed.append(self._fail(self._running[exc.row_id], str(exc)))
                 rows = [r for r in rows if r.id != exc.row_id]
                 continue
@@ -416,7 +478,7 @@ class Engine:
         return {}, failed
 
     def _emit_step(self, rows: list[Request], drafts: dict[str, Draft], results: dict[str, StepResult],
-                   sources: dict[str, str], draft_seconds: float) -> list[Delta]:
+                   free: _Drafts, draft_seconds: float) -> list[Delta]:
         """Tell the policy and each request what the step accepted, and emit each row's tokens."""
         verified = [r for r in rows if r.id in results]
         deltas = []
@@ -425,7 +487,12 @@ class Engine:
             result, drafted = results[request.id], len(drafts.get(request.id, EMPTY_DRAFT))
             request.metrics.record(drafted, result.accepted)
             request.metrics.draft_seconds += share
-            self.policy.observe(request.id, drafted, result.accepted, sources[request.id])
+            request.metrics.grammar_seconds += result.grammar_seconds
+            if request.id in free.forced_from:
+                begin = free.forced_from[request.id]
+                request.metrics.forced_draft_tokens += max(0, drafted - begin)
+                request.metrics.forced_accepted_tokens += max(0, result.accepted - begin)
+            self.policy.observe(request.id, drafted, result.accepted, free.sources[request.id])
             self.policy.emitted(request.id, result.tokens)
             delta = self._emit(request, result.tokens, result.accepted)
             if delta.finish_reason is not None:
@@ -586,6 +653,7 @@ class Engine:
             list(request.generated),
             list(request.prompt_ids),
             request.finish_reason,
-            request.metrics.to_dict(len(request.generated)),
+            request.metrics.to_dict(len(request.generated),
+                                    None if request.grammar is None else request.grammar.complete(len(request.generated))),
             request.error,
         )

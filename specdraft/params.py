@@ -4,7 +4,9 @@ trusted everywhere after: how it samples and stops (`SamplingParams`) and how it
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 MAX_SPECULATIVE_TOKENS = 64  # the longest draft any request may ask for
 # How a request's draft length is chosen each step: `auto` lets the cost-aware policy
@@ -22,12 +24,56 @@ def check_num_speculative_tokens(k: object, name: str = "num_speculative_tokens"
     return k
 
 
+RESPONSE_FORMATS = ("json_object", "json_schema")
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """What a request's output must be, as OpenAI's `response_format` says it: `json_object` (any JSON
+    object) or `json_schema` (JSON valid under `schema`). Decoding is constrained to it
+    (`specdraft.grammar`); whether a schema compiles is checked by the engine that serves the request.
+
+    `schema` is kept as JSON text (a frozen value); `ResponseFormat.json_schema(...)` takes a dict.
+    """
+
+    type: str = "json_object"
+    schema: str | None = None  # JSON text of the schema (json_schema only)
+
+    def __post_init__(self) -> None:
+        if self.type not in RESPONSE_FORMATS:
+            raise ValueError(f"response_format type must be one of {', '.join(RESPONSE_FORMATS)}, got {self.type!r}")
+        if (self.type == "json_schema") != (self.schema is not None):
+            raise ValueError("response_format: json_schema needs a schema, and only json_schema takes one")
+        if self.schema is not None:
+            try:
+                schema = json.loads(self.schema)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"response_format: the schema is not JSON text: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"response_format: a JSON schema is an object (or true/false), got {type(schema).__name__}")
+
+    @classmethod
+    def json_object(cls) -> ResponseFormat:
+        return cls("json_object")
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | bool | str) -> ResponseFormat:
+        """schema: a dict (or JSON text) in JSON Schema."""
+        if isinstance(schema, str):
+            return cls("json_schema", schema)
+        try:
+            return cls("json_schema", json.dumps(schema))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"response_format: the schema cannot be written as JSON: {exc}") from None
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request turns logits into tokens and when it stops.
 
     temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 disable those filters. A seed fixes
     the request's random draws (see `specdraft.sampling`); without one, each request draws its own.
+    `response_format` constrains the output to JSON (`ResponseFormat`; None: free text).
     """
 
     max_tokens: int = 128
@@ -37,6 +83,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -52,6 +99,10 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
+            raise ValueError(f"response_format must be a ResponseFormat, got {type(self.response_format).__name__}")
+        if self.response_format is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with response_format: a constrained output ends where its JSON does")
 
     @property
     def greedy(self) -> bool:

@@ -14,6 +14,7 @@ from specdraft.drafters import Drafter, check_options, create_drafter, drafter_n
 from specdraft.drafters.memory import DEFAULT_CAPACITY, NgramMemory
 from specdraft.drafters.ngram import open_memory
 from specdraft.engine import Engine, RequestError
+from specdraft.grammar import GrammarCompiler
 from specdraft.models import LoadedModel, load_draft_model, load_model
 from specdraft.params import check_num_speculative_tokens, check_policy
 from specdraft.verifier import Verifier
@@ -125,8 +126,10 @@ def build_runtime(
     static = static_shapes(target, max_batch, context, graphs=not enforce_eager)
     built, skipped = build_drafters(names, k, target, draft_model, dtype, options, static, fused=not enforce_eager)
     fused = not enforce_eager and FusedLayers.pays(target.model)  # applies on CPU only (`FusedLayers.applies`)
-    engine = Engine(Verifier(target.model, static, fused=fused), built, target.tokenizer, target.eos_token_ids, context,
-                    k=k, max_batch=max_batch, default_drafter=default, policy=policy, calibrate=calibrate)
+    verifier = Verifier(target.model, static, fused=fused)
+    grammar = GrammarCompiler(target.tokenizer, verifier.vocab_size, target.eos_token_ids)
+    engine = Engine(verifier, built, target.tokenizer, target.eos_token_ids, context, k=k, max_batch=max_batch,
+                    default_drafter=default, policy=policy, calibrate=calibrate, grammar=grammar)
     return Runtime(engine, target, default, skipped, memory)
 
 

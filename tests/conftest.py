@@ -38,6 +38,22 @@ class ToyTokenizer:
         return Out()
 
 
+class GrammarTokens:
+    """The toy tokenizer as llguidance's `TokenizerWrapper` sees it (structured output on tiny models):
+    tokens 0..94 are the printable ASCII characters, token 95 (`GRAMMAR_EOS`) ends a sequence."""
+
+    eos_token_id = 95
+    bos_token_id = None
+    special_token_ids = [95]
+    tokens = [bytes([32 + i]) for i in range(95)] + [b"<eos>"]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return [ord(c) - 32 for c in (text.decode() if isinstance(text, bytes) else text)]
+
+
+GRAMMAR_EOS = GrammarTokens.eos_token_id
+
+
 def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, sharpen: float = 40.0, layers: int = 2,
                     vocab_size: int = TINY_VOCAB, **config_overrides):
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -151,3 +151,50 @@ def test_metrics_report_tokens_and_acceptance(server):
                  "specdraft_position_drafted_total", "specdraft_step_seconds_bucket", "specdraft_queue_depth",
                  "specdraft_running_rows", "specdraft_time_to_first_token_seconds_bucket"):
         assert name in text, name
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
+    "required": ["city", "temp_c"],
+    "additionalProperties": False,
+}
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+def test_response_format_json_schema_streamed_equals_whole_and_validates(client, model, endpoint):
+    import jsonschema
+
+    question = "It is 21 C in Lisbon today. Give the city and the temperature as JSON."
+    if endpoint == "chat":
+        call = lambda **kw: client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
+                                                          max_tokens=40, temperature=0, response_format=SCHEMA_FORMAT, **kw)
+        piece = lambda choice: choice.delta.content or ""
+        whole_text = lambda choice: choice.message.content
+    else:
+        call = lambda **kw: client.completions.create(model=model, prompt=question + "\n", max_tokens=40, temperature=0,
+                                                     extra_body={"response_format": SCHEMA_FORMAT}, **kw)
+        piece = lambda choice: choice.text
+        whole_text = lambda choice: choice.text
+    whole = call()
+    pieces, last = [], None
+    for chunk in call(stream=True):
+        if chunk.choices:
+            pieces.append(piece(chunk.choices[0]))
+            if chunk.choices[0].finish_reason:
+                last = chunk.choices[0]
+    text = whole_text(whole.choices[0])
+    assert "".join(pieces) == text
+    assert whole.choices[0].finish_reason == last.finish_reason == "stop"
+    jsonschema.validate(json.loads(text), WEATHER)
+    assert whole.choices[0].model_extra["structured_output"] == last.model_extra["structured_output"] == {"complete": True}
+
+
+def test_a_budget_ending_mid_object_says_so(client, model):
+    whole = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Describe Lisbon as JSON."}],
+                                           max_tokens=5, temperature=0, response_format={"type": "json_object"})
+    choice = whole.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content.startswith("{")
+    assert choice.model_extra["structured_output"]["complete"] is False
+    assert "max_tokens ran out before the JSON was complete" in choice.model_extra["structured_output"]["message"]

@@ -68,6 +68,16 @@ BAD = [
     ("completion", {"echo": True}, 400, "echo: is not supported", "echo"),
     ("completion", {"prompt": None}, 400, "prompt: has the wrong type (input should be a valid string", "prompt"),
     ("completion", {"prompt": [1.5]}, 400, "prompt: has the wrong type", "prompt"),
+    ("chat", {"response_format": {"type": "xml"}}, 400, "response_format: Input tag 'xml' found", None),
+    ("chat", {"response_format": {"type": "json_schema"}}, 400, "response_format.json_schema.json_schema: is required", None),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
+     "response_format.json_schema.json_schema.schema: is required", None),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}, 400,
+     "response_format: the JSON schema cannot be used: Invalid type: objekt", "response_format"),
+    ("completion", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/no"}}}}, 400,
+     "Pointer '/no' does not exist", "response_format"),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}, 400,
+     "response_format.json_schema.json_schema.name: String should match pattern", None),
 ]
 
 

@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="raw completion instead of the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and metrics")
+    structured = gen.add_mutually_exclusive_group()
+    structured.add_argument("--json-schema", type=_json_schema, default=None, metavar="FILE",
+                            help="constrain the output to JSON valid under the JSON Schema in FILE")
+    structured.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
 
     serve = sub.add_parser("serve", help="serve an OpenAI-compatible completions API (SSE streaming)")
     add_model_options(serve)
@@ -144,17 +148,34 @@ def _drafter_list(value: str) -> list[str]:
     return names
 
 
+def _json_schema(path: str):
+    """--json-schema FILE: a JSON Schema, read and parsed here (whether it compiles is the engine's
+    check, against the model's tokenizer)."""
+    from specdraft.params import ResponseFormat
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return ResponseFormat.json_schema(json.loads(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{path} is not a JSON Schema: {exc}") from None
+
+
 def _port(value: str) -> int:
     return _integer("--port", 0, 65535)(value)
 
 
 def _generate(args: argparse.Namespace) -> int:
     from specdraft.errors import RequestError
-    from specdraft.params import SamplingParams
+    from specdraft.params import ResponseFormat, SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise RequestError("prompt is empty")
+    response_format = args.json_schema or (ResponseFormat.json_object() if args.json_object else None)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -162,6 +183,7 @@ def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stop=tuple(args.stop),
+        response_format=response_format,
     )
     from specdraft.runtime import build_runtime, encode_prompt  # loads torch: after the cheap checks
 
@@ -177,6 +199,10 @@ def _generate(args: argparse.Namespace) -> int:
                 sys.stdout.write(delta.text)
                 sys.stdout.flush()
     completion = engine.collect(request_id)
+    grammar = completion.metrics.get("grammar")
+    if grammar is not None and not grammar["complete"]:
+        print(f"specdraft: warning: the output ended ({completion.finish_reason}) before its JSON was complete; "
+              "raise --max-tokens for the whole value", file=sys.stderr)
     if args.json:
         print(json.dumps(completion.to_dict()))
     else:

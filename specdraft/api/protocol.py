@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specdraft.params import MAX_SPECULATIVE_TOKENS, POLICIES, SamplingParams, SpeculationParams
+from specdraft.params import MAX_SPECULATIVE_TOKENS, POLICIES, ResponseFormat, SamplingParams, SpeculationParams
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
@@ -40,6 +40,32 @@ class Speculation(_Strict):
         return value
 
 
+class JsonSchema(_Strict):
+    """OpenAI's `response_format.json_schema`: a named JSON Schema. Output is always held to the
+    schema (`strict` is accepted either way)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict | bool = Field(alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchema
+
+
+ResponseFormatBody = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -58,6 +84,7 @@ class _Sampling(_Strict):
     n: int = 1
     user: str | None = None  # accepted for compatibility; not used
     speculation: Speculation | None = None
+    response_format: ResponseFormatBody | None = None  # JSON output; an extension on /v1/completions
     # OpenAI options this server does not implement: accepted only at their neutral values.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -99,7 +126,13 @@ class _Sampling(_Strict):
         top_k = self.top_k if self.top_k and self.top_k > 0 else 0
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_k=top_k, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
-                              stop=tuple(stops))
+                              stop=tuple(stops), response_format=self._response_format())
+
+    def _response_format(self) -> ResponseFormat | None:
+        given = self.response_format
+        if isinstance(given, JsonSchemaFormat):
+            return ResponseFormat.json_schema(given.json_schema.schema_)
+        return ResponseFormat.json_object() if isinstance(given, JsonObjectFormat) else None
 
     def speculation_params(self) -> SpeculationParams:
         """The request's choices; what it leaves out (None) the engine fills in with its defaults."""
@@ -164,12 +197,11 @@ class ChatRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
 
-    @field_validator("logprobs", "top_logprobs", "tools", "tool_choice", "response_format")
+    @field_validator("logprobs", "top_logprobs", "tools", "tool_choice")
     @classmethod
     def _unsupported(cls, value, info):
-        if value not in (None, False, "none") and not (info.field_name == "response_format" and value == {"type": "text"}):
+        if value not in (None, False, "none"):
             raise ValueError("is not supported by this server")
         return value
 
@@ -197,6 +229,17 @@ def usage(prompt_tokens: int, completion_tokens: int, metrics: dict) -> dict:
             "mean_accepted_length": round(metrics["mean_accepted_length"], 4),
         },
     }
+
+
+def structured_output(metrics: dict, finish_reason: str) -> dict | None:
+    """Extension of a choice with a response format: whether its JSON is complete, and if not why."""
+    grammar = metrics.get("grammar")
+    if grammar is None:
+        return None
+    if grammar["complete"]:
+        return {"complete": True}
+    why = "max_tokens ran out" if finish_reason == "length" else f"generation ended ({finish_reason})"
+    return {"complete": False, "message": f"{why} before the JSON was complete: the text does not parse"}
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:

@@ -169,10 +169,9 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
                            param="max_tokens", code="context_length_exceeded")
         try:
             params = body.sampling_params(max_tokens)
-            speculation = engine.validate(prompt_ids, body.speculation_params())
+            speculation = await run_in_threadpool(engine.validate, prompt_ids, body.speculation_params(), params)
         except (RequestError, ValueError) as exc:
-            about_speculation = any(word in str(exc) for word in ("drafter", "speculative", "policy"))
-            raise ApiError(400, str(exc), param="speculation" if about_speculation else None) from None
+            raise ApiError(400, str(exc), param=_param_of(str(exc))) from None
         try:
             request_id, queue = service.submit(prompt_ids, params, speculation)
         except Overloaded as exc:
@@ -208,6 +207,9 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
         choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}} if kind == "chat"
                   else {"index": 0, "text": "".join(text)})
         choice.update(logprobs=None, finish_reason=completion.finish_reason)
+        structured = protocol.structured_output(completion.metrics, completion.finish_reason)
+        if structured is not None:
+            choice["structured_output"] = structured
         return {"id": response_id, "object": "chat.completion" if kind == "chat" else "text_completion",
                 "created": protocol.created(), "model": name, "choices": [choice],
                 "usage": protocol.usage(prompt_tokens, len(completion.token_ids), completion.metrics)}
@@ -217,7 +219,8 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
         base = {"id": response_id, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
                 "created": created, "model": name}
 
-        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, drafted: str | None = None) -> dict:
+        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, drafted: str | None = None,
+                  structured: dict | None = None) -> dict:
             if kind == "chat":
                 delta = {} if text is None else {"content": text}
                 if role:
@@ -227,6 +230,8 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
             if drafted is not None:
                 choice["speculation"] = {"drafted_text": drafted}
+            if structured is not None:
+                choice["structured_output"] = structured
             return {"data": json.dumps({**base, "choices": [choice]}, ensure_ascii=False)}
 
         finished = False
@@ -244,7 +249,8 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
                     message = event.message if isinstance(event, Failed) else event.error
                     yield {"data": json.dumps(protocol.error_body(f"generation failed: {message}", "internal_error"))}
                     break
-                yield chunk(None, finish_reason=event.finish_reason)
+                yield chunk(None, finish_reason=event.finish_reason,
+                            structured=protocol.structured_output(event.metrics, event.finish_reason))
                 if body.include_usage:
                     usage = protocol.usage(prompt_tokens, len(event.token_ids), event.metrics)
                     yield {"data": json.dumps({**base, "choices": [], "usage": usage})}
@@ -255,6 +261,13 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
                 service.cancel(request_id)
 
     return app
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a validation message is about."""
+    if "response_format" in message:
+        return "response_format"
+    return "speculation" if any(word in message for word in ("drafter", "speculative", "policy")) else None
 
 
 def _encode(runtime: Runtime, prompt, chat: bool) -> list[int]:

@@ -127,14 +127,18 @@ class Parts:
     lengths (its drafts are trimmed to them); `free_cost` "free" costs nothing to the policy,
     "measured" is timed per call and called only where it pays. costly: asked afterwards, for the
     rows without a free draft, at the chosen lengths; `costly_name` names it in the policy's sources
-    (`hybrid/model`) when the drafter also has a free part. Lifecycle calls (`begin`, `accept`,
-    `end`) always go to the drafter itself, which forwards them to its parts.
+    (`hybrid/model`) when the drafter also has a free part. forced_tokens: for a request with a
+    response format (`specdraft.grammar`), the engine cuts every draft at its first token the
+    grammar forbids and appends the tokens the grammar forces after it (free, and drafted where the
+    drafter has nothing); False declines the forced tokens (`none`, which is plain decoding). Lifecycle
+    calls (`begin`, `accept`, `end`) always go to the drafter itself, which forwards them to its parts.
     """
 
     free: Proposer | None
     free_cost: Cost = "measured"
     costly: CostlyPart | None = None
     costly_name: str = "costly"
+    forced_tokens: bool = True
 
     def __post_init__(self) -> None:
         assert self.free is not None or self.costly is not None, "a drafter needs a part that drafts"

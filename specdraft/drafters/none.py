@@ -12,7 +12,8 @@ from specdraft.params import SamplingParams
 class NoDrafter:
     @property
     def parts(self) -> Parts:
-        return Parts(self, free_cost="free")  # its (empty) drafts cost nothing
+        # Its (empty) drafts cost nothing; it is plain decoding, constrained or not: no forced tokens.
+        return Parts(self, free_cost="free", forced_tokens=False)
 
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         pass

@@ -13,12 +13,16 @@ Terms, used the same way everywhere in specdraft:
   `norm(max(0, p_i - q_i))`; for a deterministic draft that draw is `y_i` itself.
 - **bonus** token: emitted after a fully accepted draft (or an empty one): `argmax p_{k+1}`, or `y_{k+1}`.
 
+- **constrained** row (structured output, `specdraft.grammar`): at every position it decides, the
+  target's logits of the tokens its grammar forbids are -inf before any of the above; its drafts
+  arrive cut at their first illegal token and are tested as deterministic drafts.
+
 Each step emits `accepted + 1` tokens per row: the accepted prefix and one recovered or bonus token.
 This makes greedy output identical to the target alone and sampled output distributed exactly as
 the target's (Leviathan et al. 2023, Theorem 1). With deterministic drafters (`none`, `ngram`) a
 seeded sampled row emits exactly the tokens plain sampling with the same seed emits, in any batch.
 """
 
-from specdraft.verifier.verifier import InvalidDraftError, StepResult, Verifier
+from specdraft.verifier.verifier import GrammarFailedError, InvalidDraftError, StepResult, Verifier
 
-__all__ = ["InvalidDraftError", "StepResult", "Verifier"]
+__all__ = ["GrammarFailedError", "InvalidDraftError", "StepResult", "Verifier"]

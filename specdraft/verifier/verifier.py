@@ -3,6 +3,7 @@ and rolls each row back by length. It never imports a drafter."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,6 +12,7 @@ import torch
 
 from specdraft.backend import RowModel, StaticShapes
 from specdraft.drafters.base import Draft
+from specdraft.grammar import GrammarError, RowGrammar, mask_words, unpack
 from specdraft.params import SamplingParams
 from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms
 from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
@@ -24,16 +26,36 @@ class InvalidDraftError(ValueError):
         self.row_id = row_id
 
 
+class GrammarFailedError(ValueError):
+    """A row's grammar failed (it cannot give the next position's legal tokens); that row ends."""
+
+    def __init__(self, row_id: str, message: str) -> None:
+        super().__init__(f"request {row_id}: {message}")
+        self.row_id = row_id
+
+
 @dataclass(frozen=True)
 class StepResult:
     tokens: list[int]  # accepted draft tokens, then the recovered or bonus token
     accepted: int
+    grammar_seconds: float = 0.0  # spent on the row's grammar: its masks and advancing it
+
+
+@dataclass(frozen=True)
+class _Masks:
+    """A pass's masks: the constrained rows (batch index, grammar), their masks int32
+    [rows, k + 1, words], and the seconds spent on each row's grammar (by batch index)."""
+
+    grammars: list[tuple[int, RowGrammar]]
+    bits: torch.Tensor
+    seconds: list[float]
 
 
 @dataclass
 class _Row:
     params: SamplingParams
     seed: int  # keys the row's random draws (`specdraft.sampling.keyed_uniforms`)
+    grammar: RowGrammar | None = None  # constrains the row's tokens (structured output)
 
 
 class Verifier:
@@ -47,23 +69,26 @@ class Verifier:
         self._params: dict[str, _Row] = {}
 
     # -- row lifecycle -------------------------------------------------------------------
-    def add(self, row_id: str, params: SamplingParams) -> None:
-        """A new row, waiting to be prefilled (it takes no part in steps until its prefill ends)."""
+    def add(self, row_id: str, params: SamplingParams, grammar: RowGrammar | None = None) -> None:
+        """A new row, waiting to be prefilled (it takes no part in steps until its prefill ends).
+        grammar: the row's grammar state (`specdraft.grammar`); its tokens are then chosen among the
+        legal ones only, and the verifier advances it by every token the row emits."""
         seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
-        self._params[row_id] = _Row(params, seed)
+        self._params[row_id] = _Row(params, seed, grammar)
         self.rows.add(row_id)
 
     def prefill(self, row_id: str, token_ids: Sequence[int], last: bool) -> int | None:
         """Feed the next part of a row's prompt. After the last part the row joins the steps and its
         first generated token is returned."""
         assert len(token_ids) > 0
+        masks = self._masks([row_id], [None], 1) if last else None
         logits = self.rows.prefill(row_id, token_ids)  # [vocab]
         if not last:
             return None
         self.rows.activate(row_id)
         no_draft = torch.empty((1, 0), dtype=torch.int64, device=self.device)
         first_position = np.array([self.rows.length(row_id)])
-        tokens, _ = self._accept([row_id], logits[None, None], no_draft, [None], first_position)
+        tokens, _, _ = self._decide([row_id], logits[None, None], no_draft, [None], first_position, masks)
         return int(tokens[0, 0])
 
     def admit(self, row_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
@@ -114,11 +139,14 @@ class Verifier:
         # Row b's last token sits at position lengths[b]; its logits decide the token after it.
         first_position = np.asarray(self.rows.lengths(window), dtype=np.int64) + 1  # [batch]
         counts = [1 + len(drafts[r]) if r in drafts else 1 for r in order]
+        masks = self._masks(order, [drafts.get(r) for r in order], k + 1)
         logits = self.rows.forward(window, inputs, counts=counts)  # [batch, k + 1, vocab]; zeros past a row's draft
         draft_t = torch.as_tensor(draft, device=self.device)
-        tokens, accepted = self._accept(order, logits, draft_t, [drafts.get(r) for r in order], first_position)
+        tokens, accepted, grammar_seconds = self._decide(order, logits, draft_t, [drafts.get(r) for r in order],
+                                                         first_position, masks)
         self.rows.commit(window, accepted + 1)  # the last token and the accepted draft; the rest is rolled back
-        return {row_id: StepResult(tokens[b, : int(accepted[b]) + 1].tolist(), int(accepted[b])) for b, row_id in enumerate(order)}
+        return {row_id: StepResult(tokens[b, : int(accepted[b]) + 1].tolist(), int(accepted[b]), grammar_seconds[b])
+                for b, row_id in enumerate(order)}
 
     def _check_draft(self, row_id: str, draft: Draft) -> None:
         if not len(draft):
@@ -130,6 +158,43 @@ class Verifier:
         if draft.probs is not None and tuple(draft.probs.shape) != (len(draft), self.vocab_size):
             raise InvalidDraftError(
                 row_id, f"draft probabilities have shape {tuple(draft.probs.shape)}, expected ({len(draft)}, {self.vocab_size})")
+
+    def _masks(self, order: Sequence[str], drafts: Sequence[Draft | None], width: int) -> _Masks | None:
+        """The constrained rows' masks for a pass deciding `width` positions per row (before the pass:
+        a grammar that fails ends its row before any work is done for it)."""
+        grammars = [(b, self._params[r].grammar) for b, r in enumerate(order) if self._params[r].grammar is not None]
+        if not grammars:
+            return None
+        seconds = [0.0] * len(order)
+        bits = torch.full((len(grammars), width, mask_words(self.vocab_size)), -1, dtype=torch.int32)  # [rows, k + 1, words]
+        for i, (b, grammar) in enumerate(grammars):
+            start = time.perf_counter()
+            try:
+                grammar.masks(drafts[b].token_ids if drafts[b] is not None else (), bits[i])
+            except GrammarError as exc:
+                raise GrammarFailedError(order[b], str(exc)) from None
+            seconds[b] += time.perf_counter() - start
+        return _Masks(grammars, bits, seconds)
+
+    def _decide(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
+                first_position: np.ndarray, masks: _Masks | None):
+        """Mask the constrained rows' logits, apply each row's acceptance rule, and advance the
+        constrained rows' grammars by what they emit. Returns host arrays tokens [batch, k + 1] and
+        accepted [batch], and the seconds each row's grammar took."""
+        if masks is None:
+            return (*self._accept(order, logits, draft, drafts, first_position), [0.0] * len(order))
+        # Tokens a row's grammar forbids get -inf before temperature, top-k and top-p (which then see
+        # legal tokens only). A copy: the forward's output buffer is the model's to reuse.
+        index = torch.tensor([b for b, _ in masks.grammars], device=logits.device)
+        allowed = unpack(masks.bits.to(logits.device), self.vocab_size)  # [rows, k + 1, vocab]
+        masked = logits.clone()
+        masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        tokens, accepted = self._accept(order, masked, draft, drafts, first_position)
+        for b, grammar in masks.grammars:
+            start = time.perf_counter()
+            grammar.advance(tokens[b, : int(accepted[b]) + 1])  # legal: chosen under the mask
+            masks.seconds[b] += time.perf_counter() - start
+        return tokens, accepted, masks.seconds
 
     def _accept(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
                 first_position: np.ndarray):
@@ -157,8 +222,12 @@ class Verifier:
         p = distribution(logits, [row.params for row in rows])  # [batch, k + 1, vocab]
         # A seeded row treats every draft as deterministic: its output is then plain sampling's with
         # that seed whatever was drafted (a probabilistic drafter draws seeded rows' tokens with the
-        # same keyed uniforms, which keeps acceptance high). Unseeded rows use their drafts' q.
-        with_q = [d is not None and d.probs is not None and row.params.seed is None for d, row in zip(drafts, rows)]
+        # same keyed uniforms, which keeps acceptance high). So does a constrained row: its drafts were
+        # cut at their first illegal token, and the cut depends on the token drawn there, so testing
+        # the kept tokens against q would bias the output; as deterministic drafts the output is the
+        # target's own draw at every position whatever was drafted. Other rows use their drafts' q.
+        with_q = [d is not None and d.probs is not None and row.params.seed is None and row.grammar is None
+                  for d, row in zip(drafts, rows)]
         q = probabilistic = None
         if any(with_q):
             q = torch.zeros((batch, k, p.shape[-1]), dtype=p.dtype, device=self.device)
