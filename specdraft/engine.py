@@ -48,7 +48,7 @@ class RequestMetrics:
     draft_seconds: float = 0.0
     constrained: bool = False  # the request has a response format
     grammar_seconds: float = 0.0  # its masks, cutting its drafts, its forced tokens
-    forced_draft_tokens: int = 0  # drafted tokens that the grammar forced
+    forced_draft_tokens: int = 0  # verified tokens the grammar forced, where the draft before them was accepted
     forced_accepted_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
@@ -488,10 +488,10 @@ class Engine:
             request.metrics.record(drafted, result.accepted)
             request.metrics.draft_seconds += share
             request.metrics.grammar_seconds += result.grammar_seconds
-            if request.id in free.forced_from:
-                begin = free.forced_from[request.id]
-                request.metrics.forced_draft_tokens += max(0, drafted - begin)
-                request.metrics.forced_accepted_tokens += max(0, result.accepted - begin)
+            begin = free.forced_from.get(request.id, drafted)
+            if result.accepted >= begin:  # the forced tokens were reached: the draft before them was accepted
+                request.metrics.forced_draft_tokens += drafted - begin
+                request.metrics.forced_accepted_tokens += result.accepted - begin
             self.policy.observe(request.id, drafted, result.accepted, free.sources[request.id])
             self.policy.emitted(request.id, result.tokens)
             delta = self._emit(request, result.tokens, result.accepted)
