@@ -20,6 +20,9 @@ draft length n_r (0 = plain decoding for that row) to maximise the batch's expec
   price the strong one too low). Estimates start from the source's pooled estimate (a prior of PRIOR_WEIGHT
   observations) and forget old evidence (DECAY per observation, and slowly while the row does not
   draft), so a request whose drafts stop working stops drafting, and one that starts copying resumes.
+  The pooled estimate at a position has the one at the position before as its prior, so positions
+  no draft has reached yet (a long copy's 9th token) are priced as the last one measured, not as
+  unknown: a kind accepted far gets drafted far, which measures it there.
 - n_r is at most what a free or measured drafter (`ngram`, a drafter that declares nothing) already
   proposed, or the request's limit for a costly part that drafts only when asked (`model`,
   `hybrid/model`; see `specdraft.drafters.base.Parts`). A row whose request asks for the `fixed`
@@ -96,6 +99,17 @@ class Acceptance:
 
     def alpha(self, prior: np.ndarray, weight: float) -> np.ndarray:
         return (self.hits + weight * prior) / (self.trials + weight)
+
+    def chained(self, prior: float, weight: float) -> np.ndarray:
+        """The estimates with `prior` at every position tried, and at a position never tried the
+        estimate at the position before it: a kind accepted far is priced far where no draft has
+        reached yet, and drafting it there measures it. (Tried positions keep the flat prior: the
+        first position's rate says little about later ones.)"""
+        out = np.empty(len(self.trials))
+        for j in range(len(out)):
+            prior_j = out[j - 1] if j and self.trials[j] == 0.0 else prior
+            out[j] = (self.hits[j] + weight * prior_j) / (self.trials[j] + weight)
+        return out
 
 
 @dataclass
@@ -268,8 +282,7 @@ class DraftPolicy:
         (default: the request's drafter)."""
         request = self._requests[request_id]
         source = source or request.drafter
-        pooled = self._pooled[source]
-        prior = pooled.alpha(np.full(len(pooled.trials), INITIAL_ALPHA), PRIOR_WEIGHT)
+        prior = self._pooled[source].chained(INITIAL_ALPHA, PRIOR_WEIGHT)
         return self._acceptance(request, source).alpha(prior, PRIOR_WEIGHT)
 
     def _costly_fraction(self, request_id: str) -> float:

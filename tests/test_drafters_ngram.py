@@ -557,3 +557,19 @@ def test_drafts_name_their_kind():
     chainer.begin("r", [1, 2, 1, 2, 1], SamplingParams())
     [chain] = chainer.propose(["r"], [4])
     assert len(chain) and chain.kind == "chain"
+
+
+def test_a_long_match_is_measured_past_the_tables_and_named_by_powers_of_two():
+    """The tables find at most max_n tokens of match; the drafter extends it backwards (up to
+    LONG_MATCH), so a copy in progress (code being rewritten) is told from a short coincidence."""
+    from specdraft.drafters.ngram import LONG_MATCH
+
+    passage = list(range(100, 140))  # 40 distinct tokens
+    drafter = NgramDrafter(k=8)
+    for n, kind in ((1, "copy1"), (3, "copy3"), (4, "copy4"), (7, "copy4"), (8, "copy8"), (20, "copy16"), (40, "copy32")):
+        context = [*passage, 7, *passage[:n]]
+        drafter.begin("r", context, SamplingParams())
+        [draft] = drafter.propose(["r"], [8])
+        assert (draft.kind, drafter.match_length("r")) == (kind, min(n, LONG_MATCH)), n
+        assert draft.token_ids.tolist() == context[n : n + 8]  # what followed the earlier occurrence
+        drafter.end("r")

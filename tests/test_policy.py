@@ -283,3 +283,16 @@ def test_exploring_never_pays_a_catch_up():
     caught_up = RowPlan("r0", "model", 5, False, 5, backlog=0, remaining=10)
     chosen = [policy.choose([caught_up])["r0"] for _ in range(3 * EXPLORE_EVERY)]
     assert 0 < sum(n > 0 for n in chosen) <= 3
+
+
+def test_positions_no_draft_has_reached_are_priced_as_the_last_one_measured():
+    """A kind accepted in full at positions 1..5 (all that drafts of 5 reached) is drafted far
+    beyond them when longer drafts are allowed and a token of verification is cheap beside a step;
+    a kind that fails at position 5 is not."""
+    policy = policy_with_costs({(1, w): 0.030 + 0.002 * (w - 1) for w in (1, 2, 6, 17)}, max_k=16)
+    for request_id, hits in (("sure", 5), ("unsure", 4)):
+        policy.begin(request_id, "ngram")
+        for _ in range(20):
+            policy.observe(request_id, 5, hits, f"ngram:{request_id}")
+    assert policy.choose([RowPlan("sure", "ngram:sure", 16, True, 16)]) == {"sure": 16}
+    assert policy.choose([RowPlan("unsure", "ngram:unsure", 16, True, 16)])["unsure"] <= 5

@@ -51,11 +51,21 @@ IGNORE_EOS = 4
 MATCH = 5  # length of the suffix match the last draft copied from (0: no copy)
 META_FIELDS = 6
 
-# A draft's kind (`Draft.kind`): the length of the suffix match it copies after, or a chain of followers.
+# A draft's kind (`Draft.kind`): the length of the match it copies after, or a chain of followers.
 # Measured on the embedded model, a 1-token match's copy is accepted about a third as often as a
-# 4-token match's: the cost-aware policy must tell them apart.
+# 4-token match's: the cost-aware policy must tell them apart. A match found through the tables
+# (at most max_n tokens) is extended backwards, up to LONG_MATCH tokens, and matches of 4 tokens and
+# more are told apart by powers of two (copy4, copy8, copy16, copy32): a long match is a copy in
+# progress (a function being rewritten, a schema's keys), whose continuation is accepted far further,
+# so the policy can learn to verify it in long drafts (SuffixDecoding sizes drafts by match length).
+LONG_MATCH = 32
+
+
 def _kind(match: int) -> str:
-    return f"copy{match}" if match else "chain"
+    if not match:
+        return "chain"
+    bucket = match if match < 4 else 1 << (min(int(match), LONG_MATCH).bit_length() - 1)
+    return f"copy{bucket}"
 
 
 BEGIN_ROOM = 4096  # output tokens a request's buffers are sized for at `begin`
@@ -78,7 +88,11 @@ def draft_one(tokens, table, meta, slot, limit, adapt, copy_min_n, strong_n, min
     # Also bounded by the buffers (out is k wide), so that no state can make the kernel write out of bounds.
     d = min(limit, out.shape[0], tokens.shape[0] - length)
     start, n = longest_match(tokens, table, length, copy_min_n, max_n)
-    meta[slot, MATCH] = n
+    match = n
+    while start >= 0 and match < LONG_MATCH and start - match - 1 >= 0 \
+            and tokens[start - match - 1] == tokens[length - match - 1]:
+        match += 1  # the earlier occurrence is tokens[start - n : start]; how far back it agrees
+    meta[slot, MATCH] = match
     if adapt and n < strong_n:
         d = min(d, meta[slot, K_CUR])
     stop_at_eos = meta[slot, IGNORE_EOS] == 0
@@ -296,7 +310,7 @@ class NgramDrafter:
 
     def match_length(self, request_id: str) -> int:
         """Length of the context suffix whose earlier occurrence the request's last draft copied
-        from (0: the draft was not a copy). A long match is a confident draft."""
+        from (0: the draft was not a copy; at most LONG_MATCH). A long match is a confident draft."""
         return int(self._meta[self._slot_of[request_id], MATCH])
 
     def table_nbytes(self, request_id: str) -> int:
