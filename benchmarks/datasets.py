@@ -79,7 +79,28 @@ MTBENCH = PinnedFile(
     member_sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
     license="Apache-2.0",
 )
-PINNED = (HUMANEVAL, BFCL, MTBENCH)
+# BFCL multi-turn (base): conversations of 2-5 user turns driving one or two simulated APIs, and
+# the function docs of each API; from the same wheel as BFCL simple.
+BFCL_MULTI_TURN = PinnedFile(
+    package="bfcl-eval", version="2026.3.23", wheel=BFCL.wheel, wheel_sha256=BFCL.wheel_sha256,
+    member="bfcl_eval/data/BFCL_v4_multi_turn_base.json",
+    member_sha256="1a21a995d06fd6f20ba55de7bced30ef953ec35e998f502ec2ecf4d66ef1c43a", license="Apache-2.0",
+)
+_FUNCTION_DOCS = {  # API class -> (its doc file in the wheel's multi_turn_func_doc/, sha256)
+    "GorillaFileSystem": ("gorilla_file_system.json", "c4c1b741c71e2a17c97a5dc9c4a91d89978c4eaece56494d14272d5df6c650e9"),
+    "MathAPI": ("math_api.json", "83fa31708c89442bdcf12ac4dfbe3be8663ec9183a1b1524a9fda98164bc7e0b"),
+    "MessageAPI": ("message_api.json", "4d58ea933a5d2b280d7a52366617fb47fecd333d7b0e08e724db6fa12fb5f847"),
+    "TwitterAPI": ("posting_api.json", "87f9fc404a06e4107d7c366f1399c596440e84c16cb119faf374b2f532d86e8b"),
+    "TicketAPI": ("ticket_api.json", "31324e0380782664fe82ba05bd23517808ad55692b45a5fe7c3d4d395fe4f0f8"),
+    "TradingBot": ("trading_bot.json", "1a7933fd8f0cb8fbec38aeae05cb8c24132747cad4904fe1c13ac3d01fc22c2d"),
+    "TravelAPI": ("travel_booking.json", "f17b950c13adddf41d0848077df58788252e4c2e7cad5cfa71c8c4bf04f57b26"),
+    "VehicleControlAPI": ("vehicle_control.json", "0c8a66292844874ef7b168f343bc394d8615d2d9e1f4387999a9ee23011eac78"),
+}
+FUNCTION_DOCS = {name: PinnedFile(package="bfcl-eval", version="2026.3.23", wheel=BFCL.wheel,
+                                  wheel_sha256=BFCL.wheel_sha256, member=f"bfcl_eval/data/multi_turn_func_doc/{file}",
+                                  member_sha256=sha, license="Apache-2.0")
+                 for name, (file, sha) in _FUNCTION_DOCS.items()}
+PINNED = (HUMANEVAL, BFCL, MTBENCH, BFCL_MULTI_TURN, *FUNCTION_DOCS.values())
 
 
 def cache_root() -> Path:
@@ -496,6 +517,58 @@ _DOMAIN_SOURCES: dict[str, tuple[Callable[[int, int], list[Prompt]], ...]] = {
     "json": (_bfcl, _extraction),
     "prose": (_mtbench, _grounded),
 }
+
+
+# -- multi-turn agent conversations -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A multi-turn agent conversation to replay turn by turn: each turn is a new request carrying
+    the system prompt (the tools), every earlier turn and the assistant's replies to them."""
+
+    id: str
+    source: str
+    system: str
+    turns: tuple[str, ...]
+
+    def messages(self, turn: int, replies: list[str]) -> list[dict[str, str]]:
+        """The request of turn `turn` (0-based), given the assistant's replies to the turns before."""
+        out = [{"role": "system", "content": self.system}]
+        for i in range(turn + 1):
+            out.append({"role": "user", "content": self.turns[i]})
+            if i < turn:
+                out.append({"role": "assistant", "content": replies[i]})
+        return out
+
+
+AGENT_INSTRUCTIONS = (
+    "You are an agent that acts through the functions below. For each request, reply with only a JSON list "
+    'of the calls to make, in order: [{"name": "<function>", "arguments": {"<parameter>": <value>, ...}}, ...]. '
+    "Reply [] if no function fits.\n\nFunctions:\n"
+)
+
+
+def load_conversations(n: int, seed: int = 0, max_system_chars: int = 12_000) -> list[Conversation]:
+    """n BFCL multi-turn conversations that use one API (its functions, less the ones the task
+    withholds, without their response docs, in the system prompt), with a system prompt of at most
+    `max_system_chars` characters (the embedded model's context is 8k tokens); same args, same
+    conversations, a larger n extending a smaller one."""
+    rows = [r for r in _jsonl(fetch(BFCL_MULTI_TURN)) if len(r["involved_classes"]) == 1]
+    conversations = []
+    for r in _pick(rows, len(rows), f"bfcl-multi-turn:{seed}"):
+        [api] = r["involved_classes"]
+        excluded = set(r.get("excluded_function") or [])
+        functions = [{key: f[key] for key in ("name", "description", "parameters")}
+                     for f in _jsonl(fetch(FUNCTION_DOCS[api])) if f["name"] not in excluded]
+        system = AGENT_INSTRUCTIONS + "\n".join(json.dumps(f) for f in functions)
+        if len(system) > max_system_chars:
+            continue
+        turns = tuple(" ".join(m["content"] for m in turn if m["role"] == "user") for turn in r["question"])
+        conversations.append(Conversation(f"bfcl-multi-turn:{r['id']}", "bfcl-multi-turn", system, turns))
+        if len(conversations) == n:
+            return conversations
+    raise ValueError(f"bfcl-multi-turn has {len(conversations)} conversations that fit, asked for {n}")
 
 
 def load_domain(name: str, n: int, seed: int = 0) -> list[Prompt]:

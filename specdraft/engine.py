@@ -33,6 +33,9 @@ from specdraft.text import IncrementalDetokenizer
 from specdraft.verifier import GrammarFailedError, InvalidDraftError, StepResult, Verifier
 
 log = logging.getLogger("specdraft.engine")
+# Draft lengths (below k) that calibration times one row at, besides 0 and k: passes of 2, 4, 8, 9,
+# 16 and 32 tokens, where a step's cost may change regime (the compiled CPU step takes up to 8).
+CALIBRATION_LENGTHS = (1, 3, 7, 8, 15, 31)
 
 
 @dataclass
@@ -603,18 +606,22 @@ class Engine:
             ids = [f"__calibrate-{i}" for i in range(batch)]
             for row_id in ids:
                 self.verifier.admit(row_id, prompt, greedy)
-            drafting = {0, batch} if self.k else {0}  # how many rows draft k
-            if self.k and self.verifier.packs:
-                drafting.add(1)
-            for rows in sorted(drafting):
+            if batch == 1:  # one row at several lengths: a pass's cost need not be linear in its tokens
+                cases = [[n] for n in sorted({0, self.k, *(n for n in CALIBRATION_LENGTHS if n < self.k)})]
+            else:  # how many rows draft k
+                drafting = {0, batch} if self.k else {0}
+                if self.k and self.verifier.packs:
+                    drafting.add(1)
+                cases = [[self.k] * rows + [0] * (batch - rows) for rows in sorted(drafting)]
+            for lengths in cases:
                 times = []
                 for _ in range(4):  # the first call pays one-off allocation and kernel selection
                     start = time.perf_counter()
-                    self.verifier.step({r: prompt[-1] for r in ids}, {r: draft for r in ids[:rows]})
+                    self.verifier.step({r: prompt[-1] for r in ids},
+                                       {r: draft.prefix(n) for r, n in zip(ids, lengths) if n})
                     times.append(time.perf_counter() - start)
                     for row_id in ids:
                         self.verifier.truncate(row_id, len(prompt))
-                lengths = [self.k] * rows + [0] * (batch - rows)
                 self.policy.verified(lengths, float(np.median(times[1:])))
             for row_id in ids:
                 self.verifier.remove(row_id)

@@ -29,8 +29,9 @@ draft length n_r (0 = plain decoding for that row) to maximise the batch's expec
   policy drafts all of that, every step; the others are chosen around it.
 - T(B, N): the verify step's measured time (per (B, N) cell, the median of its last WINDOW timings,
   so that one slow step (a page fault, another process) does not stick, blended with a least-squares
-  fit a + b*B + c*N over all cells while the cell has few timings; cells not yet seen come from the
-  fit, seeded by a short calibration at start-up). D_d(n): measured time of drafter d drafting n
+  fit a + b*B + c*N over all cells while the cell has few timings; a cell not yet seen is read off
+  the line between the nearest measured cells of its batch size around it, or else from the fit,
+  seeded by a short calibration at start-up at several lengths). D_d(n): measured time of drafter d drafting n
   tokens for its rows (one pass per draft position: n * the median of its last WINDOW per-token
   timings; a drafter that times its own drafting passes, leaving out catching up on steps it sat
   out, gives those). C_d: the catching up drafter d must do before it drafts rows that it sat out
@@ -207,11 +208,24 @@ class CostModel:
             fitted = max(a + b * batch + c * tokens, 1e-9)
         cell = self.verify.get((batch, tokens))
         if cell is None:
-            return 0.0 if fitted is None else fitted
+            between = self._between(batch, tokens)
+            return between if between is not None else (0.0 if fitted is None else fitted)
         if fitted is None or len(self.verify) < 4:
             return cell.seconds
         seen = len(cell.recent)  # one timing weighs as much as the fit; a full window nearly alone
         return (seen * cell.seconds + fitted) / (seen + 1)
+
+    def _between(self, batch: int, tokens: int) -> float | None:
+        """Linear between the nearest measured passes of this batch size below and above `tokens`
+        (None where there are not both): the global fit is a line, and a pass's cost is not (the
+        compiled CPU step runs passes of up to 8 tokens, larger ones are several times dearer), so
+        between two measurements the measurements are the better guide."""
+        below = max((n for b, n in self.verify if b == batch and n < tokens), default=None)
+        above = min((n for b, n in self.verify if b == batch and n > tokens), default=None)
+        if below is None or above is None:
+            return None
+        low, high = self.verify[(batch, below)].seconds, self.verify[(batch, above)].seconds
+        return low + (high - low) * (tokens - below) / (above - below)
 
     def draft_seconds(self, drafter: str, tokens: int) -> float:
         timings = self.drafting.get(drafter)

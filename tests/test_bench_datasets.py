@@ -144,3 +144,17 @@ def test_json_prompts_carry_the_schema_their_text_asks_for():
     assert record["properties"]["salary"] == {"type": "number"} and record["properties"]["remote"] == {"type": "boolean"}
     jsonschema.validate([{"title": "QA engineer", "company": "Quillon", "location": "Oslo", "salary": 50000, "remote": True}],
                         job.schema)
+
+
+@pytest.mark.slow
+def test_agent_conversations_replay_turn_by_turn_with_the_history():
+    conversations = datasets.load_conversations(3)
+    assert len({c.id for c in conversations}) == 3 and datasets.load_conversations(2) == conversations[:2]
+    conversation = conversations[0]
+    assert len(conversation.turns) >= 2 and conversation.system.startswith(datasets.AGENT_INSTRUCTIONS)
+    assert len(conversation.system) <= 12_000 and '"name":' in conversation.system
+    first = conversation.messages(0, [])
+    assert [m["role"] for m in first] == ["system", "user"] and first[1]["content"] == conversation.turns[0]
+    second = conversation.messages(1, ["[]"])
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2]["content"] == "[]" and second[3]["content"] == conversation.turns[1]

@@ -296,3 +296,14 @@ def test_positions_no_draft_has_reached_are_priced_as_the_last_one_measured():
             policy.observe(request_id, 5, hits, f"ngram:{request_id}")
     assert policy.choose([RowPlan("sure", "ngram:sure", 16, True, 16)]) == {"sure": 16}
     assert policy.choose([RowPlan("unsure", "ngram:unsure", 16, True, 16)])["unsure"] <= 5
+
+
+def test_an_unseen_pass_between_two_measured_ones_is_priced_between_them():
+    """The compiled CPU step takes passes of up to 8 tokens; a 9-token pass runs eagerly, at twice
+    the cost. A straight fit through all cells would price a 6-token pass near the eager ones."""
+    costs = CostModel()
+    for tokens, seconds in ((1, 0.030), (8, 0.040), (9, 0.070), (33, 0.130)):
+        costs.observe_verify(1, tokens, seconds)
+    assert costs.verify_seconds(1, 5) == pytest.approx(0.030 + 0.010 * 4 / 7)
+    assert costs.verify_seconds(1, 17) == pytest.approx(0.070 + 0.060 * 8 / 24)
+    assert costs.verify_seconds(1, 40) > 0.130  # beyond the measured cells: the fit

@@ -1,0 +1,163 @@
+"""Multi-turn agent traces: BFCL multi-turn conversations replayed turn by turn, at batch 1.
+
+Each turn is a new request carrying the whole conversation so far (the tools in the system prompt,
+every earlier user turn and the assistant's reply to it), as agents send them, and the turns of a
+conversation follow each other, conversations one after another. Per turn, greedy, the methods run
+one after the other (the order rotating): specdraft `none`, `ngram`, `hybrid`, `ngram` with the
+cross-request memory (its own engine, whose memory has learned from every earlier request of the
+run, the turns before this one included), Hugging Face `generate` (the reference: every output must
+equal it) and its prompt lookup. The reply of each turn (the same for every method) joins the
+history of the next. Reported by turn index (1, 2, 3+) and over all turns: tokens/s (median over
+turns; prefill included, and it is most of a turn's work here: the prompt is several thousand
+tokens), the speed-up over `none`, tokens per target step, drafted tokens per step and accepted per
+drafted token; memory on against memory off (`ngram`) by turn index.
+
+    python -m benchmarks.agent [--conversations 4] [--max-tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks import peers
+from benchmarks.datasets import load_conversations
+from benchmarks.run import machine
+from specdraft.models import load_model
+from specdraft.params import SamplingParams, SpeculationParams
+from specdraft.runtime import build_runtime, encode_prompt
+
+RESULTS = Path(__file__).parent / "results"
+OURS = ("none", "ngram", "hybrid", "ngram+memory")
+
+
+def bucket(turn: int) -> str:
+    return str(turn + 1) if turn < 2 else "3+"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("-k", "--k", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    loaded = load_model(None, device=None, dtype="auto")
+    stock = load_model(None, device=loaded.model.device, dtype="auto", few_rows_linears=False)
+    plain = build_runtime(loaded, drafters=["none", "ngram", "hybrid"], k=args.k, max_batch=1).engine
+    remembering = build_runtime(loaded, drafters=["ngram"], k=args.k, max_batch=1,
+                                drafter_options={"ngram": {"memory": True}}).engine
+    params = SamplingParams(max_tokens=args.max_tokens)
+    eos = stock.eos_token_ids
+
+    def ours(name: str, ids: list[int]) -> dict:
+        engine, drafter = (remembering, "ngram") if name == "ngram+memory" else (plain, name)
+        [done] = engine.run([(ids, params, SpeculationParams(drafter))])
+        m = done.metrics
+        decode = m["seconds"] - m["time_to_first_token"]  # after prefill (which gave the first token)
+        return {"token_ids": done.token_ids, "decode_tokens_per_second": (len(done.token_ids) - 1) / decode,
+                **{key: m[key] for key in ("tokens_per_second", "steps", "draft_tokens", "accepted_tokens", "seconds",
+                                           "time_to_first_token")}}
+
+    def hf(fn, ids, **kwargs) -> dict:
+        result = fn(stock.model, ids, args.max_tokens, eos, **kwargs)
+        return {"token_ids": list(result.token_ids), "tokens_per_second": result.tokens_per_second,
+                "seconds": result.seconds}
+
+    methods = {**{name: (lambda ids, name=name: ours(name, ids)) for name in OURS},
+               "hf-generate": lambda ids: hf(peers.hf_generate, ids),
+               "hf-prompt-lookup-k10": lambda ids: hf(peers.hf_prompt_lookup, ids, num_tokens=10)}
+    warm = encode_prompt(loaded.tokenizer, "Say hello.")
+    for name in OURS[:3]:
+        ours(name, warm)
+    turns = []
+    conversations = load_conversations(args.conversations)
+    for c_index, conversation in enumerate(conversations):
+        replies: list[str] = []
+        for turn in range(len(conversation.turns)):
+            ids = encode_prompt(loaded.tokenizer, conversation.messages(turn, replies))
+            order = list(methods)
+            shift = (c_index + turn) % len(order)
+            runs = {name: methods[name](ids) for name in order[shift:] + order[:shift]}
+            reference = runs["hf-generate"]["token_ids"]
+            lossless = {name: run["token_ids"] == reference for name, run in runs.items()}
+            replies.append(loaded.tokenizer.decode(reference, skip_special_tokens=True))
+            turns.append({"conversation": conversation.id, "turn": turn, "prompt_tokens": len(ids),
+                          "tokens": len(reference), "lossless": lossless,
+                          "runs": {name: {k: v for k, v in run.items() if k != "token_ids"} for name, run in runs.items()}})
+            print(f"{conversation.id} turn {turn + 1} ({len(ids)} prompt tokens, {len(reference)} new): " + ", ".join(
+                f"{name} {run['tokens_per_second']:.1f}" for name, run in runs.items()), flush=True)
+    results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+               "model": loaded.name, "k": args.k, "max_tokens": args.max_tokens, "conversations": len(conversations),
+               "summary": summarize(turns), "turns": turns}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "agent.json").write_text(json.dumps(results, indent=1))
+    (args.out / "agent.md").write_text(render(results))
+    print(render(results))
+
+
+def summarize(turns: list[dict]) -> dict:
+    out = {}
+    for scope in ("all", "1", "2", "3+"):
+        chosen = [t for t in turns if scope == "all" or bucket(t["turn"]) == scope]
+        if not chosen:
+            continue
+        cells = {}
+        for name in [n for n in (*OURS, "hf-generate", "hf-prompt-lookup-k10") if n in chosen[0]["runs"]]:
+            runs = [t["runs"][name] for t in chosen]
+            cell = {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
+                    "speedup": statistics.median(r["tokens_per_second"] / t["runs"]["none"]["tokens_per_second"]
+                                                 for r, t in zip(runs, chosen)),
+                    "lossless": sum(t["lossless"][name] for t in chosen)}
+            if "steps" in runs[0]:
+                cell["decode_tokens_per_second"] = statistics.median(r["decode_tokens_per_second"] for r in runs)
+                cell["decode_speedup"] = statistics.median(
+                    r["decode_tokens_per_second"] / t["runs"]["none"]["decode_tokens_per_second"] for r, t in zip(runs, chosen))
+                steps = sum(r["steps"] for r in runs)
+                drafted, accepted = sum(r["draft_tokens"] for r in runs), sum(r["accepted_tokens"] for r in runs)
+                cell.update(tokens_per_step=(steps + accepted) / steps if steps else 0.0,
+                            drafted_per_step=drafted / steps if steps else 0.0,
+                            accepted_per_drafted=accepted / drafted if drafted else 0.0)
+            cells[name] = cell
+        memory = [t["runs"]["ngram+memory"]["tokens_per_second"] / t["runs"]["ngram"]["tokens_per_second"] for t in chosen]
+        decode_memory = [t["runs"]["ngram+memory"]["decode_tokens_per_second"] / t["runs"]["ngram"]["decode_tokens_per_second"]
+                         for t in chosen]
+        out[scope] = {"turns": len(chosen), "cells": cells, "memory_over_no_memory": statistics.median(memory),
+                      "memory_ratios": memory, "decode_memory_over_no_memory": statistics.median(decode_memory),
+                      "decode_memory_ratios": decode_memory}
+    return out
+
+
+def render(results: dict) -> str:
+    lines = ["# Multi-turn agent traces (BFCL multi-turn), turn by turn", "",
+             f"Machine: {results['machine']}. Model: {results['model']}. Greedy, {results['max_tokens']} new tokens at most, "
+             f"k = {results['k']}, batch 1; {results['conversations']} conversations replayed turn by turn, each turn a new "
+             "request with the whole history; methods one after the other per turn, the order rotating. tok/s: median "
+             "over turns, prefill included (prompts of several thousand tokens: most of a turn's time); speed-up: median "
+             "of per-turn ratios to `none`; tokens/step, drafted/step, accepted/drafted: over the turns' steps; lossless: "
+             "turns whose output equals Hugging Face `generate`'s. `ngram+memory`: the cross-request memory, learned from "
+             "every earlier request of the run. Run with `python -m benchmarks.agent`.", "",
+             "| turn | turns | method | tok/s | speed-up | decode tok/s | decode speed-up | tokens/step | drafted/step | "
+             "accepted/drafted | lossless |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for scope, s in results["summary"].items():
+        for name, c in s["cells"].items():
+            ours = "tokens_per_step" in c
+            decode = f"{c['decode_tokens_per_second']:.1f} | {c['decode_speedup']:.2f}x" if ours else "- | -"
+            per_step = (f"{c['tokens_per_step']:.2f} | {c['drafted_per_step']:.2f} | {c['accepted_per_drafted']:.2f}"
+                        if ours else "- | - | -")
+            lines.append(f"| {scope} | {s['turns']} | {name} | {c['tokens_per_second']:.1f} | {c['speedup']:.2f}x | "
+                         f"{decode} | {per_step} | {c['lossless']}/{s['turns']} |")
+    lines += ["", "Decode tok/s: after the first token (prefill excluded), specdraft's methods only. Memory on / memory off "
+              "(`ngram+memory` / `ngram`, median of per-turn ratios), tok/s and decode tok/s:", ""]
+    lines += [f"- turn {scope}: {s['memory_over_no_memory']:.2f}x, decode {s['decode_memory_over_no_memory']:.2f}x "
+              f"({s['turns']} turns)" for scope, s in results["summary"].items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
