@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 from pathlib import Path
 
 from benchmarks import peers
 from benchmarks.datasets import load_conversations
+from benchmarks.report import write_results
 from benchmarks.run import machine
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
@@ -94,10 +94,7 @@ def main() -> None:
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
                "model": loaded.name, "k": args.k, "max_tokens": args.max_tokens, "conversations": len(conversations),
                "summary": summarize(turns), "turns": turns}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "agent.json").write_text(json.dumps(results, indent=1))
-    (args.out / "agent.md").write_text(render(results))
-    print(render(results))
+    write_results(args.out, "agent", results, render(results))
 
 
 def summarize(turns: list[dict]) -> dict:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 from pathlib import Path
 
 from benchmarks.datasets import DOMAINS, load_domain
+from benchmarks.report import write_results
 from benchmarks.run import machine
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
@@ -67,10 +67,7 @@ def main() -> None:
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
                "model": loaded.name, "ks": ks, "rounds": args.rounds, "max_tokens": args.max_tokens,
                "summary": summarize(rows), "prompts": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "long_drafts.json").write_text(json.dumps(results, indent=1))
-    (args.out / "long_drafts.md").write_text(render(results))
-    print(render(results))
+    write_results(args.out, "long_drafts", results, render(results))
 
 
 def summarize(rows: list[dict]) -> dict:

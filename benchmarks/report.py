@@ -367,3 +367,11 @@ def write_report(results: dict, out_dir: Path) -> None:
     payload = {**results, "summary": [asdict(s) for s in summaries]}
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / "results.md").write_text(render_markdown(results, summaries, plots))
+
+
+def write_results(out_dir: Path, name: str, results: dict, markdown: str) -> None:
+    """A benchmark's report: `name`.json (every figure) and `name`.md (the tables), and the tables on stdout."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
+    (out_dir / f"{name}.md").write_text(markdown)
+    print(markdown)

@@ -25,6 +25,7 @@ from pathlib import Path
 import jsonschema
 
 from benchmarks.datasets import load_domain
+from benchmarks.report import write_results
 from benchmarks.run import machine
 from specdraft import LLM, ResponseFormat, SamplingParams, SpeculationParams
 from specdraft.grammar import GrammarCompiler
@@ -149,10 +150,7 @@ def main() -> None:
         "cells": {name: [{**row, "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in row["runs"]]}
                          for row in rows] for name, rows in cells.items()},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "structured.json").write_text(json.dumps(results, indent=1))
-    (args.out / "structured.md").write_text(render(results))
-    print(render(results))
+    write_results(args.out, "structured", results, render(results))
 
 
 def render(results: dict) -> str:
