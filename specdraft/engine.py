@@ -115,6 +115,7 @@ class Request:
     prefilled: int = 0  # prompt tokens in the target's cache
     begun: bool = False  # its drafter and the policy track it
     grammar: RowGrammar | None = None  # its response format's state (the verifier advances it)
+    stop_string: bool = False  # it ended on a stop string (its text is cut there)
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,8 @@ class Engine:
     def _grammar_of(self, params: SamplingParams) -> RowGrammar:
         if self.grammar is None:
             raise RequestError("response_format is not available: this engine was built without a grammar compiler")
+        if not self.eos:
+            raise RequestError("response_format is not available: this engine has no end-of-sequence token to end the JSON with")
         try:
             return self.grammar.matcher(params.response_format)
         except GrammarError as exc:
@@ -385,7 +388,11 @@ class Engine:
                 if request.finish_reason is not None:
                     continue
                 if request.grammar is not None:
-                    draft = self._legal(request, draft, limits[request.id], parts.forced_tokens, out.forced_from)
+                    try:
+                        draft = self._legal(request, draft, limits[request.id], parts.forced_tokens, out.forced_from)
+                    except GrammarError as exc:  # that request's grammar failed: it ends, the others go on
+                        out.failed.append(self._fail(request, str(exc)))
+                        continue
                 if len(draft) or parts.costly is None:
                     out.drafts[request.id] = draft
                     out.sources[request.id] = f"{name}:{draft.kind}" if draft.kind else name
@@ -436,6 +443,8 @@ class Engine:
         `limit` tokens by the tokens the grammar forces after it (where they start: `forced_from`)."""
         start = time.perf_counter()
         tokens = draft.token_ids.tolist()
+        if tokens and not 0 <= min(tokens) <= max(tokens) < self.verifier.vocab_size:
+            return draft  # the verifier refuses it, naming the token, as for any request
         legal = request.grammar.legal_prefix(tokens)
         extra = request.grammar.forced(tokens[:legal], limit - legal) if forced else []
         request.metrics.grammar_seconds += time.perf_counter() - start
@@ -454,9 +463,13 @@ class Engine:
         (a constrained row's made legal, as free drafts were when drafted)."""
         drafts = dict(costly.drafts)
         for request in rows:
-            if request.grammar is not None and request.id in drafts:
-                drafts[request.id] = self._legal(request, drafts[request.id], lengths[request.id],
-                                                 self.parts[request.drafter].forced_tokens, free.forced_from)
+            if request.grammar is not None and request.id in drafts and request.finish_reason is None:
+                try:
+                    drafts[request.id] = self._legal(request, drafts[request.id], lengths[request.id],
+                                                     self.parts[request.drafter].forced_tokens, free.forced_from)
+                except GrammarError as exc:  # reported with the costly stage's failures
+                    del drafts[request.id]
+                    costly.failed.append(self._fail(request, str(exc)))
             draft = free.drafts.get(request.id)
             if draft is None or request.finish_reason is not None:
                 continue
@@ -497,6 +510,9 @@ class Engine:
                 request.metrics.forced_accepted_tokens += result.accepted - begin
             self.policy.observe(request.id, drafted, result.accepted, free.sources[request.id])
             self.policy.emitted(request.id, result.tokens)
+            if result.error is not None:  # its grammar failed after the pass: it ends, the others go on
+                deltas.append(self._fail(request, result.error))
+                continue
             delta = self._emit(request, result.tokens, result.accepted)
             if delta.finish_reason is not None:
                 self._retire(request)
@@ -560,7 +576,7 @@ class Engine:
             rest, hit_stop = request.detok.add(kept[accepted:])
             text += rest
         if hit_stop:
-            request.finish_reason = "stop"
+            request.finish_reason, request.stop_string = "stop", True
         if request.finish_reason is None:
             request.last_token = kept[-1]
             try:
@@ -572,6 +588,12 @@ class Engine:
             text += request.detok.flush()
         return Delta(request.id, kept, text, request.finish_reason, request.error, accepted=accepted,
                      drafted_text=drafted_text)
+
+    @staticmethod
+    def _complete(request: Request) -> bool:
+        """Whether a constrained request's text is a whole JSON value (a stop string cuts the text
+        short of the tokens: after a whole value only the end-of-sequence token is legal)."""
+        return request.grammar.complete(len(request.generated)) and not request.stop_string
 
     def _fail(self, request: Request, error: str) -> Delta:
         request.finish_reason, request.error = "error", error
@@ -599,7 +621,7 @@ class Engine:
         one row drafting k in a full batch: what a few strong drafts cost there) and each drafter
         that drafts only when asked, on throwaway rows, so that the policy's first choices rest on
         this machine's costs."""
-        prompt = [int(t) % self.verifier.vocab_size for t in range(3, 35)]
+        prompt = [int(t) % self.verifier.vocab_size for t in range(3, 3 + max(32, self.k + 1))]  # drafts of k fit
         greedy = SamplingParams(max_tokens=4 * (self.k + 1) + 4)
         draft = Draft(np.asarray(prompt[: self.k], dtype=np.int32))
         for batch in sorted({1, self.max_batch}):
@@ -661,6 +683,6 @@ class Engine:
             list(request.prompt_ids),
             request.finish_reason,
             request.metrics.to_dict(len(request.generated),
-                                    None if request.grammar is None else request.grammar.complete(len(request.generated))),
+                                    None if request.grammar is None else self._complete(request)),
             request.error,
         )

@@ -15,7 +15,7 @@ JSON is compiled without free whitespace (`", "` between items, `": "` after key
 grammar forces every key, quote and separator.
 
 Threads: the engine's thread steps the `RowGrammar`s; `GrammarCompiler.check` may run on a server's
-request threads too, so the compiler's caches are guarded by a lock.
+request threads too, so the compiler's cache is guarded by a lock (compiling runs outside it).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import llguidance
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-CACHED_GRAMMARS = 64  # compiled response formats kept (a server sees a few schemas many times)
+CACHED_GRAMMARS = 256  # compiled response formats kept: more than a server holds requests (rows + queue)
 _BITS = torch.tensor([[(byte >> i) & 1 for i in range(8)] for byte in range(256)], dtype=torch.bool)  # [256, 8]
 
 
@@ -68,11 +68,14 @@ class RowGrammar:
 
     def legal_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading `tokens` the grammar allows, in order, after what was emitted (up to and
-        including an end-of-sequence token where the JSON is complete; nothing after it)."""
+        including an end-of-sequence token where the JSON is complete; nothing after it). Token ids
+        must be in the vocabulary."""
         if not len(tokens) or self.ended:
             return 0
         tokens = [int(t) for t in tokens]
         legal = self._matcher.validate_tokens(tokens)
+        if self._matcher.is_error():
+            raise GrammarError(f"the grammar failed: {self._matcher.get_error()}")
         if legal < len(tokens) and tokens[legal] in self.eos and self._accepting_after(tokens[:legal]):
             legal += 1
         return legal
@@ -83,8 +86,7 @@ class RowGrammar:
         if limit <= 0 or self.ended or (after and after[-1] in self.eos):
             return []
         matcher = self._matcher
-        consumed = matcher.consume_tokens(after)
-        assert consumed, matcher.get_error()
+        self._consume(after)
         try:
             return [] if matcher.is_stopped() else matcher.compute_ff_tokens()[:limit]
         finally:
@@ -105,8 +107,7 @@ class RowGrammar:
                     out[i:].fill_(-1)
                     break
                 if i:
-                    ok = matcher.consume_token(int(draft[i - 1]))
-                    assert ok, matcher.get_error()
+                    self._consume([int(draft[i - 1])])
                     consumed += 1
                 matcher.unsafe_compute_mask_ptr(out[i].data_ptr(), width)
         finally:
@@ -134,13 +135,16 @@ class RowGrammar:
         return self._matcher.is_accepting()
 
     def _accepting_after(self, tokens: list[int]) -> bool:
-        matcher = self._matcher
-        consumed = matcher.consume_tokens(tokens)
-        assert consumed, matcher.get_error()
+        self._consume(tokens)
         try:
-            return matcher.is_accepting()
+            return self._matcher.is_accepting()
         finally:
-            matcher.rollback(len(tokens))
+            self._matcher.rollback(len(tokens))
+
+    def _consume(self, tokens: list[int]) -> None:
+        """Look ahead over tokens known to be legal; a grammar that fails there (a resource limit) fails its request."""
+        if tokens and not self._matcher.consume_tokens(tokens):
+            raise GrammarError(f"the grammar failed: {self._matcher.get_error() or 'a legal token was refused'}")
 
 
 class GrammarCompiler:
@@ -154,29 +158,37 @@ class GrammarCompiler:
         self._tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, list(eos_token_ids)
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[ResponseFormat, llguidance.LLMatcher] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache
+        self._convert_lock = threading.Lock()  # the tokenizer's conversion
 
     def check(self, response_format: ResponseFormat) -> None:
         """Raise GrammarError naming the problem if the format cannot be compiled (cached either way)."""
         self.matcher(response_format)
 
     def matcher(self, response_format: ResponseFormat) -> RowGrammar:
-        """A fresh grammar state for one request."""
+        """A fresh grammar state for one request. Compiling runs outside the lock, so that one
+        request's new schema does not hold up another's cached one (two threads may both compile a
+        new schema; the first to finish is kept)."""
         with self._lock:
             pristine = self._compiled.get(response_format)
-            if pristine is None:
-                pristine = self._compile(response_format)
-                self._compiled[response_format] = pristine
-                if len(self._compiled) > CACHED_GRAMMARS:
-                    self._compiled.popitem(last=False)
-            else:
+            if pristine is not None:
                 self._compiled.move_to_end(response_format)
+                return RowGrammar(pristine.deep_copy(), self._eos)
+        compiled = self._compile(response_format)
+        with self._lock:
+            pristine = self._compiled.setdefault(response_format, compiled)
+            if len(self._compiled) > CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
             return RowGrammar(pristine.deep_copy(), self._eos)
 
     def _compile(self, response_format: ResponseFormat) -> llguidance.LLMatcher:
         import llguidance
 
         schema: Any = {"type": "object"} if response_format.type == "json_object" else json.loads(response_format.schema)
+        if schema is False:
+            raise GrammarError("response_format: the JSON schema is false, which no value satisfies")
+        if schema is True:
+            schema = {}  # any JSON value
         tokenizer = self._llguidance_tokenizer()
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
@@ -191,6 +203,10 @@ class GrammarCompiler:
         return matcher
 
     def _llguidance_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._convert_lock:  # converted once, by the first thread that needs it
+            return self._convert_tokenizer()
+
+    def _convert_tokenizer(self) -> llguidance.LLTokenizer:
         if self._lltokenizer is None:
             import llguidance
             import llguidance.hf

@@ -361,3 +361,34 @@ def test_draft_cut_keeps_the_drafter_kind_and_forced_tokens_are_their_own(pair, 
     forced = engine._legal(request, EMPTY_DRAFT, 6, True, forced_from)
     assert text_of(forced.token_ids.tolist()) == '{"kind' and forced.kind == "forced" and forced_from[request_id] == 0
     assert engine._legal(request, EMPTY_DRAFT, 6, False, {}) is EMPTY_DRAFT
+
+
+def test_a_bad_draft_of_a_constrained_request_fails_that_request_only(pair, compiler):
+    """A draft token outside the vocabulary is refused by the verifier, naming it, as for any
+    request; the other rows of the batch finish as they would alone."""
+    bad = ScriptedDrafter(lambda context, limit: [TINY_VOCAB + 5] if limit else [])
+    engine = engine_for(pair, compiler, drafters={"none": create_drafter("none"), "bad": bad})
+    params = SamplingParams(max_tokens=30, response_format=FORMATS["schema"])
+    broken, fine = engine.run([(PROMPTS[0], params, SpeculationParams("bad")), (PROMPTS[1], params, SpeculationParams("none"))])
+    assert broken.finish_reason == "error" and "outside the vocabulary" in broken.error
+    [alone] = engine.run([(PROMPTS[1], params, SpeculationParams("none"))])
+    assert fine.token_ids == alone.token_ids and fine.finish_reason == alone.finish_reason
+
+
+def test_a_stop_string_inside_the_json_leaves_it_incomplete(pair, compiler):
+    engine = engine_for(pair, compiler)
+    [done] = engine.run([(PROMPTS[0], SamplingParams(max_tokens=60, stop=('"',), response_format=FORMATS["schema"]),
+                          SpeculationParams("ngram"))])
+    assert done.finish_reason == "stop" and done.text == "{"
+    assert done.metrics["grammar"]["complete"] is False
+
+
+def test_boolean_schemas_and_an_engine_without_an_end_token(pair, compiler):
+    engine = engine_for(pair, compiler)
+    engine.validate(PROMPTS[0], None, SamplingParams(response_format=ResponseFormat.json_schema(True)))  # any JSON value
+    with pytest.raises(RequestError, match="the JSON schema is false, which no value satisfies"):
+        engine.validate(PROMPTS[0], None, SamplingParams(response_format=ResponseFormat.json_schema(False)))
+    target, _ = pair
+    silent = Engine(Verifier(target), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, k=K, grammar=compiler)
+    with pytest.raises(RequestError, match="no end-of-sequence token"):
+        silent.submit(PROMPTS[0], SamplingParams(response_format=FORMATS["object"]))

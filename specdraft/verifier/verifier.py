@@ -39,6 +39,7 @@ class StepResult:
     tokens: list[int]  # accepted draft tokens, then the recovered or bonus token
     accepted: int
     grammar_seconds: float = 0.0  # spent on the row's grammar: its masks and advancing it
+    error: str | None = None  # the row's grammar failed advancing over its tokens: the row must end
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,9 @@ class Verifier:
         self.rows.activate(row_id)
         no_draft = torch.empty((1, 0), dtype=torch.int64, device=self.device)
         first_position = np.array([self.rows.length(row_id)])
-        tokens, _, _ = self._decide([row_id], logits[None, None], no_draft, [None], first_position, masks)
+        tokens, _, _, errors = self._decide([row_id], logits[None, None], no_draft, [None], first_position, masks)
+        if errors:
+            raise GrammarFailedError(row_id, errors[0])
         return int(tokens[0, 0])
 
     def admit(self, row_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
@@ -142,11 +145,11 @@ class Verifier:
         masks = self._masks(order, [drafts.get(r) for r in order], k + 1)
         logits = self.rows.forward(window, inputs, counts=counts)  # [batch, k + 1, vocab]; zeros past a row's draft
         draft_t = torch.as_tensor(draft, device=self.device)
-        tokens, accepted, grammar_seconds = self._decide(order, logits, draft_t, [drafts.get(r) for r in order],
-                                                         first_position, masks)
+        tokens, accepted, grammar_seconds, errors = self._decide(order, logits, draft_t, [drafts.get(r) for r in order],
+                                                                 first_position, masks)
         self.rows.commit(window, accepted + 1)  # the last token and the accepted draft; the rest is rolled back
-        return {row_id: StepResult(tokens[b, : int(accepted[b]) + 1].tolist(), int(accepted[b]), grammar_seconds[b])
-                for b, row_id in enumerate(order)}
+        return {row_id: StepResult(tokens[b, : int(accepted[b]) + 1].tolist(), int(accepted[b]), grammar_seconds[b],
+                                   errors.get(b)) for b, row_id in enumerate(order)}
 
     def _check_draft(self, row_id: str, draft: Draft) -> None:
         if not len(draft):
@@ -180,9 +183,10 @@ class Verifier:
                 first_position: np.ndarray, masks: _Masks | None):
         """Mask the constrained rows' logits, apply each row's acceptance rule, and advance the
         constrained rows' grammars by what they emit. Returns host arrays tokens [batch, k + 1] and
-        accepted [batch], and the seconds each row's grammar took."""
+        accepted [batch], the seconds each row's grammar took, and the rows whose grammar failed to
+        advance (batch index -> why)."""
         if masks is None:
-            return (*self._accept(order, logits, draft, drafts, first_position), [0.0] * len(order))
+            return (*self._accept(order, logits, draft, drafts, first_position), [0.0] * len(order), {})
         # Tokens a row's grammar forbids get -inf before temperature, top-k and top-p (which then see
         # legal tokens only). A copy: the forward's output buffer is the model's to reuse.
         index = torch.tensor([b for b, _ in masks.grammars], device=logits.device)
@@ -190,11 +194,15 @@ class Verifier:
         masked = logits.clone()
         masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
         tokens, accepted = self._accept(order, masked, draft, drafts, first_position)
+        errors: dict[int, str] = {}
         for b, grammar in masks.grammars:
             start = time.perf_counter()
-            grammar.advance(tokens[b, : int(accepted[b]) + 1])  # legal: chosen under the mask
+            try:
+                grammar.advance(tokens[b, : int(accepted[b]) + 1])  # legal: chosen under the mask
+            except GrammarError as exc:  # a resource limit of the grammar library: that row ends
+                errors[b] = str(exc)
             masks.seconds[b] += time.perf_counter() - start
-        return tokens, accepted, masks.seconds
+        return tokens, accepted, masks.seconds, errors
 
     def _accept(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
                 first_position: np.ndarray):
