@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks import peers
 from benchmarks.datasets import load_conversations
-from benchmarks.report import write_results
+from benchmarks.report import step_columns, step_stats, write_results
 from benchmarks.run import machine
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
@@ -114,11 +114,7 @@ def summarize(turns: list[dict]) -> dict:
                 cell["decode_tokens_per_second"] = statistics.median(r["decode_tokens_per_second"] for r in runs)
                 cell["decode_speedup"] = statistics.median(
                     r["decode_tokens_per_second"] / t["runs"]["none"]["decode_tokens_per_second"] for r, t in zip(runs, chosen))
-                steps = sum(r["steps"] for r in runs)
-                drafted, accepted = sum(r["draft_tokens"] for r in runs), sum(r["accepted_tokens"] for r in runs)
-                cell.update(tokens_per_step=(steps + accepted) / steps if steps else 0.0,
-                            drafted_per_step=drafted / steps if steps else 0.0,
-                            accepted_per_drafted=accepted / drafted if drafted else 0.0)
+                cell.update(step_stats(runs))
             cells[name] = cell
         memory = [t["runs"]["ngram+memory"]["tokens_per_second"] / t["runs"]["ngram"]["tokens_per_second"] for t in chosen]
         decode_memory = [t["runs"]["ngram+memory"]["decode_tokens_per_second"] / t["runs"]["ngram"]["decode_tokens_per_second"]
@@ -145,8 +141,7 @@ def render(results: dict) -> str:
         for name, c in s["cells"].items():
             ours = "tokens_per_step" in c
             decode = f"{c['decode_tokens_per_second']:.1f} | {c['decode_speedup']:.2f}x" if ours else "- | -"
-            per_step = (f"{c['tokens_per_step']:.2f} | {c['drafted_per_step']:.2f} | {c['accepted_per_drafted']:.2f}"
-                        if ours else "- | - | -")
+            per_step = step_columns(c) if ours else "- | - | -"
             lines.append(f"| {scope} | {s['turns']} | {name} | {c['tokens_per_second']:.1f} | {c['speedup']:.2f}x | "
                          f"{decode} | {per_step} | {c['lossless']}/{s['turns']} |")
     lines += ["", "Decode tok/s: after the first token (prefill excluded), specdraft's methods only. Memory on / memory off "

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.datasets import DOMAINS, load_domain
-from benchmarks.report import write_results
+from benchmarks.report import step_columns, step_stats, write_results
 from benchmarks.run import machine
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
@@ -79,13 +79,8 @@ def summarize(rows: list[dict]) -> dict:
             tps = [statistics.median(run["tokens_per_second"] for run in r["runs"][name]) for r in chosen]
             ratios = [statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
                                         for a, b in zip(r["runs"][name], r["runs"]["none"])) for r in chosen]
-            first = [r["runs"][name][0] for r in chosen]
-            steps = sum(f["steps"] for f in first)
-            drafted, accepted = sum(f["draft_tokens"] for f in first), sum(f["accepted_tokens"] for f in first)
             cells[name] = {"tokens_per_second": statistics.median(tps), "speedup": statistics.median(ratios),
-                           "tokens_per_step": (accepted + steps) / steps if steps else 0.0,
-                           "drafted_per_step": drafted / steps if steps else 0.0,
-                           "accepted_per_drafted": accepted / drafted if drafted else 0.0}
+                           **step_stats([r["runs"][name][0] for r in chosen])}
         scopes[scope] = {"prompts": len(chosen), "cells": cells}
     return scopes
 
@@ -102,7 +97,7 @@ def render(results: dict) -> str:
     for scope, s in results["summary"].items():
         for name, c in s["cells"].items():
             lines.append(f"| {scope} | {s['prompts']} | {name} | {c['tokens_per_second']:.1f} | {c['speedup']:.2f}x | "
-                         f"{c['tokens_per_step']:.2f} | {c['drafted_per_step']:.2f} | {c['accepted_per_drafted']:.2f} |")
+                         f"{step_columns(c)} |")
     return "\n".join(lines) + "\n"
 
 

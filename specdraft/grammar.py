@@ -115,10 +115,10 @@ class RowGrammar:
 
     def advance(self, tokens: Sequence[int]) -> None:
         """The tokens the request emitted (each was legal: the target's logits were masked)."""
+        if self.ended or not len(tokens):
+            return
         tokens = [int(t) for t in tokens]
         end = next((i for i, t in enumerate(tokens) if t in self.eos), None)
-        if self.ended or not tokens:
-            return
         if end is not None:
             tokens, self.ended = tokens[:end], True
         if tokens and not self._matcher.consume_tokens(tokens):
