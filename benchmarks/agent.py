@@ -5,14 +5,16 @@ every earlier user turn and the assistant's reply to it), as agents send them, a
 conversation follow each other, conversations one after another. Per turn, greedy, the methods run
 one after the other (the order rotating): specdraft `none`, `ngram`, `hybrid`, `ngram` with the
 cross-request memory (its own engine, whose memory has learned from every earlier request of the
-run, the turns before this one included), Hugging Face `generate` (the reference: every output must
-equal it) and its prompt lookup. The reply of each turn (the same for every method) joins the
-history of the next. Reported by turn index (1, 2, 3+) and over all turns: tokens/s (median over
-turns; prefill included, and it is most of a turn's work here: the prompt is several thousand
-tokens), the speed-up over `none`, tokens per target step, drafted tokens per step and accepted per
-drafted token; memory on against memory off (`ngram`) by turn index.
+run, the turns before this one included), `ngram` with longer drafts (`--long-ks`), Hugging Face
+`generate` (the reference: every output must equal it) and its prompt lookup. The reply of each turn
+(the same for every method) joins the history of the next. Reported by turn index (1, 2, 3+) and over
+all turns: tokens/s (median over turns; prefill included, and it is most of a turn's work here: the
+prompt is several thousand tokens), the speed-up over `none`, tokens per target step, drafted tokens
+per step and accepted per drafted token; memory on against memory off (`ngram`) by turn index; and
+what an oracle copy drafter could reach (`benchmarks.ceiling`) from the request alone and with every
+earlier turn's output as well (the most a cross-request memory could add).
 
-    python -m benchmarks.agent [--conversations 4] [--max-tokens 96]
+    python -m benchmarks.agent [--conversations 4] [--max-tokens 96] [--long-ks 16]
 """
 
 from __future__ import annotations
@@ -22,16 +24,16 @@ import datetime as dt
 import statistics
 from pathlib import Path
 
-from benchmarks import peers
+from benchmarks.ceiling import UNBOUNDED, copy_ceiling
 from benchmarks.datasets import load_conversations
-from benchmarks.report import step_columns, step_stats, write_results
+from benchmarks.methods import OURS, PEERS, REFERENCE, Methods, engine_run
+from benchmarks.report import bar_plot, step_columns, step_stats, write_results
 from benchmarks.run import machine
 from specdraft.models import load_model
-from specdraft.params import SamplingParams, SpeculationParams
+from specdraft.params import SamplingParams
 from specdraft.runtime import build_runtime, encode_prompt
 
 RESULTS = Path(__file__).parent / "results"
-OURS = ("none", "ngram", "hybrid", "ngram+memory")
 
 
 def bucket(turn: int) -> str:
@@ -43,51 +45,37 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("-k", "--k", type=int, default=5)
+    parser.add_argument("--long-ks", default="16", help="also `ngram` with these longest drafts (comma-separated)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     loaded = load_model(None, device=None, dtype="auto")
-    stock = load_model(None, device=loaded.model.device, dtype="auto", few_rows_linears=False)
-    plain = build_runtime(loaded, drafters=["none", "ngram", "hybrid"], k=args.k, max_batch=1).engine
-    remembering = build_runtime(loaded, drafters=["ngram"], k=args.k, max_batch=1,
-                                drafter_options={"ngram": {"memory": True}}).engine
+    methods = Methods(loaded, OURS + PEERS, k=args.k, max_tokens=args.max_tokens)
     params = SamplingParams(max_tokens=args.max_tokens)
-    eos = stock.eos_token_ids
-
-    def ours(name: str, ids: list[int]) -> dict:
-        engine, drafter = (remembering, "ngram") if name == "ngram+memory" else (plain, name)
-        [done] = engine.run([(ids, params, SpeculationParams(drafter))])
-        m = done.metrics
-        decode = m["seconds"] - m["time_to_first_token"]  # after prefill (which gave the first token)
-        return {"token_ids": done.token_ids, "decode_tokens_per_second": (len(done.token_ids) - 1) / decode,
-                **{key: m[key] for key in ("tokens_per_second", "steps", "draft_tokens", "accepted_tokens", "seconds",
-                                           "time_to_first_token")}}
-
-    def hf(fn, ids, **kwargs) -> dict:
-        result = fn(stock.model, ids, args.max_tokens, eos, **kwargs)
-        return {"token_ids": list(result.token_ids), "tokens_per_second": result.tokens_per_second,
-                "seconds": result.seconds}
-
-    methods = {**{name: (lambda ids, name=name: ours(name, ids)) for name in OURS},
-               "hf-generate": lambda ids: hf(peers.hf_generate, ids),
-               "hf-prompt-lookup-k10": lambda ids: hf(peers.hf_prompt_lookup, ids, num_tokens=10)}
-    warm = encode_prompt(loaded.tokenizer, "Say hello.")
-    for name in OURS[:3]:
-        ours(name, warm)
+    long_engines = {f"ngram k={k}": build_runtime(loaded, drafters=["ngram"], k=int(k), max_batch=1).engine
+                    for k in args.long_ks.split(",") if k.strip()}
+    call = {**{name: (lambda ids, name=name: methods.run(name, ids)) for name in methods.names},
+           **{name: (lambda ids, engine=engine: engine_run(engine, "ngram", ids, params))
+              for name, engine in long_engines.items()}}
     turns = []
+    outputs: list[list[int]] = []  # every earlier turn's output: what a cross-request memory can know
     conversations = load_conversations(args.conversations)
     for c_index, conversation in enumerate(conversations):
         replies: list[str] = []
         for turn in range(len(conversation.turns)):
             ids = encode_prompt(loaded.tokenizer, conversation.messages(turn, replies))
-            order = list(methods)
+            order = list(call)
             shift = (c_index + turn) % len(order)
-            runs = {name: methods[name](ids) for name in order[shift:] + order[:shift]}
-            reference = runs["hf-generate"]["token_ids"]
+            runs = {name: call[name](ids) for name in order[shift:] + order[:shift]}
+            reference = runs[REFERENCE]["token_ids"]
             lossless = {name: run["token_ids"] == reference for name, run in runs.items()}
             replies.append(loaded.tokenizer.decode(reference, skip_special_tokens=True))
+            ceiling = {f"{where} k={k}": copy_ceiling(ids, reference, bound, corpus)
+                       for where, corpus in (("context", ()), ("context+earlier outputs", outputs))
+                       for k, bound in ((args.k, args.k), ("unbounded", UNBOUNDED))}
+            outputs.append(reference)
             turns.append({"conversation": conversation.id, "turn": turn, "prompt_tokens": len(ids),
-                          "tokens": len(reference), "lossless": lossless,
+                          "tokens": len(reference), "lossless": lossless, "copy_ceiling": ceiling,
                           "runs": {name: {k: v for k, v in run.items() if k != "token_ids"} for name, run in runs.items()}})
             print(f"{conversation.id} turn {turn + 1} ({len(ids)} prompt tokens, {len(reference)} new): " + ", ".join(
                 f"{name} {run['tokens_per_second']:.1f}" for name, run in runs.items()), flush=True)
@@ -95,6 +83,7 @@ def main() -> None:
                "model": loaded.name, "k": args.k, "max_tokens": args.max_tokens, "conversations": len(conversations),
                "summary": summarize(turns), "turns": turns}
     write_results(args.out, "agent", results, render(results))
+    plot(results, args.out / "agent.png")
 
 
 def summarize(turns: list[dict]) -> dict:
@@ -104,7 +93,8 @@ def summarize(turns: list[dict]) -> dict:
         if not chosen:
             continue
         cells = {}
-        for name in [n for n in (*OURS, "hf-generate", "hf-prompt-lookup-k10") if n in chosen[0]["runs"]]:
+        for name in sorted(chosen[0]["runs"], key=lambda n: (OURS + ("ngram k",) + PEERS).index(
+                n if n in OURS + PEERS else "ngram k")):
             runs = [t["runs"][name] for t in chosen]
             cell = {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
                     "speedup": statistics.median(r["tokens_per_second"] / t["runs"]["none"]["tokens_per_second"]
@@ -119,7 +109,9 @@ def summarize(turns: list[dict]) -> dict:
         memory = [t["runs"]["ngram+memory"]["tokens_per_second"] / t["runs"]["ngram"]["tokens_per_second"] for t in chosen]
         decode_memory = [t["runs"]["ngram+memory"]["decode_tokens_per_second"] / t["runs"]["ngram"]["decode_tokens_per_second"]
                          for t in chosen]
-        out[scope] = {"turns": len(chosen), "cells": cells, "memory_over_no_memory": statistics.median(memory),
+        ceiling = {key: statistics.median(t["copy_ceiling"][key] for t in chosen) for key in chosen[0]["copy_ceiling"]}
+        out[scope] = {"turns": len(chosen), "cells": cells, "copy_ceiling": ceiling,
+                      "memory_over_no_memory": statistics.median(memory),
                       "memory_ratios": memory, "decode_memory_over_no_memory": statistics.median(decode_memory),
                       "decode_memory_ratios": decode_memory}
     return out
@@ -148,7 +140,25 @@ def render(results: dict) -> str:
               "(`ngram+memory` / `ngram`, median of per-turn ratios), tok/s and decode tok/s:", ""]
     lines += [f"- turn {scope}: {s['memory_over_no_memory']:.2f}x, decode {s['decode_memory_over_no_memory']:.2f}x "
               f"({s['turns']} turns)" for scope, s in results["summary"].items()]
+    keys = list(results["summary"]["all"]["copy_ceiling"])
+    lines += ["", "What copying could reach (`benchmarks/ceiling.py`): tokens per target step of an oracle that drafts, "
+              "after any earlier occurrence of the last token, the continuation agreeing longest with the output, from "
+              "the request's context alone or also from every earlier turn's output in the run (all a cross-request "
+              "memory can hold); median over turns.", "",
+              "| turn | " + " | ".join(keys) + " |", "| --- |" + " --- |" * len(keys)]
+    lines += [f"| {scope} | " + " | ".join(f"{s['copy_ceiling'][key]:.2f}" for key in keys) + " |"
+              for scope, s in results["summary"].items()]
     return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    """Decode speed-up over `none` (after the first token) by turn index, specdraft's drafters."""
+    summary = results["summary"]
+    scopes = [s for s in ("1", "2", "3+", "all") if s in summary]
+    names = [n for n in summary["all"]["cells"] if n != "none" and "decode_speedup" in summary["all"]["cells"][n]]
+    bar_plot(path, [f"turn {s}" for s in scopes],
+             {n: [summary[s]["cells"][n]["decode_speedup"] for s in scopes] for n in names},
+             "decode speed-up over none", f"Agent traces, batch 1 ({results['conversations']} conversations)")
 
 
 if __name__ == "__main__":

@@ -304,25 +304,42 @@ def _per_prompt(results: dict, method: str = "specdraft-ngram", threshold: float
 # -- plots -----------------------------------------------------------------------------------------
 
 
+def grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str,
+                 baseline: float | None = 1.0) -> None:
+    """One bar per series in each group, labelled with its value (Hugging Face peers hatched)."""
+    width = 0.8 / max(1, len(series))
+    for j, (name, values) in enumerate(series.items()):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        bars = ax.bar(xs, [v or 0.0 for v in values], width, label=name,
+                      hatch="//" if name.startswith("hf-") else None, edgecolor="black", linewidth=0.4)
+        ax.bar_label(bars, [f"{v:.2f}" if v is not None else "" for v in values], fontsize=6, rotation=90, padding=2)
+    if baseline is not None:
+        ax.axhline(baseline, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    ax.margins(y=0.12)  # room for the value labels
+    ax.set_title(title)
+
+
+def bar_plot(path: Path, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str,
+             baseline: float | None = 1.0) -> None:
+    """A one-panel grouped bar chart saved as a PNG."""
+    fig = Figure(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(series)) / 3), 4.2), layout="constrained")
+    ax = fig.subplots()
+    grouped_bars(ax, groups, series, ylabel, title, baseline)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, dpi=120)
+
+
 def _plot_speedup(summaries: list[CellSummary], path: Path) -> None:
     domains = list(dict.fromkeys(s.domain for s in summaries))
     methods = _method_order([s.method for s in summaries])
     by_key = {(s.domain, s.method): s for s in summaries}
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
-    width = 0.8 / max(1, len(methods))
     for ax, attr, title in ((axes[0], "speedup_vs_none", "vs specdraft-none"), (axes[1], "speedup_vs_hf", "vs hf-generate")):
-        for j, method in enumerate(methods):
-            values = [getattr(by_key[(d, method)], attr) if (d, method) in by_key else None for d in domains]
-            xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(domains))]
-            bars = ax.bar(xs, [v or 0.0 for v in values], width, label=method,
-                          hatch="//" if method.startswith("hf-") else None, edgecolor="black", linewidth=0.4)
-            ax.bar_label(bars, [f"{v:.2f}" if v is not None else "" for v in values], fontsize=6, rotation=90, padding=2)
-        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xticks(range(len(domains)), domains)
-        ax.set_ylabel("speedup (median tok/s ratio)")
-        ax.margins(y=0.12)  # room for the value labels
-        ax.set_title(f"Speedup {title}")
+        series = {m: [getattr(by_key[(d, m)], attr) if (d, m) in by_key else None for d in domains] for m in methods}
+        grouped_bars(ax, domains, series, "speedup (median tok/s ratio)", f"Speedup {title}")
     axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, dpi=120)
 

@@ -1,0 +1,82 @@
+"""The long-drafts and agent-under-load reports: figures computed from hand-made rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import agent_load, long_drafts
+from benchmarks.methods import Methods
+from tests.conftest import loaded
+
+
+def _engine_run(tps: float, steps: int, drafted: int, accepted: int) -> dict:
+    return {"tokens_per_second": tps, "steps": steps, "draft_tokens": drafted, "accepted_tokens": accepted}
+
+
+def test_long_drafts_summary_and_report(tmp_path):
+    rows = [{"id": f"p{i}", "domain": "code", "source": src, "tokens": 20,
+             "equal_to_none": {"none": True, "ngram k=5": True, "hf-generate": i == 0},
+             "copy_ceiling": {"5": 2.0 + i, str(1 << 30): 3.0 + i},
+             "runs": {"none": [_engine_run(10.0, 20, 0, 0), _engine_run(10.0, 20, 0, 0)],
+                      "ngram k=5": [_engine_run(20.0, 10, 15, 10), _engine_run(30.0, 10, 15, 10)],
+                      "hf-generate": [{"tokens_per_second": 5.0}, {"tokens_per_second": 5.0}]}}
+            for i, src in enumerate(("humaneval", "humaneval-edit"))]
+    summary = long_drafts.summarize(rows)
+    code = summary["code"]
+    assert code["prompts"] == 2
+    ngram = code["cells"]["ngram k=5"]
+    assert ngram["speedup"] == pytest.approx(2.5)  # per prompt: median of 2.0 and 3.0
+    assert ngram["tokens_per_step"] == pytest.approx((20 + 20) / 20)
+    assert ngram["accepted_per_drafted"] == pytest.approx(20 / 30)
+    assert code["cells"]["hf-generate"]["equal_to_none"] == 1 and "tokens_per_step" not in code["cells"]["hf-generate"]
+    assert code["copy_ceiling"] == {"5": 2.5, str(1 << 30): 3.5}
+    assert summary["humaneval-edit"]["copy_ceiling"]["5"] == 3.0
+    text = long_drafts.render({"machine": "m", "model": "x", "max_tokens": 20, "rounds": 2, "summary": summary})
+    assert "| code | 2 | hf-generate | 5.0 | 0.50x | - | - | - | 1/2 |" in text
+    assert "| scope | k = 5 | unbounded |" in text and "| humaneval-edit | 3.00 | 4.00 |" in text
+    long_drafts.plot({"max_tokens": 20, "summary": summary, "prompts": rows}, tmp_path / "long.png")
+    assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _request(conversation: str, turn: int, text: str, tps: float, decode: float) -> dict:
+    return {"conversation": conversation, "turn": turn, "text": text, "tokens_per_second": tps,
+            "decode_tokens_per_second": decode, "ttft": 1.0, "steps": 4, "draft_tokens": 6, "accepted_tokens": 3}
+
+
+def test_agent_load_pairs_memory_on_and_off_turn_by_turn(tmp_path):
+    def run(method: str, tps: list[float], texts=("a", "b", "c")) -> dict:
+        requests = [_request("c1", t, texts[t], tps[t], 2 * tps[t]) for t in range(3)]
+        return {"conversations": 4, "repeat": 0, "method": method, "tokens_per_second": sum(tps), "requests": requests}
+
+    runs = [run("none", [1.0, 1.0, 1.0]), run("ngram", [2.0, 2.0, 4.0]),
+            run("ngram+memory", [2.0, 3.0, 6.0], texts=("a", "x", "c"))]
+    s = agent_load.summarize(runs)["4"]
+    memory = s["memory_over_no_memory"]
+    assert memory["1"]["tokens_per_second"] == pytest.approx(1.0)
+    assert memory["2"]["tokens_per_second"] == pytest.approx(1.5)
+    assert memory["3+"]["decode_tokens_per_second"] == pytest.approx(1.5)
+    assert memory["all"]["turns"] == 3
+    on = s["methods"]["ngram+memory"]
+    assert on["tokens_per_second"] == 11.0
+    assert on["by_turn"]["all"]["equal_to_none"] == 2  # its second reply differs from none's
+    assert on["by_turn"]["all"]["tokens_per_step"] == pytest.approx((12 + 9) / 12)
+    results = {"machine": "m", "max_tokens": 8, "repeats": 1, "summary": agent_load.summarize(runs)}
+    text = agent_load.render(results)
+    assert "## 4 conversations at once" in text and "- turn 2: tok/s 1.50x" in text
+    agent_load.plot(results, tmp_path / "load.png")
+    assert (tmp_path / "load.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_memory_state_keeps_repeats_of_a_prompt_from_learning_from_each_other(tiny_model):
+    methods = Methods(loaded(tiny_model), ("none", "ngram+memory"), k=5, max_tokens=24)
+    ids = [5, 6, 7, 8, 9, 10, 5, 6]
+    before = methods.memory_state()
+    first = methods.run("ngram+memory", ids, before)
+    once = methods.memory_state()
+    again = methods.run("ngram+memory", ids, before)  # put back first: learns the output once, not twice
+    assert all(np.array_equal(a, b) for a, b in zip(methods.memory_state(), once))
+    assert again["token_ids"] == first["token_ids"] == methods.run("none", ids)["token_ids"]
+    methods.run("ngram+memory", ids)  # no state: it learns on top of what it knew
+    counts = methods.memory_state()[1]
+    assert counts.sum() > once[1].sum() > before[1].sum()
