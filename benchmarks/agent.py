@@ -26,12 +26,11 @@ from pathlib import Path
 
 from benchmarks.ceiling import UNBOUNDED, copy_ceiling
 from benchmarks.datasets import load_conversations
-from benchmarks.methods import OURS, PEERS, REFERENCE, Methods, engine_run
+from benchmarks.methods import OURS, PEERS, REFERENCE, Methods, display_order
 from benchmarks.report import bar_plot, step_columns, step_stats, write_results
 from benchmarks.run import machine
 from specdraft.models import load_model
-from specdraft.params import SamplingParams
-from specdraft.runtime import build_runtime, encode_prompt
+from specdraft.runtime import encode_prompt
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -50,13 +49,8 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(None, device=None, dtype="auto")
-    methods = Methods(loaded, OURS + PEERS, k=args.k, max_tokens=args.max_tokens)
-    params = SamplingParams(max_tokens=args.max_tokens)
-    long_engines = {f"ngram k={k}": build_runtime(loaded, drafters=["ngram"], k=int(k), max_batch=1).engine
-                    for k in args.long_ks.split(",") if k.strip()}
-    call = {**{name: (lambda ids, name=name: methods.run(name, ids)) for name in methods.names},
-           **{name: (lambda ids, engine=engine: engine_run(engine, "ngram", ids, params))
-              for name, engine in long_engines.items()}}
+    methods = Methods(loaded, OURS + PEERS, k=args.k, max_tokens=args.max_tokens,
+                      long_ks=tuple(int(k) for k in args.long_ks.split(",") if k.strip()))
     turns = []
     outputs: list[list[int]] = []  # every earlier turn's output: what a cross-request memory can know
     conversations = load_conversations(args.conversations)
@@ -64,9 +58,9 @@ def main() -> None:
         replies: list[str] = []
         for turn in range(len(conversation.turns)):
             ids = encode_prompt(loaded.tokenizer, conversation.messages(turn, replies))
-            order = list(call)
+            order = list(methods.names)
             shift = (c_index + turn) % len(order)
-            runs = {name: call[name](ids) for name in order[shift:] + order[:shift]}
+            runs = {name: methods.run(name, ids) for name in order[shift:] + order[:shift]}
             reference = runs[REFERENCE]["token_ids"]
             lossless = {name: run["token_ids"] == reference for name, run in runs.items()}
             replies.append(loaded.tokenizer.decode(reference, skip_special_tokens=True))
@@ -93,8 +87,7 @@ def summarize(turns: list[dict]) -> dict:
         if not chosen:
             continue
         cells = {}
-        for name in sorted(chosen[0]["runs"], key=lambda n: (OURS + ("ngram k",) + PEERS).index(
-                n if n in OURS + PEERS else "ngram k")):
+        for name in display_order(chosen[0]["runs"]):
             runs = [t["runs"][name] for t in chosen]
             cell = {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
                     "speedup": statistics.median(r["tokens_per_second"] / t["runs"]["none"]["tokens_per_second"]

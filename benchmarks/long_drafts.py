@@ -23,12 +23,11 @@ from pathlib import Path
 
 from benchmarks.ceiling import UNBOUNDED, copy_ceiling
 from benchmarks.datasets import DOMAINS, load_domain
-from benchmarks.methods import OURS, PEERS, Methods, engine_run
+from benchmarks.methods import OURS, PEERS, Methods
 from benchmarks.report import bar_plot, step_columns, step_stats, write_results
 from benchmarks.run import machine
 from specdraft.models import load_model
-from specdraft.params import SamplingParams
-from specdraft.runtime import build_runtime, encode_prompt
+from specdraft.runtime import encode_prompt
 
 RESULTS = Path(__file__).parent / "results"
 EXTRAS = tuple(n for n in OURS + PEERS if n not in ("none", "ngram"))
@@ -51,29 +50,19 @@ def main() -> None:
     extras = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if set(extras) - set(EXTRAS):
         parser.error(f"--methods: unknown {', '.join(sorted(set(extras) - set(EXTRAS)))}; choose from {', '.join(EXTRAS)}")
-    engines = {k: build_runtime(loaded, drafters=["none", "ngram"], k=k, max_batch=1).engine for k in ks}
-    params = SamplingParams(max_tokens=args.max_tokens)
-    configs = {"none": lambda ids: engine_run(engines[ks[0]], "none", ids, params),
-               **{f"ngram k={k}": (lambda ids, k=k: engine_run(engines[k], "ngram", ids, params)) for k in ks}}
-    if extras:
-        methods = Methods(loaded, extras, k=ks[0], max_tokens=args.max_tokens)
-        # `memory` (set per prompt below) is read when a config runs
-        configs.update({name: (lambda ids, name=name: methods.run(name, ids, memory)) for name in extras})
-    warm = encode_prompt(loaded.tokenizer, "Say hello.")
-    for engine in engines.values():
-        engine.run([(warm, SamplingParams(max_tokens=8))])
+    methods = Methods(loaded, ("none", *extras), k=ks[0], max_tokens=args.max_tokens, long_ks=tuple(ks))
     ceiling_ks = sorted({*ks, 5, UNBOUNDED})
     rows = []
     for domain in [d.strip() for d in args.domains.split(",") if d.strip()]:
         for prompt in load_domain(domain, args.prompts):
             ids = encode_prompt(loaded.tokenizer, prompt.messages)
-            memory = methods.memory_state() if extras else None  # each round's memory as before the prompt
-            names = list(configs)
+            memory = methods.memory_state()  # each round's memory as before the prompt
+            names = list(methods.names)
             runs: dict[str, list[dict]] = {}
             for round_ in range(args.rounds):
                 shift = round_ % len(names)
                 for name in names[shift:] + names[:shift]:
-                    runs.setdefault(name, []).append(configs[name](ids))
+                    runs.setdefault(name, []).append(methods.run(name, ids, memory))
             reference = runs["none"][0]["token_ids"]
             equal = {name: all(r["token_ids"] == reference for r in cell) for name, cell in runs.items()}
             if not all(equal.values()):

@@ -1,7 +1,8 @@
 """The methods the batch-1 benchmarks compare on one loaded model, each run on one prompt's token ids,
 greedy: specdraft's engine with `none`, `ngram`, `hybrid`, and `ngram` with the cross-request memory
-(its own engine, so the memory learns from every earlier request it served), and the Hugging Face
-peers (plain `generate`, the reference every output must equal, and its prompt lookup).
+(its own engine, so the memory learns from every earlier request it served), `ngram` at other longest
+drafts (`ngram k=K`, an engine per K), and the Hugging Face peers (plain `generate`, the reference
+every output must equal, and its prompt lookup).
 
 Every run returns a dict: `token_ids`, `tokens_per_second`, `seconds` and, for specdraft's methods,
 `steps`, `draft_tokens`, `accepted_tokens`, `time_to_first_token` and `decode_tokens_per_second`
@@ -33,18 +34,34 @@ def engine_run(engine, drafter: str, ids: list[int], params: SamplingParams) -> 
                                        "time_to_first_token")}}
 
 
-class Methods:
-    """`run(name, ids)` for each of `names` (a subset of OURS + PEERS), at longest draft k."""
+def display_order(names) -> list[str]:
+    """Ours first (OURS' order, then `ngram k=K` by K), the peers last."""
+    def key(name: str) -> tuple:
+        if name in OURS:
+            return (0, OURS.index(name))
+        if name in PEERS:
+            return (2, PEERS.index(name))
+        return (1, int(name.rsplit("=", 1)[1]))
+    return sorted(names, key=key)
 
-    def __init__(self, loaded: LoadedModel, names: tuple[str, ...], k: int, max_tokens: int) -> None:
+
+class Methods:
+    """`run(name, ids)` for each of `names` (a subset of OURS + PEERS) at longest draft k, and for
+    `ngram k=K` at each K of `long_ks`; `names` lists them all, ours first."""
+
+    def __init__(self, loaded: LoadedModel, names: tuple[str, ...], k: int, max_tokens: int,
+                 long_ks: tuple[int, ...] = ()) -> None:
         unknown = set(names) - set(OURS) - set(PEERS)
         assert not unknown, unknown
-        self.names, self.params = names, SamplingParams(max_tokens=max_tokens)
+        self.names = display_order([*names, *(f"ngram k={x}" for x in long_ks)])
+        self.params = SamplingParams(max_tokens=max_tokens)
         plain = [n for n in names if n in OURS and n != "ngram+memory"]
         self._engines = {}
         if plain:
             engine = build_runtime(loaded, drafters=plain, k=k, max_batch=1).engine
             self._engines.update({n: (engine, n) for n in plain})
+        for x in long_ks:
+            self._engines[f"ngram k={x}"] = (build_runtime(loaded, drafters=["ngram"], k=x, max_batch=1).engine, "ngram")
         self._memory = None
         if "ngram+memory" in names:
             runtime = build_runtime(loaded, drafters=["ngram"], k=k, max_batch=1,
@@ -60,8 +77,9 @@ class Methods:
             self._peers = {n: (lambda ids, fn=call[n]: fn(stock.model, ids, max_tokens, stock.eos_token_ids))
                            for n in names if n in PEERS}
         warm = encode_prompt(loaded.tokenizer, "Say hello.")
-        for name in plain:  # not the memory's engine: its memory would learn the warm-up
-            engine_run(*self._engines[name], warm, SamplingParams(max_tokens=8))
+        for name, (engine, drafter) in self._engines.items():
+            if name != "ngram+memory":  # its memory would learn the warm-up
+                engine_run(engine, drafter, warm, SamplingParams(max_tokens=8))
 
     def run(self, name: str, ids: list[int], memory_state: tuple | None = None) -> dict:
         """`name` on `ids`; with `memory_state` (from `memory_state()`), the memory is first put back

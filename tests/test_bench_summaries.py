@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks import agent_load, long_drafts
-from benchmarks.methods import Methods
+from benchmarks.methods import Methods, display_order
 from tests.conftest import loaded
 
 
@@ -69,14 +69,22 @@ def test_agent_load_pairs_memory_on_and_off_turn_by_turn(tmp_path):
 
 
 def test_a_memory_state_keeps_repeats_of_a_prompt_from_learning_from_each_other(tiny_model):
-    methods = Methods(loaded(tiny_model), ("none", "ngram+memory"), k=5, max_tokens=24)
+    methods = Methods(loaded(tiny_model), ("ngram+memory", "none"), k=5, max_tokens=24, long_ks=(8,))
+    assert methods.names == ["none", "ngram+memory", "ngram k=8"]
     ids = [5, 6, 7, 8, 9, 10, 5, 6]
     before = methods.memory_state()
     first = methods.run("ngram+memory", ids, before)
     once = methods.memory_state()
     again = methods.run("ngram+memory", ids, before)  # put back first: learns the output once, not twice
     assert all(np.array_equal(a, b) for a, b in zip(methods.memory_state(), once))
-    assert again["token_ids"] == first["token_ids"] == methods.run("none", ids)["token_ids"]
+    assert again["token_ids"] == first["token_ids"] == methods.run("none", ids)["token_ids"] \
+        == methods.run("ngram k=8", ids)["token_ids"]
     methods.run("ngram+memory", ids)  # no state: it learns on top of what it knew
     counts = methods.memory_state()[1]
     assert counts.sum() > once[1].sum() > before[1].sum()
+
+
+def test_display_order_puts_ours_first_and_longer_drafts_by_length():
+    names = ["hf-generate", "ngram k=16", "ngram+memory", "ngram k=5", "none", "hf-prompt-lookup-k10", "ngram"]
+    assert display_order(names) == ["none", "ngram", "ngram+memory", "ngram k=5", "ngram k=16", "hf-generate",
+                                    "hf-prompt-lookup-k10"]
