@@ -1,14 +1,16 @@
 """CPU floor: how close a decode step comes to reading the weights at memory speed.
 
 In one run on this machine, with the threads a step uses:
-- read bandwidth: the rate a streaming read reaches (torch's sum over a buffer 16x the last-level
-  cache), median of interleaved repeats;
+- read bandwidth: the rate a streaming read reaches over a buffer 16x the last-level cache, the
+  faster of torch's sum and a numba parallel sum (the step's kernels are numba's), median of
+  interleaved repeats;
 - weight bytes per token: every weight a decode step reads (each layer's projections and MLP, the
   norms, the output layer; of the embedding, one row);
 - the floor, bandwidth / bytes per token, and plain decoding (`none`, batch 1, greedy, the model's
-  dtype) as a fraction of it: decode-only tokens/s of the compiled step and of the eager one
+  dtype) as a fraction of it: decode-only tokens/s of the step as built (numba's kernels for
+  float32 layers), of inductor's compiled parts (the step before them) and of the eager layers
   (`enforce_eager`), interleaved round by round;
-- the verify step's cost at k = 1..8 relative to a plain step, both steps;
+- the verify step's cost at k = 1..8 relative to a plain step, each step;
 - with one competing busy process: plain decoding per thread setting, each in a fresh process
   (OpenMP reads its waiting policy when it starts), against the same setting on a quiet machine.
 
@@ -18,6 +20,7 @@ In one run on this machine, with the threads a step uses:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -28,25 +31,50 @@ import time
 from pathlib import Path
 
 import numpy as np
+from numba import njit, prange
 
 from specdraft.threads import THREAD_SETTINGS, THREAD_VARIABLES
 
 RESULTS = Path(__file__).parent / "results"
+STEPS = {"numba": "numba kernels (the step as built)", "inductor": "inductor's compiled parts (the step before)",
+         "eager": "eager layers (`enforce_eager`)"}
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
 
 
-def read_bandwidth(repeats: int = 7) -> float:
-    """Bytes per second a streaming read of a buffer far larger than the caches reaches (median)."""
+def read_bandwidths(repeats: int = 7) -> dict[str, float]:
+    """Bytes per second a streaming read of a buffer far larger than the caches reaches (median of
+    `repeats`), by torch's sum and by a numba parallel sum on the same threads, alternated."""
     import torch
 
+    from specdraft.backend.numba_layers import NumbaLayers
+
     buffer = torch.ones(_buffer_bytes() // 4, dtype=torch.float32)
-    buffer.sum()
-    times = []
+    array = buffer.numpy()
+    NumbaLayers.use_torch_threads()
+    reads = {"torch": buffer.sum, "numba": lambda: _parallel_sum(array)}
+    times: dict[str, list[float]] = {name: [] for name in reads}
+    for read in reads.values():
+        read()
     for _ in range(repeats):
-        start = time.perf_counter()
-        buffer.sum()
-        times.append(time.perf_counter() - start)
-    return buffer.numel() * 4 / statistics.median(times)
+        for name, read in reads.items():
+            start = time.perf_counter()
+            read()
+            times[name].append(time.perf_counter() - start)
+    return {name: buffer.numel() * 4 / statistics.median(t) for name, t in times.items()}
+
+
+@njit(parallel=True, fastmath={"reassoc"}, cache=True)
+def _parallel_sum(a):  # pragma: no cover - compiled
+    """A streaming read of a [n] float32 buffer: 64 contiguous blocks, one per work item."""
+    blocks = 64
+    size = (a.shape[0] + blocks - 1) // blocks
+    partial = np.zeros(blocks, np.float32)
+    for b in prange(blocks):
+        s = np.float32(0.0)
+        for i in range(b * size, min(a.shape[0], b * size + size)):
+            s += a[i]
+        partial[b] = s
+    return partial.sum()
 
 
 def _buffer_bytes() -> int:
@@ -91,21 +119,43 @@ def decode_rate(llm, tokens: int) -> float:
     return produced / (time.perf_counter() - start)
 
 
+@contextlib.contextmanager
+def built_as(step: str):
+    """Build a step of kind `step`: for "inductor", float32 layers take inductor's compiled parts,
+    as they did before numba's kernels (what int8 and bf16 layers still run)."""
+    from specdraft.backend.numba_layers import NumbaLayers
+
+    applies = NumbaLayers.applies
+    if step == "inductor":
+        NumbaLayers.applies = staticmethod(lambda *args: False)
+    try:
+        yield
+    finally:
+        NumbaLayers.applies = applies
+
+
 def plain_llms(loaded) -> dict:
     from specdraft import LLM
 
-    return {step: LLM(loaded, drafter="none", max_batch=1, enforce_eager=step == "eager") for step in ("compiled", "eager")}
+    llms = {}
+    for step in STEPS:
+        with built_as(step):
+            llms[step] = LLM(loaded, drafter="none", max_batch=1, enforce_eager=step == "eager")
+    return llms
 
 
 def verify_costs(loaded, rounds: int) -> dict:
-    """Step ms at batch 1 for k = 0..8, compiled and eager, steps interleaved (benchmarks.verify_cost)."""
+    """Step ms at batch 1 for k = 0..8, each step, interleaved (benchmarks.verify_cost)."""
     from benchmarks.verify_cost import measure
     from specdraft.params import SamplingParams
     from specdraft.verifier import Verifier
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 1000, size=256).tolist()
-    verifiers = {step: Verifier(loaded.model, fused=step == "compiled") for step in ("compiled", "eager")}
+    verifiers = {}
+    for step in STEPS:
+        with built_as(step):
+            verifiers[step] = Verifier(loaded.model, fused=step != "eager")
     for verifier in verifiers.values():
         verifier.admit("row0", prompt, SamplingParams())
     cells = {step: [] for step in verifiers}
@@ -175,14 +225,18 @@ def main() -> None:
     from benchmarks.run import machine
     from specdraft.models import load_model
 
+    load_before = os.getloadavg()[0]
     loaded = load_model(None, device="cpu", dtype="float32")
     llms = plain_llms(loaded)
     for llm in llms.values():
         decode_rate(llm, 16)  # warm
     per_token = weight_bytes_per_token(loaded.model)
+    reads: dict[str, list[float]] = {}
     bandwidths, rates = [], {step: [] for step in llms}
     for r in range(args.rounds):
-        bandwidths.append(read_bandwidth())
+        for name, rate in read_bandwidths().items():
+            reads.setdefault(name, []).append(rate)
+        bandwidths.append(max(reads[name][-1] for name in reads))  # the faster read is the floor's
         for step, llm in llms.items():
             rates[step].append(decode_rate(llm, args.tokens))
         print(f"round {r + 1}: {bandwidths[-1] / 1e9:.1f} GB/s; "
@@ -195,7 +249,7 @@ def main() -> None:
     result = {
         "date": dt.date.today().isoformat(),
         "machine": machine(),
-        "load_before": os.getloadavg()[0],
+        "load_before": load_before,
         "threads": torch.get_num_threads(),
         "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
         "model": loaded.name,
@@ -204,6 +258,7 @@ def main() -> None:
         "rounds": args.rounds,
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "read_bandwidth_runs_gb_s": [b / 1e9 for b in bandwidths],
+        "read_bandwidth_by_read_gb_s": {name: [b / 1e9 for b in runs] for name, runs in reads.items()},
         "weight_bytes_per_token": per_token,
         "floor_tokens_per_second": floor,
         "plain": plain,
@@ -224,9 +279,12 @@ def write(result: dict, out: Path) -> None:
         f"{result['model']} ({result['dtype']}), batch 1, greedy, {result['tokens']} tokens, decode only; "
         f"medians of {result['rounds']} interleaved rounds. Run with `python -m benchmarks.cpu_floor`.",
         "",
-        f"- read bandwidth (streaming sum over a buffer far larger than the caches, {result['threads']} threads): "
+        f"- read bandwidth (streaming sum over a buffer far larger than the caches, {result['threads']} threads, "
+        f"the faster of torch's and numba's sums each round): "
         f"**{result['read_bandwidth_gb_s']:.1f} GB/s** (runs: "
-        + ", ".join(f"{b:.1f}" for b in result["read_bandwidth_runs_gb_s"]) + ")",
+        + ", ".join(f"{b:.1f}" for b in result["read_bandwidth_runs_gb_s"]) + "; "
+        + "; ".join(f"{name} " + ", ".join(f"{b:.1f}" for b in runs)
+                    for name, runs in result.get("read_bandwidth_by_read_gb_s", {}).items()) + ")",
         f"- weights read per token: **{result['weight_bytes_per_token'] / 1e6:.0f} MB**",
         f"- floor: **{result['floor_tokens_per_second']:.1f} tok/s**",
         "",
@@ -234,15 +292,15 @@ def write(result: dict, out: Path) -> None:
         "| --- | --- | --- | --- |",
     ]
     for step, p in plain.items():
-        lines.append(f"| {step} step | {p['tokens_per_second']:.1f} | {100 * p['fraction_of_floor']:.0f}% | "
+        lines.append(f"| {STEPS.get(step, step)} | {p['tokens_per_second']:.1f} | {100 * p['fraction_of_floor']:.0f}% | "
                      + ", ".join(f"{v:.1f}" for v in p["runs"]) + " |")
     lines += ["", "Verify step at batch 1 (256 tokens of context): ms, and in brackets the ratio to the same "
-              "kind's plain step (k = 0):", "", "| k | compiled | eager |", "| --- | --- | --- |"]
-    for k in sorted(costs["compiled"], key=int):
+              "kind's plain step (k = 0):", "", "| k | " + " | ".join(costs) + " |", "| --- |" + " --- |" * len(costs)]
+    for k in sorted(next(iter(costs.values())), key=int):
         lines.append(f"| {k} | " + " | ".join(
-            f"{costs[s][k]:.1f} ({costs[s][k] / costs[s][min(costs[s], key=int)]:.2f}x)" for s in ("compiled", "eager")) + " |")
+            f"{costs[s][k]:.1f} ({costs[s][k] / costs[s][min(costs[s], key=int)]:.2f}x)" for s in costs) + " |")
     if result["neighbour"]:
-        lines += ["", "Plain decoding (compiled step) quiet and beside one busy process (`python -c 'while True: pass'`), "
+        lines += ["", "Plain decoding (the step as built) quiet and beside one busy process (`python -c 'while True: pass'`), "
                   "each in a fresh process:", "",
                   "| thread setting | environment | quiet tok/s | busy tok/s | busy / quiet |", "| --- | --- | --- | --- | --- |"]
         for row in result["neighbour"]:

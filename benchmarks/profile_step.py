@@ -1,6 +1,6 @@
 """Where a CPU step's time goes: `torch.profiler` over verifier steps of the embedded model, plain
-(k = 0) and verify (k = 5) at batch 1 and 8, the eager layers and the compiled step, ops grouped
-by what they do, per step and per decoder layer.
+(k = 0) and verify (k = 5) at batch 1 and 8, for each step (numba's kernels as built, inductor's
+compiled parts, the eager layers), ops grouped by what they do, per step and per decoder layer.
 
     python -m benchmarks.profile_step [--steps 10] [--out benchmarks/results]
 """
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.cpu_floor import STEPS, built_as
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
@@ -29,6 +30,8 @@ RESULTS = Path(__file__).parent / "results"
 GROUPS = [
     ("weights: projections and output layer (BLAS)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")),
     ("weights: compiled kernels (norm, projections, rotary, MLP fused)", ("## Call CompiledFxGraph",)),
+    ("numba kernels (weights, norms, rotary, attention, cache writes, MLP: the whole layer stack)",
+     ("specdraft::numba",)),
     ("compiled calls: guards and wrappers", ("Torch-Compiled Region", "TorchDynamo Cache Lookup", "AOTDispatcher",
                                              "Pregraph bytecode")),
     ("attention", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
@@ -97,8 +100,9 @@ def main() -> None:
     layers = loaded.model.config.num_hidden_layers
     rng = np.random.default_rng(0)
     cases = []
-    for kind in ("eager", "compiled"):
-        verifier = Verifier(loaded.model, fused=kind == "compiled")
+    for kind in STEPS:
+        with built_as(kind):
+            verifier = Verifier(loaded.model, fused=kind != "eager")
         for b in range(8):
             verifier.admit(f"row{b}", rng.integers(0, 1000, size=args.context).tolist(), SamplingParams())
         for batch in (8, 1):  # every active row takes part in a step: keep exactly `batch` of them

@@ -76,6 +76,20 @@ def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, sharpen: 
         model.lm_head.weight.mul_(sharpen)
     return model.to(TEST_DEVICE)
 
+def row_passes(rows, prompt: list[int], counts: list[int], generations: list[int] | None = None) -> list[torch.Tensor]:
+    """Logits of one row of a `RowModel` fed `prompt`, then passes of `counts` random tokens each
+    (committed); the cache's generation (how often it was allocated) after each pass goes to `generations`."""
+    rows.add("r", active=True)
+    rows.prefill("r", prompt)
+    out, rng = [], np.random.default_rng(0)
+    for n in counts:
+        ids = rng.integers(0, TINY_VOCAB, size=(1, n))
+        out.append(rows.forward(rows.active_window, ids).clone())
+        rows.commit(rows.active_window, [n])
+        if generations is not None:
+            generations.append(rows.cache.generation)
+    return out
+
 
 @pytest.fixture(scope="session")
 def tiny_model():

@@ -1,30 +1,25 @@
-"""The compiled CPU decode step (`specdraft.backend.fused`): its logits equal the eager layers' for
-every token count it takes (1, 2..8 padded to a power of two) and the eager layers take the rest;
-joining the q/k/v and gate/up weights changes no value and copies nothing twice; a compiler that
-fails leaves the same output, with a warning."""
+"""Inductor's compiled CPU layer parts (`specdraft.backend.fused`, what int8 draft copies and
+non-float32 activations run; float32 layers run numba's, `tests/test_numba_layers.py`, hidden here so
+that the tiny float32 models exercise inductor's): logits equal the eager layers' for every token
+count it takes and the eager layers take the rest; joining the q/k/v and gate/up weights changes no
+value and copies nothing twice; a compiler that fails leaves the same output, with a warning."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from specdraft.backend import RowModel
 from specdraft.backend.fused import MAX_TOKENS, FusedLayers
 from specdraft.backend.linear import use_int8_linears
-from tests.conftest import TINY_VOCAB, make_tiny_model
+from specdraft.backend.numba_layers import NumbaLayers
+from tests.conftest import make_tiny_model, row_passes
 
 
-def passes(rows: RowModel, prompt: list[int], counts: list[int]) -> list[torch.Tensor]:
-    """Logits of one row fed `prompt`, then passes of `counts` tokens each (committed)."""
-    rows.add("r", active=True)
-    rows.prefill("r", prompt)
-    out, rng = [], np.random.default_rng(0)
-    for n in counts:
-        ids = rng.integers(0, TINY_VOCAB, size=(1, n))
-        out.append(rows.forward(rows.active_window, ids).clone())
-        rows.commit(rows.active_window, [n])
-    return out
+@pytest.fixture(autouse=True)
+def inductor_parts(monkeypatch):
+    """Float32 layers take inductor's parts, as int8 and bf16 ones do."""
+    monkeypatch.setattr(NumbaLayers, "applies", staticmethod(lambda *args: False))
 
 
 @pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability(), reason="no CPU compiler")
@@ -33,8 +28,8 @@ def test_fused_passes_equal_the_eager_layers_for_every_token_count():
     counts = [1, 2, 3, 5, 8, MAX_TOKENS + 4, 1]  # every bucket, then the eager layers, then one again
     fused = RowModel(model, fused=True)
     assert fused._own.fused is not None
-    reference = passes(RowModel(model), list(range(1, 30)), counts)
-    for n, got, want in zip(counts, passes(fused, list(range(1, 30)), counts), reference):
+    reference = row_passes(RowModel(model), list(range(1, 30)), counts)
+    for n, got, want in zip(counts, row_passes(fused, list(range(1, 30)), counts), reference):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5, msg=f"a pass of {n} tokens")
         assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert fused._own.fused.failed is None
@@ -65,9 +60,9 @@ def test_a_failing_compiler_falls_back_to_eager_with_the_same_output():
 
     fused._compiled = [broken] * len(fused._compiled)
     with pytest.warns(RuntimeWarning, match="no compiler here"):
-        got = passes(rows, [1, 2, 3, 4], [1, 3])
+        got = row_passes(rows, [1, 2, 3, 4], [1, 3])
     assert fused.failed == "RuntimeError: no compiler here"  # later passes run the eager layers
-    for a, b in zip(got, passes(RowModel(model), [1, 2, 3, 4], [1, 3])):
+    for a, b in zip(got, row_passes(RowModel(model), [1, 2, 3, 4], [1, 3])):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)  # the same sums, eagerly (another order)
 
 
@@ -95,7 +90,7 @@ def test_an_int8_draft_copy_runs_fused_as_its_eager_step():
     fused = RowModel(draft.model, dtype=draft.compute_dtype, fused=True)
     assert fused._own.fused is not None
     eager = RowModel(draft.model, dtype=draft.compute_dtype)
-    for got, want in zip(passes(fused, [5, 6, 7, 8, 9], [1, 4, 1]), passes(eager, [5, 6, 7, 8, 9], [1, 4, 1])):
+    for got, want in zip(row_passes(fused, [5, 6, 7, 8, 9], [1, 4, 1]), row_passes(eager, [5, 6, 7, 8, 9], [1, 4, 1])):
         assert 0.5 * (got.softmax(-1) - want.softmax(-1)).abs().sum(-1).max() < 0.02
     assert fused._own.fused.failed is None
 

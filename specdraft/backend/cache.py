@@ -23,6 +23,7 @@ class RowKVCache:
         self.lengths: list[int] = []  # per slot, on the host: no device sync to know a row's length
         self._keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
         self._values: list[torch.Tensor] = []
+        self.generation = 0  # counts allocations: buffers fetched by `window_buffers` stay valid while it holds
         self._allocate(slots, capacity)
         self._window: slice = slice(0, 0)
         self._write_index: torch.Tensor | None = None  # [batch, kv_heads, T, head_dim] positions to write
@@ -31,6 +32,11 @@ class RowKVCache:
     @property
     def rows(self) -> int:
         return len(self.lengths)
+
+    @property
+    def window(self) -> slice:
+        """The slots the prepared pass runs on."""
+        return self._window
 
     @property
     def capacity(self) -> int:
@@ -48,6 +54,7 @@ class RowKVCache:
         for old, new in zip(self._keys + self._values, keys + values):
             new[: self.rows, :, :used] = old[: self.rows, :, :used]
         self._keys, self._values = keys, values
+        self.generation += 1
 
     def reserve(self, rows: int, length: int) -> None:
         """Room for `rows` rows of `length` positions; grows geometrically (amortised copies)."""
@@ -103,6 +110,11 @@ class RowKVCache:
         keys.scatter_(2, self._write_index, key_states.to(self.dtype))
         values.scatter_(2, self._write_index, value_states.to(self.dtype))
         return keys[:, :, : self._kv_len], values[:, :, : self._kv_len]
+
+    def window_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The prepared pass's rows' keys and values, per layer ([batch, kv_heads, capacity, head_dim]
+        views), for a forward that writes its new entries itself, at the positions `prepare` was given."""
+        return [k[self._window] for k in self._keys], [v[self._window] for v in self._values]
 
     def entries(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The committed keys and values of one row: ([kv_heads, length, head_dim], same)."""

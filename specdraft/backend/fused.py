@@ -112,12 +112,12 @@ def _projection(module: torch.nn.Module) -> tuple:
     return module.weight, module.bias, getattr(module, "scales", None)
 
 
-def _silu_mlp(mlp: torch.nn.Module) -> bool:
+def silu_mlp(mlp: torch.nn.Module) -> bool:
     act = getattr(getattr(mlp, "config", None), "hidden_act", None) or getattr(mlp, "hidden_act", None)
     return act in ("silu", "swish")
 
 
-def _joined(modules: list[torch.nn.Module]) -> tuple:
+def joined_projection(modules: list[torch.nn.Module]) -> tuple:
     """One projection (weight [sum of outs, in], bias, scales) whose row blocks are these linears':
     the layer's q/k/v (gate/up) projections become one reduction over one buffer. The modules'
     weights are made views of it (same values, nothing copied twice); joined already, it is reused."""
@@ -145,7 +145,7 @@ def _joined(modules: list[torch.nn.Module]) -> tuple:
     return joined, bias, scales
 
 
-def _eps(norm: torch.nn.Module) -> float:
+def norm_eps(norm: torch.nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
@@ -155,16 +155,16 @@ class FusedLayers:
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype, head_dim: int,
                  heads: int, kv_heads: int) -> None:
         """dtype: the activations'. Joins each layer's q/k/v and gate/up weights into one buffer each
-        (`_joined`) and compiles every token count (`_warm_up`)."""
+        (`joined_projection`) and compiles every token count (`_warm_up`)."""
         self._layers = []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             self._layers.append((
-                (layer.input_layernorm.weight, _eps(layer.input_layernorm), _joined([a.q_proj, a.k_proj, a.v_proj]),
+                (layer.input_layernorm.weight, norm_eps(layer.input_layernorm), joined_projection([a.q_proj, a.k_proj, a.v_proj]),
                  head_dim, heads, kv_heads),
-                (_projection(a.o_proj), layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm),
-                 _joined([mlp.gate_proj, mlp.up_proj]), _projection(mlp.down_proj))))
-        self._head = (model.model.norm.weight, _eps(model.model.norm), _projection(model.lm_head))
+                (_projection(a.o_proj), layer.post_attention_layernorm.weight, norm_eps(layer.post_attention_layernorm),
+                 joined_projection([mlp.gate_proj, mlp.up_proj]), _projection(mlp.down_proj))))
+        self._head = (model.model.norm.weight, norm_eps(model.model.norm), _projection(model.lm_head))
         # One graph per token count (1 .. MAX_TOKENS), all compiled by `_warm_up`.
         self._eager = [_before_attention, _after_attention, _head, _between]
         self._compiled = [torch.compile(f, dynamic=False) for f in self._eager]
@@ -196,7 +196,7 @@ class FusedLayers:
         linears = [model.lm_head] + [getattr(layer.self_attn, n, None) for layer in layers
                                      for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         linears += [getattr(layer.mlp, n, None) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
-        return (all(_silu_mlp(layer.mlp) for layer in layers) and all(_plain_linear(m) for m in linears)
+        return (all(silu_mlp(layer.mlp) for layer in layers) and all(_plain_linear(m) for m in linears)
                 and len({type(m) is Int8Linear for m in linears}) == 1)
 
     @staticmethod

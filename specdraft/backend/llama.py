@@ -10,6 +10,10 @@ built on the device, pays less Python per layer, and computes only a batch's rea
 the padded layout. A verify step whose rows draft different lengths then costs its tokens, not
 batch x the longest draft. Its logits equal the stock model's (`tests/test_backend.py`). Other
 architectures run the stock forward (`RowModel` decides).
+
+On CPU (`fused`), passes of a few tokens run compiled: float32 layers as numba kernels, the whole
+layer stack with attention and cache writes in one call (`numba_layers.NumbaLayers`); int8 draft
+copies and other dtypes as inductor's compiled parts around torch's attention (`fused.FusedLayers`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specdraft.backend.fused import FusedLayers
+from specdraft.backend.numba_layers import NumbaLayers
 
 _FAMILY = ("llama",)
 
@@ -56,9 +61,13 @@ class LlamaForward:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # fused: the per-token parts of decode and verify passes compiled for CPU, where they apply.
-        self.fused = (FusedLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads, self.num_kv_heads)
-                      if fused and FusedLayers.applies(model, self.layers, self.dtype) else None)
+        # fused: the per-token parts of decode and verify passes compiled for CPU, where they apply:
+        # numba's kernels for float32 weights, inductor's for the others (int8 draft copies, bf16).
+        self.fused: NumbaLayers | FusedLayers | None = None
+        if fused and NumbaLayers.applies(model, self.layers, self.dtype):
+            self.fused = NumbaLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
+        elif fused and FusedLayers.applies(model, self.layers, self.dtype):
+            self.fused = FusedLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads, self.num_kv_heads)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
                  logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
@@ -66,7 +75,8 @@ class LlamaForward:
         cache: a `RowKVCache` prepared for this pass (its layer i is the i-th layer run here);
         logits_at: [batch] the one position per row to return logits for, or None for all T;
         real: [N] flat indices into [batch, T] of the tokens to compute (None: all). Padding tokens
-        write zero keys and values past their row's tokens (never committed) and get zero logits.
+        write zero keys and values, or none, past their row's tokens (never committed, never seen)
+        and get zero logits.
         Returns logits [batch, T or 1, vocab] (float32)."""
         batch, steps = input_ids.shape
         assert real is None or logits_at is None, "packed passes return every real token's logits"
@@ -75,10 +85,29 @@ class LlamaForward:
         cos, sin = self.model.model.rotary_emb(x, positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         # Once compiling has failed (no compiler here), the eager layers, not the fused functions run eagerly.
-        fused = self.fused if self.fused is not None and not self.fused.failed and FusedLayers.takes(len(ids)) else None
+        fused = self.fused if self.fused is not None and not self.fused.failed and self.fused.takes(len(ids)) else None
         if fused is not None:  # rotary embedding inside the fused layers, on the computed tokens' rows
             cos, sin = (c.reshape(batch * steps, -1) if real is None else c.reshape(batch * steps, -1)[real]
                         for c in (cos, sin))
+        if isinstance(fused, NumbaLayers):  # every layer in one call, attention and cache writes included
+            flat = torch.arange(batch * steps) if real is None else real  # [N] into [batch * T]
+            x = fused.stack(x, cos, sin, flat // steps, positions.reshape(-1)[flat],
+                            mask[:, 0].reshape(batch * steps, -1)[flat], cache)
+        else:
+            x = self._layers(x, cos, sin, mask, cache, real, batch, steps, fused)
+        if logits_at is not None:
+            x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)
+        logits = (fused.head(x) if fused is not None
+                  else self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float())  # [N or batch, vocab]
+        if logits_at is not None:
+            return logits.view(batch, 1, -1)
+        if real is not None:
+            logits = logits.new_zeros(batch * steps, logits.shape[-1]).index_copy_(0, real, logits)
+        return logits.view(batch, steps, -1)
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, cache,
+                real: torch.Tensor | None, batch: int, steps: int, fused: FusedLayers | None) -> torch.Tensor:
+        """The decoder layers layer by layer: attention by torch, the rest fused (inductor's parts) or eager."""
         qkv = None if fused is None else fused.before_attention(0, x, cos, sin)  # then one call between attentions
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
@@ -103,15 +132,7 @@ class LlamaForward:
             else:
                 x = x + attention.o_proj(out).to(self.dtype)
                 x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
-        if logits_at is not None:
-            x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)
-        logits = (fused.head(x) if fused is not None
-                  else self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float())  # [N or batch, vocab]
-        if logits_at is not None:
-            return logits.view(batch, 1, -1)
-        if real is not None:
-            logits = logits.new_zeros(batch * steps, logits.shape[-1]).index_copy_(0, real, logits)
-        return logits.view(batch, steps, -1)
+        return x
 
     def _heads(self, y: torch.Tensor, real: torch.Tensor | None, batch: int, steps: int, heads: int) -> torch.Tensor:
         """[N, heads * head_dim] projections -> [batch, heads, T, head_dim], zeros at padding."""
