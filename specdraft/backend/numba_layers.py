@@ -6,9 +6,10 @@ one vector accumulator, a chain of dependent adds, and puts a barrier between it
 of a layer's weights read at ~20 GB/s. Here each projection is one parallel loop over blocks of
 weight rows (`_project`): a row is loaded once and dotted with up to four tokens at a time, the sum
 spread over vector lanes (numba's `reassoc`), ~28 GB/s on the same machine
-(`benchmarks/results/cpu_profile.md`). A layer's parts are four parallel loops in all: q/k/v; the
-output projection with its residual; gate and up with SiLU, row j of each together; down with its
-residual. Norms and the rotary embedding run between them on the calling thread.
+(`benchmarks/results/cpu_profile.md`). A layer is five parallel loops: q/k/v; attention (the new
+keys and values written first); the output projection with its residual; gate and up; down with
+its residual. Norms, the rotary embedding and SiLU run between them on the calling thread, and the
+whole layer stack is one call from Python.
 
 Same arithmetic as the eager layer, summed in another order: logits agree to float rounding
 (`tests/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and
@@ -63,20 +64,14 @@ def _project(w, b, x, y, residual):  # pragma: no cover - compiled
                 t += step
 
 
-@njit(parallel=True, fastmath=_SUM, cache=True)
-def _gated(w, b, h, act):  # pragma: no cover - compiled
-    """act[t, j] = silu(gate_j . h[t]) * (up_j . h[t]); w [2 * inter, in]: gate rows, then up rows."""
-    inter, n, width = act.shape[1], h.shape[0], w.shape[1]
-    for block in prange((inter + _BLOCK - 1) // _BLOCK):
-        for j in range(block * _BLOCK, min(inter, block * _BLOCK + _BLOCK)):
-            for t in range(n):
-                g = b[j]
-                u = b[inter + j]
-                for i in range(width):
-                    g += w[j, i] * h[t, i]
-                for i in range(width):
-                    u += w[inter + j, i] * h[t, i]
-                act[t, j] = g / (np.float32(1.0) + np.exp(-g)) * u
+@njit(cache=True)
+def _silu_gate(gate_up, act):  # pragma: no cover - compiled
+    """act[t, j] = silu(gate[t, j]) * up[t, j]; gate_up [N, 2 * inter]: gate, then up."""
+    inter = act.shape[1]
+    for t in range(act.shape[0]):
+        for j in range(inter):
+            g = gate_up[t, j]
+            act[t, j] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, inter + j]
 
 
 @njit(fastmath=_SUM, cache=True)
@@ -127,8 +122,10 @@ def _after_attention(x, attended, wo, bo, norm, eps, w_gate_up, b_gate_up, w_dow
     _project(wo, bo, attended, y, x)
     h = np.empty_like(x)
     _rms_norm(y, norm, eps, h)
+    gate_up = np.empty((x.shape[0], w_gate_up.shape[0]), np.float32)
+    _project(w_gate_up, b_gate_up, h, gate_up, _NONE)
     act = np.empty((x.shape[0], w_gate_up.shape[0] // 2), np.float32)
-    _gated(w_gate_up, b_gate_up, h, act)
+    _silu_gate(gate_up, act)
     out = np.empty_like(x)
     _project(w_down, b_down, act, out, y)
     return out
@@ -158,33 +155,38 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
             for d in range(head_dim):
                 keys[rows[t], g, positions[t], d] = qkv[t, (heads + g) * head_dim + d]
                 values[rows[t], g, positions[t], d] = qkv[t, (heads + kv_heads + g) * head_dim + d]
-    for job in prange(n * heads):
-        t, h = job // heads, job % heads
-        # Slices, so that the inner loops index from 0 and vectorise.
-        query, seen = qkv[t, h * head_dim : (h + 1) * head_dim], visible[t]
-        k, v = keys[rows[t], h // group], values[rows[t], h // group]  # [capacity, head_dim]
-        scores = np.empty(kv, np.float32)
-        top = -np.inf
+    for job in prange(n * kv_heads):  # a token's query heads that share a kv head share its key and value loads
+        t, g = job // kv_heads, job % kv_heads
+        seen = visible[t]
+        k, v = keys[rows[t], g], values[rows[t], g]  # [capacity, head_dim]
+        scores = np.empty((group, kv), np.float32)
+        tops = np.full(group, -np.inf, np.float32)
         for j in range(kv):
             if seen[j]:
                 kj = k[j]
-                acc = np.float32(0.0)
-                for d in range(head_dim):
-                    acc += query[d] * kj[d]
-                scores[j] = acc * scale
-                top = max(top, scores[j])
-        total = np.float32(0.0)
-        attended = np.zeros(head_dim, np.float32)
+                for u in range(group):
+                    # Slices, so that the inner loops index from 0 and vectorise.
+                    query = qkv[t, (g * group + u) * head_dim : (g * group + u + 1) * head_dim]
+                    acc = np.float32(0.0)
+                    for d in range(head_dim):
+                        acc += query[d] * kj[d]
+                    scores[u, j] = acc * scale
+                    tops[u] = max(tops[u], scores[u, j])
+        totals = np.zeros(group, np.float32)
+        attended = np.zeros((group, head_dim), np.float32)
         for j in range(kv):
             if seen[j]:
-                e = np.exp(scores[j] - top)
-                total += e
                 vj = v[j]
-                for d in range(head_dim):
-                    attended[d] += e * vj[d]
-        o = out[t, h * head_dim : (h + 1) * head_dim]
-        for d in range(head_dim):
-            o[d] = attended[d] / total
+                for u in range(group):
+                    e = np.exp(scores[u, j] - tops[u])
+                    totals[u] += e
+                    row = attended[u]
+                    for d in range(head_dim):
+                        row[d] += e * vj[d]
+        for u in range(group):
+            o = out[t, (g * group + u) * head_dim : (g * group + u + 1) * head_dim]
+            for d in range(head_dim):
+                o[d] = attended[u, d] / totals[u]
 
 
 @njit(cache=True)
