@@ -1,9 +1,8 @@
 """CPU floor: how close a decode step comes to reading the weights at memory speed.
 
 In one run on this machine, with the threads a step uses:
-- read bandwidth: the rate a streaming read reaches over a buffer 16x the last-level cache, the
-  faster of torch's sum and a numba parallel sum (the step's kernels are numba's), median of
-  interleaved repeats;
+- read bandwidth: the rate a streaming read reaches (torch's sum over a buffer 16x the last-level
+  cache), median of interleaved repeats;
 - weight bytes per token: every weight a decode step reads (each layer's projections and MLP, the
   norms, the output layer; of the embedding, one row);
 - the floor, bandwidth / bytes per token, and plain decoding (`none`, batch 1, greedy, the model's
@@ -31,7 +30,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from numba import njit, prange
 
 from specdraft.threads import THREAD_SETTINGS, THREAD_VARIABLES
 
@@ -41,40 +39,18 @@ STEPS = {"numba": "numba kernels (the step as built)", "inductor": "inductor's c
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
 
 
-def read_bandwidths(repeats: int = 7) -> dict[str, float]:
-    """Bytes per second a streaming read of a buffer far larger than the caches reaches (median of
-    `repeats`), by torch's sum and by a numba parallel sum on the same threads, alternated."""
+def read_bandwidth(repeats: int = 7) -> float:
+    """Bytes per second a streaming read of a buffer far larger than the caches reaches (median)."""
     import torch
 
-    from specdraft.backend.numba_layers import NumbaLayers
-
     buffer = torch.ones(_buffer_bytes() // 4, dtype=torch.float32)
-    array = buffer.numpy()
-    NumbaLayers.use_torch_threads()
-    reads = {"torch": buffer.sum, "numba": lambda: _parallel_sum(array)}
-    times: dict[str, list[float]] = {name: [] for name in reads}
-    for read in reads.values():
-        read()
+    buffer.sum()
+    times = []
     for _ in range(repeats):
-        for name, read in reads.items():
-            start = time.perf_counter()
-            read()
-            times[name].append(time.perf_counter() - start)
-    return {name: buffer.numel() * 4 / statistics.median(t) for name, t in times.items()}
-
-
-@njit(parallel=True, fastmath={"reassoc"}, cache=True)
-def _parallel_sum(a):  # pragma: no cover - compiled
-    """A streaming read of a [n] float32 buffer: 64 contiguous blocks, one per work item."""
-    blocks = 64
-    size = (a.shape[0] + blocks - 1) // blocks
-    partial = np.zeros(blocks, np.float32)
-    for b in prange(blocks):
-        s = np.float32(0.0)
-        for i in range(b * size, min(a.shape[0], b * size + size)):
-            s += a[i]
-        partial[b] = s
-    return partial.sum()
+        start = time.perf_counter()
+        buffer.sum()
+        times.append(time.perf_counter() - start)
+    return buffer.numel() * 4 / statistics.median(times)
 
 
 def _buffer_bytes() -> int:
@@ -231,12 +207,9 @@ def main() -> None:
     for llm in llms.values():
         decode_rate(llm, 16)  # warm
     per_token = weight_bytes_per_token(loaded.model)
-    reads: dict[str, list[float]] = {}
     bandwidths, rates = [], {step: [] for step in llms}
     for r in range(args.rounds):
-        for name, rate in read_bandwidths().items():
-            reads.setdefault(name, []).append(rate)
-        bandwidths.append(max(reads[name][-1] for name in reads))  # the faster read is the floor's
+        bandwidths.append(read_bandwidth())
         for step, llm in llms.items():
             rates[step].append(decode_rate(llm, args.tokens))
         print(f"round {r + 1}: {bandwidths[-1] / 1e9:.1f} GB/s; "
@@ -258,7 +231,6 @@ def main() -> None:
         "rounds": args.rounds,
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "read_bandwidth_runs_gb_s": [b / 1e9 for b in bandwidths],
-        "read_bandwidth_by_read_gb_s": {name: [b / 1e9 for b in runs] for name, runs in reads.items()},
         "weight_bytes_per_token": per_token,
         "floor_tokens_per_second": floor,
         "plain": plain,
@@ -279,12 +251,9 @@ def write(result: dict, out: Path) -> None:
         f"{result['model']} ({result['dtype']}), batch 1, greedy, {result['tokens']} tokens, decode only; "
         f"medians of {result['rounds']} interleaved rounds. Run with `python -m benchmarks.cpu_floor`.",
         "",
-        f"- read bandwidth (streaming sum over a buffer far larger than the caches, {result['threads']} threads, "
-        f"the faster of torch's and numba's sums each round): "
+        f"- read bandwidth (torch's streaming sum over a buffer far larger than the caches, {result['threads']} threads): "
         f"**{result['read_bandwidth_gb_s']:.1f} GB/s** (runs: "
-        + ", ".join(f"{b:.1f}" for b in result["read_bandwidth_runs_gb_s"]) + "; "
-        + "; ".join(f"{name} " + ", ".join(f"{b:.1f}" for b in runs)
-                    for name, runs in result.get("read_bandwidth_by_read_gb_s", {}).items()) + ")",
+        + ", ".join(f"{b:.1f}" for b in result["read_bandwidth_runs_gb_s"]) + ")",
         f"- weights read per token: **{result['weight_bytes_per_token'] / 1e6:.0f} MB**",
         f"- floor: **{result['floor_tokens_per_second']:.1f} tok/s**",
         "",

@@ -7,7 +7,11 @@ Passive waiting (threads sleep at barriers) costs little on a quiet machine and 
 its fair share when the machine is busy (`benchmarks/results/cpu_floor.md` measures each setting).
 
 OpenMP reads these variables once, when torch loads it: `configure()` runs when `specdraft` is
-imported, and only sets what the environment leaves unset. Importing torch before specdraft keeps
+imported, and only sets what the environment leaves unset. Numba's thread pool (the CPU step's
+kernels, `backend/numba_layers.py`) runs on OpenMP too and follows the same settings; its size is
+fixed when numba is imported, so a thread count (`OMP_NUM_THREADS`) is also given to numba
+(`NUMBA_NUM_THREADS`): a pool larger than the threads it runs keeps idle threads that compete with
+the working one on a busy host. Importing torch before specdraft keeps
 torch's defaults. `SPECDRAFT_THREADS=<setting>` picks another of `THREAD_SETTINGS` (the benchmark
 uses it to compare them).
 """
@@ -26,7 +30,7 @@ THREAD_SETTINGS: dict[str, dict[str, str]] = {
     "one-thread": {"OMP_NUM_THREADS": "1"},
 }
 DEFAULT_SETTING = "passive"
-THREAD_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")
+THREAD_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "NUMBA_NUM_THREADS")
 
 
 def configure() -> str | None:
@@ -41,4 +45,6 @@ def configure() -> str | None:
         return None
     for key, value in THREAD_SETTINGS[name].items():
         os.environ.setdefault(key, value)
+    if "OMP_NUM_THREADS" in os.environ and "numba" not in sys.modules:
+        os.environ.setdefault("NUMBA_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
     return name
