@@ -108,7 +108,15 @@ def _plain_linear(module: torch.nn.Module) -> bool:
     return type(module) in (torch.nn.Linear, FewRowsLinear, Int8Linear)
 
 
-def _projection(module: torch.nn.Module) -> tuple:
+def layer_linears(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list:
+    """The output layer and every projection of `layers` (None where a layer lacks one)."""
+    linears = [model.lm_head] + [getattr(layer.self_attn, n, None) for layer in layers
+                                 for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    return linears + [getattr(layer.mlp, n, None) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
+
+
+def projection(module: torch.nn.Module) -> tuple:
+    """(weight, bias or None, scales of int8 weights or None) of a linear layer."""
     return module.weight, module.bias, getattr(module, "scales", None)
 
 
@@ -162,9 +170,9 @@ class FusedLayers:
             self._layers.append((
                 (layer.input_layernorm.weight, norm_eps(layer.input_layernorm), joined_projection([a.q_proj, a.k_proj, a.v_proj]),
                  head_dim, heads, kv_heads),
-                (_projection(a.o_proj), layer.post_attention_layernorm.weight, norm_eps(layer.post_attention_layernorm),
-                 joined_projection([mlp.gate_proj, mlp.up_proj]), _projection(mlp.down_proj))))
-        self._head = (model.model.norm.weight, norm_eps(model.model.norm), _projection(model.lm_head))
+                (projection(a.o_proj), layer.post_attention_layernorm.weight, norm_eps(layer.post_attention_layernorm),
+                 joined_projection([mlp.gate_proj, mlp.up_proj]), projection(mlp.down_proj))))
+        self._head = (model.model.norm.weight, norm_eps(model.model.norm), projection(model.lm_head))
         # One graph per token count (1 .. MAX_TOKENS), all compiled by `_warm_up`.
         self._eager = [_before_attention, _after_attention, _head, _between]
         self._compiled = [torch.compile(f, dynamic=False) for f in self._eager]
@@ -193,9 +201,7 @@ class FusedLayers:
         with float activations."""
         if model.model.embed_tokens.weight.device.type != "cpu" or not dtype.is_floating_point:
             return False
-        linears = [model.lm_head] + [getattr(layer.self_attn, n, None) for layer in layers
-                                     for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        linears += [getattr(layer.mlp, n, None) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
+        linears = layer_linears(model, layers)
         return (all(silu_mlp(layer.mlp) for layer in layers) and all(_plain_linear(m) for m in linears)
                 and len({type(m) is Int8Linear for m in linears}) == 1)
 

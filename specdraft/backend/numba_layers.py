@@ -27,7 +27,8 @@ from numba import njit, prange
 from numba.typed import List
 
 from specdraft.backend.cache import RowKVCache
-from specdraft.backend.fused import joined_projection, norm_eps, silu_mlp
+from specdraft.backend.fused import joined_projection, layer_linears, norm_eps, projection, silu_mlp
+from specdraft.backend.linear import FewRowsLinear
 
 MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
 _BLOCK = 16  # weight rows per parallel work item
@@ -240,9 +241,9 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def _weights(projection: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """(weight, bias or None, _) -> numpy views (zeros for no bias)."""
-    weight, bias, _ = projection
+def _weights(linear: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, bias or None, _), as `fused.projection` gives it -> numpy views (zeros for no bias)."""
+    weight, bias, _ = linear
     return _array(weight), _array(bias) if bias is not None else np.zeros(weight.shape[0], np.float32)
 
 
@@ -258,14 +259,11 @@ class NumbaLayers:
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             before.append((_array(layer.input_layernorm.weight), *_weights(joined_projection([a.q_proj, a.k_proj, a.v_proj]))))
-            after.append((*_weights((a.o_proj.weight, a.o_proj.bias, None)), _array(layer.post_attention_layernorm.weight),
-                          *_weights(joined_projection([mlp.gate_proj, mlp.up_proj])),
-                          *_weights((mlp.down_proj.weight, mlp.down_proj.bias, None))))
+            after.append((*_weights(projection(a.o_proj)), _array(layer.post_attention_layernorm.weight),
+                          *_weights(joined_projection([mlp.gate_proj, mlp.up_proj])), *_weights(projection(mlp.down_proj))))
             eps.append((norm_eps(layer.input_layernorm), norm_eps(layer.post_attention_layernorm)))
         self._before, self._after, self._eps = before, after, np.array(eps, dtype=np.float64)  # eps [layers, 2]
-        lm_head = model.lm_head
-        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm),
-                      *_weights((lm_head.weight, lm_head.bias, None)))
+        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), *_weights(projection(model.lm_head)))
         self.failed: str | None = None  # as `FusedLayers`'s: numba's kernels, once compiled, do not fail later
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
@@ -287,13 +285,9 @@ class NumbaLayers:
         """Whether the layers are plain (SiLU MLP, RMS norms, float32 linears) on CPU, with float32 activations."""
         if model.model.embed_tokens.weight.device.type != "cpu" or dtype != torch.float32:
             return False
-        linears = [model.lm_head] + [getattr(layer.self_attn, n, None) for layer in layers
-                                     for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        linears += [getattr(layer.mlp, n, None) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
         return (all(silu_mlp(layer.mlp) for layer in layers)
-                and all(isinstance(m, torch.nn.Module) and getattr(m, "scales", None) is None
-                        and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dtype == torch.float32
-                        and m.weight.dim() == 2 for m in linears))
+                and all(type(m) in (torch.nn.Linear, FewRowsLinear) and m.weight.dtype == torch.float32
+                        for m in layer_linears(model, layers)))
 
     @staticmethod
     def takes(tokens: int) -> bool:
