@@ -1,19 +1,23 @@
 """Intra-op threads that behave on a shared or busy host.
 
-A CPU step runs hundreds of small parallel regions. With OpenMP's default waiting policy, a thread
-that finishes its share spins at the barrier; when another process competes for the cores, the
-spinning threads take the time slices the working thread needs, and a step slows down by up to 10x.
-Passive waiting (threads sleep at barriers) costs little on a quiet machine and keeps a step near
-its fair share when the machine is busy (`benchmarks/results/cpu_floor.md` measures each setting).
+A CPU step runs ~150 parallel regions (numba's kernels, `backend/numba_layers.py`, run on torch's
+OpenMP runtime: its libgomp is loaded first, so numba's calls resolve to it). Between two regions a
+worker thread waits; how it waits decides two things:
+- with OpenMP's default (spin ~300,000 times, milliseconds) a thread that finished its share spins
+  on a core that, beside another busy process, the working thread needs: a step slows down ~3x;
+- passive waiting (sleep at once) keeps a step near its fair share on a busy host, but every region
+  then wakes a sleeping thread, 30-70 us in a VM: up to a third of a quiet step on some machines;
+- spinning briefly (`GOMP_SPINCOUNT=2000`, ~20-60 us) and then sleeping, the default, keeps the
+  worker awake between the regions of a step (microseconds apart) and asleep between steps and
+  while a busy neighbour holds the core.
+`benchmarks/results/cpu_floor.md` measures each setting quiet and beside one busy process.
 
 OpenMP reads these variables once, when torch loads it: `configure()` runs when `specdraft` is
-imported, and only sets what the environment leaves unset. Numba's thread pool (the CPU step's
-kernels, `backend/numba_layers.py`) runs on OpenMP too and follows the same settings; its size is
-fixed when numba is imported, so a thread count (`OMP_NUM_THREADS`) is also given to numba
-(`NUMBA_NUM_THREADS`): a pool larger than the threads it runs keeps idle threads that compete with
-the working one on a busy host. Importing torch before specdraft keeps
-torch's defaults. `SPECDRAFT_THREADS=<setting>` picks another of `THREAD_SETTINGS` (the benchmark
-uses it to compare them).
+imported, and only sets what the environment leaves unset. Numba's pool size is fixed when numba is
+imported, so a thread count (`OMP_NUM_THREADS`) is also given to numba (`NUMBA_NUM_THREADS`): a pool
+larger than the threads it runs keeps idle threads that compete with the working one on a busy host.
+Importing torch before specdraft keeps torch's defaults. `SPECDRAFT_THREADS=<setting>` picks another
+of `THREAD_SETTINGS` (the benchmark uses it to compare them).
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ import warnings
 
 # name -> the environment it sets; "torch" is torch's own defaults (libgomp spins at barriers).
 THREAD_SETTINGS: dict[str, dict[str, str]] = {
+    "brief-spin": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "2000"},  # GOMP_SPINCOUNT wins over the policy
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-    "short-spin": {"GOMP_SPINCOUNT": "10000"},
     "torch": {},
     "one-thread": {"OMP_NUM_THREADS": "1"},
 }
-DEFAULT_SETTING = "passive"
+DEFAULT_SETTING = "brief-spin"
 THREAD_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "NUMBA_NUM_THREADS")
 
 

@@ -2,7 +2,11 @@
 layers' for every token count they take, with biases, across a cache that grows mid-stream; in a
 packed batch (rows feeding different token counts) every real token's logits and every committed
 cache entry equal the eager pass's; larger passes run the eager layers; they apply to plain float32
-layers only; their threads follow torch's."""
+layers only; their threads follow torch's; building them moves the weights onto huge pages once
+(same values, the model's modules share them, a tied embedding follows). The kernels alone: a projection equals a float64 product
+for every row and token count (odd rows, biases, residuals); attention over cache spans joined
+after (one token's entries split among threads) equals a float64 softmax, spans with nothing seen
+included."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import torch
 from specdraft.backend import RowModel
 from specdraft.backend.fused import FusedLayers
 from specdraft.backend.linear import use_int8_linears
-from specdraft.backend.numba_layers import MAX_TOKENS, NumbaLayers
+from specdraft.backend.numba_layers import _NONE, _SPAN, MAX_TOKENS, NumbaLayers, _attend, _project
 from tests.conftest import TINY_VOCAB, make_tiny_model, row_passes
 
 ATOL = 2e-5  # the same sums in another order
@@ -107,3 +111,67 @@ def test_threads_follow_torch():
             assert numba.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("out", [1, 5, 16, 17, 33])
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_projection_equals_the_product_for_every_row_and_token_count(out, residual):
+    rng = np.random.default_rng(out)
+    for n in range(1, 9):
+        w, b = rng.standard_normal((out, 70), dtype=np.float32), rng.standard_normal(out, dtype=np.float32)
+        x = rng.standard_normal((n, 70), dtype=np.float32)
+        r = rng.standard_normal((n, out), dtype=np.float32) if residual else _NONE
+        y = np.full((n, out), np.nan, np.float32)
+        _project(w, b, x, y, r)
+        want = x.astype(np.float64) @ w.T.astype(np.float64) + b + (r if residual else 0)
+        np.testing.assert_allclose(y, want, rtol=0, atol=1e-4, err_msg=f"{n} tokens")
+
+
+def attention_reference(q, keys, values, visible):
+    """Float64 softmax attention: q [N, heads, d], keys/values [kv_heads, kv, d], visible [N, kv]."""
+    heads, kv_heads = q.shape[1], keys.shape[0]
+    scores = np.einsum("nhd,hkd->nhk", q, np.repeat(keys, heads // kv_heads, axis=0)) / np.sqrt(q.shape[2])
+    scores = np.where(visible[:, None, :], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("nhk,hkd->nhd", weights, np.repeat(values, heads // kv_heads, axis=0))
+
+
+@pytest.mark.parametrize("tokens, kv", [(1, 5), (1, 2 * _SPAN), (1, 5 * _SPAN + 7), (2, 5 * _SPAN), (5, 3 * _SPAN)])
+def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
+    heads, kv_heads, head_dim = 4, 1, 16  # one kv head: one token's entries split into spans
+    rng = np.random.default_rng(kv)
+    cache = rng.standard_normal((2, 1, kv_heads, kv, head_dim), dtype=np.float32)  # keys, values; one row
+    qkv = rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
+    positions = np.arange(kv - tokens, kv)
+    visible = np.zeros((tokens, kv), bool)
+    for t, p in enumerate(positions):  # the first token sees only its last 10 entries: early spans see nothing
+        visible[t, (p - 9 if t == 0 else 0) : p + 1] = True
+    keys, values = cache[0], cache[1]
+    out = np.full((tokens, heads * head_dim), np.nan, np.float32)
+    _attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, 2, out)
+    q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
+    want = attention_reference(q, keys[0].astype(np.float64), values[0].astype(np.float64), visible)
+    np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
+    written = qkv[:, heads * head_dim :].reshape(tokens, 2, kv_heads, head_dim)
+    np.testing.assert_array_equal(keys[0][:, positions].transpose(1, 0, 2), written[:, 0])  # the new entries
+
+
+def test_building_moves_the_weights_once_keeping_values_and_ties():
+    model = make_tiny_model(seed=16, dtype=torch.float32, layers=2)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    prompt = list(range(2, 30))
+    want = row_passes(RowModel(model), prompt, [1, 3])
+    RowModel(model, fused=True)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    attention = model.model.layers[0].self_attn
+    q, k, v = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
+    assert k.data_ptr() == q.data_ptr() + q.numel() * 4 and v.data_ptr() == k.data_ptr() + k.numel() * 4  # joined
+    moved = {name: p.data_ptr() for name, p in model.named_parameters()}
+    again = RowModel(model, fused=True)  # a second step over the same layers: nothing moves
+    assert moved == {name: p.data_ptr() for name, p in model.named_parameters()}
+    for got, ref in zip(row_passes(again, prompt, [1, 3]), want):  # the eager layers' logits, moved weights
+        torch.testing.assert_close(got, ref, rtol=0, atol=ATOL)

@@ -4,12 +4,15 @@ A CPU decode step is bound by reading the weights, so what matters is how fast a
 few tokens streams its weight rows. Inductor's reduction (`fused.FusedLayers`) sums each row in
 one vector accumulator, a chain of dependent adds, and puts a barrier between its many loops: all
 of a layer's weights read at ~20 GB/s. Here each projection is one parallel loop over blocks of
-weight rows (`_project`): a row is loaded once and dotted with up to four tokens at a time, the sum
-spread over vector lanes (numba's `reassoc`), ~28 GB/s on the same machine
-(`benchmarks/results/cpu_profile.md`). A layer is five parallel loops: q/k/v; attention (the new
-keys and values written first); the output projection with its residual; gate and up; down with
-its residual. Norms, the rotary embedding and SiLU run between them on the calling thread, and the
-whole layer stack is one call from Python.
+weight rows (`_project`): two rows at a time, each pair loaded once for up to three tokens, the
+sums spread over vector lanes (numba's `reassoc`). The weights are moved once onto 2 MB pages in
+the order a step reads them (`_on_huge_pages`: no page walk every 4 KB). A layer is five parallel
+loops: q/k/v; attention (the new keys and values written first; one token's cache entries split
+among the threads and joined after); the output projection with its residual; gate and up; down
+with its residual. Norms, the rotary embedding and SiLU run between them on the calling thread,
+and the whole layer stack is one call from Python. Between the loops the worker thread spins
+briefly (`specdraft.threads`): a sleeping one takes 30-70 us to wake, ~150 times a step.
+Where the time goes: `benchmarks/results/cpu_profile.md`.
 
 Same arithmetic as the eager layer, summed in another order: logits agree to float rounding
 (`tests/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and
@@ -19,6 +22,8 @@ loaded when the layers are built, so no step pays for compiling.
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numba
 import numpy as np
@@ -35,34 +40,89 @@ _BLOCK = 16  # weight rows per parallel work item
 _SUM = {"reassoc", "contract"}  # sums spread over vector lanes, multiply-adds fused; no other liberty
 
 
+@njit(fastmath=_SUM, inline="always")
+def _dot1(w, r, s, x, t):  # pragma: no cover - compiled
+    """Rows r and s of w dotted with token t of x: (w[r] . x[t], w[s] . x[t])."""
+    a0 = b0 = np.float32(0.0)
+    for i in range(w.shape[1]):
+        x0 = x[t, i]
+        a0 += w[r, i] * x0
+        b0 += w[s, i] * x0
+    return a0, b0
+
+
+@njit(fastmath=_SUM, inline="always")
+def _dot2(w, r, s, x, t):  # pragma: no cover - compiled
+    """Rows r and s of w dotted with tokens t, t + 1 of x: (r.t, r.t+1, s.t, s.t+1)."""
+    a0 = a1 = b0 = b1 = np.float32(0.0)
+    for i in range(w.shape[1]):
+        wa, wb, x0, x1 = w[r, i], w[s, i], x[t, i], x[t + 1, i]
+        a0 += wa * x0
+        a1 += wa * x1
+        b0 += wb * x0
+        b1 += wb * x1
+    return a0, a1, b0, b1
+
+
+@njit(fastmath=_SUM, inline="always")
+def _dot3(w, r, s, x, t):  # pragma: no cover - compiled
+    """Rows r and s of w dotted with tokens t .. t + 2 of x: (r.t, r.t+1, r.t+2, s.t, s.t+1, s.t+2)."""
+    a0 = a1 = a2 = b0 = b1 = b2 = np.float32(0.0)
+    for i in range(w.shape[1]):
+        wa, wb, x0, x1, x2 = w[r, i], w[s, i], x[t, i], x[t + 1, i], x[t + 2, i]
+        a0 += wa * x0
+        a1 += wa * x1
+        a2 += wa * x2
+        b0 += wb * x0
+        b1 += wb * x1
+        b2 += wb * x2
+    return a0, a1, a2, b0, b1, b2
+
+
+@njit(inline="always")
+def _put(y, b, residual, t, r, s, a, c):  # pragma: no cover - compiled
+    """y[t, r] = a + b[r], y[t, s] = c + b[s], each plus the residual's entry if it has rows."""
+    a, c = a + b[r], c + b[s]
+    if residual.shape[0] > 0:
+        a, c = a + residual[t, r], c + residual[t, s]
+    y[t, r] = a
+    y[t, s] = c
+
+
+@njit(inline="always")
+def _rows(w, b, x, y, residual, r, s):  # pragma: no cover - compiled
+    """y[:, r] and y[:, s] for every token, the two rows read once for up to three tokens."""
+    n, t = x.shape[0], 0
+    while t < n:
+        if n - t >= 3:
+            a0, a1, a2, c0, c1, c2 = _dot3(w, r, s, x, t)
+            _put(y, b, residual, t, r, s, a0, c0)
+            _put(y, b, residual, t + 1, r, s, a1, c1)
+            _put(y, b, residual, t + 2, r, s, a2, c2)
+            t += 3
+        elif n - t == 2:
+            a0, a1, c0, c1 = _dot2(w, r, s, x, t)
+            _put(y, b, residual, t, r, s, a0, c0)
+            _put(y, b, residual, t + 1, r, s, a1, c1)
+            t += 2
+        else:
+            a0, c0 = _dot1(w, r, s, x, t)
+            _put(y, b, residual, t, r, s, a0, c0)
+            t += 1
+
+
 @njit(parallel=True, fastmath=_SUM, cache=True)
 def _project(w, b, x, y, residual):  # pragma: no cover - compiled
-    """y[t, r] = w[r] . x[t] + b[r] (+ residual[t, r] if residual has rows). w [out, in], x [N, in]."""
-    out, n, width = w.shape[0], x.shape[0], w.shape[1]
-    add = residual.shape[0] > 0
+    """y[t, r] = w[r] . x[t] + b[r] (+ residual[t, r] if residual has rows). w [out, in], x [N, in].
+    Rows two at a time (two weight streams per thread keep more loads in flight than one)."""
+    out = w.shape[0]
     for block in prange((out + _BLOCK - 1) // _BLOCK):
-        for r in range(block * _BLOCK, min(out, block * _BLOCK + _BLOCK)):
-            t = 0
-            while t < n:
-                # Four tokens per pass over the row (the row is read once; fewer loads per multiply-add).
-                a0 = a1 = a2 = a3 = np.float32(0.0)
-                if t + 4 <= n:
-                    for i in range(width):
-                        wi = w[r, i]
-                        a0 += wi * x[t, i]
-                        a1 += wi * x[t + 1, i]
-                        a2 += wi * x[t + 2, i]
-                        a3 += wi * x[t + 3, i]
-                    sums = (a0, a1, a2, a3)
-                    step = 4
-                else:
-                    for i in range(width):
-                        a0 += w[r, i] * x[t, i]
-                    sums = (a0, a1, a2, a3)
-                    step = 1
-                for j in range(step):
-                    y[t + j, r] = sums[j] + b[r] + (residual[t + j, r] if add else np.float32(0.0))
-                t += step
+        start, end = block * _BLOCK, min(out, block * _BLOCK + _BLOCK)
+        paired = end - (end - start) % 2
+        for r in range(start, paired, 2):
+            _rows(w, b, x, y, residual, r, r + 1)
+        if paired < end:  # an odd last row, paired with itself
+            _rows(w, b, x, y, residual, end - 1, end - 1)
 
 
 _LOG2E, _LN2_HI, _LN2_LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
@@ -168,12 +228,44 @@ def _head(x, norm, eps, w, b):  # pragma: no cover - compiled
     return logits
 
 
+@njit(fastmath=_SUM, cache=True)
+def _join(tops, totals, sums, out):  # pragma: no cover - compiled
+    """Each token's and head's attention from its spans' softmax parts: tops, totals [N, heads, spans]
+    (max score, sum of exp(score - max)), sums [N, heads, spans, head_dim] (values weighted so)."""
+    n, heads, spans, head_dim = sums.shape
+    for t in range(n):
+        for h in range(heads):
+            top = tops[t, h, 0]
+            for span in range(1, spans):
+                top = max(top, tops[t, h, span])
+            o = out[t, h * head_dim : (h + 1) * head_dim]
+            total = np.float32(0.0)
+            for d in range(head_dim):
+                o[d] = np.float32(0.0)
+            for span in range(spans):
+                if tops[t, h, span] > -np.inf:  # a span with nothing seen adds nothing
+                    f = np.exp(tops[t, h, span] - top)  # 1 for the span that holds the maximum
+                    total += f * totals[t, h, span]
+                    for d in range(head_dim):
+                        o[d] += f * sums[t, h, span, d]
+            for d in range(head_dim):
+                o[d] /= total
+
+
+_SPAN = 64  # fewest cache entries a job of attention takes when one token's keys are split among threads
+
+
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out):  # pragma: no cover
+def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, threads, out):  # pragma: no cover
     """Write each token's k and v into its row's cache at its position, then attention: out [N, heads *
     head_dim]. qkv [N, (heads + 2 kv_heads) * head_dim] (q, k rotated); rows, positions [N]: each
-    token's row in the window and position; visible [N, kv] bool; keys, values [batch, kv_heads,
-    capacity, head_dim]: this layer's, the window's rows."""
+    token's row in the window and position; visible [N, kv] bool (which cache entries each token
+    sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows;
+    threads: numba's (passed in: a call to numba from a kernel would keep it out of numba's disk cache).
+
+    A job is one token's query heads that share a kv head (they share its key and value loads) over
+    a span of the cache: with few tokens the entries are split into spans so that every thread has
+    work (flash-decoding), each span's softmax kept as (max, sum, weighted values) and joined after."""
     n, kv = qkv.shape[0], visible.shape[1]
     group = heads // kv_heads
     scale = np.float32(1.0 / np.sqrt(head_dim))
@@ -182,13 +274,22 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
             for d in range(head_dim):
                 keys[rows[t], g, positions[t], d] = qkv[t, (heads + g) * head_dim + d]
                 values[rows[t], g, positions[t], d] = qkv[t, (heads + kv_heads + g) * head_dim + d]
-    for job in prange(n * kv_heads):  # a token's query heads that share a kv head share its key and value loads
-        t, g = job // kv_heads, job % kv_heads
-        seen = visible[t]
-        k, v = keys[rows[t], g], values[rows[t], g]  # [capacity, head_dim]
-        scores = np.full((group, kv), -np.inf, np.float32)
-        tops = np.full(group, -np.inf, np.float32)
-        for j in range(kv):
+    wanted = (2 * threads + n * kv_heads - 1) // (n * kv_heads)
+    spans = max(1, min(wanted, kv // _SPAN))
+    width = (kv + spans - 1) // spans
+    # Every job fills its own (token, head, span) entries; no array expressions here (in a parallel
+    # function numba would run each as a parallel loop of its own).
+    tops = np.empty((n, heads, spans), np.float32)
+    totals = np.empty((n, heads, spans), np.float32)
+    sums = np.empty((n, heads, spans, head_dim), np.float32)
+    for job in prange(n * kv_heads * spans):
+        t, g, span = job // (kv_heads * spans), (job // spans) % kv_heads, job % spans
+        first, last = span * width, min(kv, span * width + width)
+        seen = visible[t, first:last]
+        k, v = keys[rows[t], g, first:last], values[rows[t], g, first:last]  # [span, head_dim]
+        scores = np.full((group, last - first), -np.inf, np.float32)
+        top = np.full(group, -np.inf, np.float32)
+        for j in range(last - first):
             if seen[j]:
                 kj = k[j]
                 for u in range(group):
@@ -198,40 +299,43 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
                     for d in range(head_dim):
                         acc += query[d] * kj[d]
                     scores[u, j] = acc * scale
-                    tops[u] = max(tops[u], scores[u, j])
-        weights, scratch = np.empty((group, kv), np.float32), np.empty(kv, np.int32)
+                    top[u] = max(top[u], scores[u, j])
+        weights, scratch = np.empty((group, last - first), np.float32), np.empty(last - first, np.int32)
         for u in range(group):
-            for j in range(kv):
-                scores[u, j] -= tops[u]  # unseen entries (-inf) get weights that are never read
-            _exp(scores[u], weights[u], scratch)
-        totals = np.zeros(group, np.float32)
+            if top[u] > -np.inf:  # a span with nothing seen adds nothing
+                for j in range(last - first):
+                    scores[u, j] -= top[u]  # unseen entries (-inf) get weights that are never read
+                _exp(scores[u], weights[u], scratch)
+        total = np.zeros(group, np.float32)
         attended = np.zeros((group, head_dim), np.float32)
-        for j in range(kv):
+        for j in range(last - first):
             if seen[j]:
                 vj = v[j]
                 for u in range(group):
                     e = weights[u, j]
-                    totals[u] += e
+                    total[u] += e
                     row = attended[u]
                     for d in range(head_dim):
                         row[d] += e * vj[d]
         for u in range(group):
-            o = out[t, (g * group + u) * head_dim : (g * group + u + 1) * head_dim]
+            h = g * group + u
+            tops[t, h, span], totals[t, h, span] = top[u], total[u]
             for d in range(head_dim):
-                o[d] = attended[u, d] / totals[u]
+                sums[t, h, span, d] = attended[u, d]
+    _join(tops, totals, sums, out)
 
 
 @njit(cache=True)
 def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
-           head_dim):  # pragma: no cover - compiled
+           head_dim, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
     before[i]: (norm, q/k/v weight, bias); after[i]: `_after_attention`'s weights but the norm's eps;
-    eps [layers, 2]. Returns the stream after the last layer."""
+    eps [layers, 2]; threads: numba's. Returns the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
         norm, w, b = before[i]
         qkv = _before_attention(x, cos, sin, norm, eps[i, 0], w, b, heads, kv_heads, head_dim)
-        _attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended)
+        _attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, threads, attended)
         wo, bo, norm2, w_gate_up, b_gate_up, w_down, b_down = after[i]
         x = _after_attention(x, attended, wo, bo, norm2, eps[i, 1], w_gate_up, b_gate_up, w_down, b_down)
     return x
@@ -247,14 +351,66 @@ def _weights(linear: tuple) -> tuple[np.ndarray, np.ndarray]:
     return _array(weight), _array(bias) if bias is not None else np.zeros(weight.shape[0], np.float32)
 
 
+_HUGE_PAGE = 2 << 20
+
+
+def huge_page_buffer(nbytes: int) -> np.ndarray:
+    """A zeroed uint8 buffer of `nbytes` in anonymous memory, 2 MB aligned, that the kernel is asked
+    to back with 2 MB pages (`MADV_HUGEPAGE`, before any page is touched; where it does not, plain
+    pages). Streaming the weights from 4 KB pages costs a page walk every 4 KB: gate/up weights read
+    ~14% faster from such a buffer than from the loader's (`benchmarks/results/cpu_profile.md`)."""
+    area = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            area.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # transparent huge pages not configured: plain pages
+            pass
+    raw = np.frombuffer(area, np.uint8)  # keeps `area` alive as long as a view of it lives
+    start = (-raw.ctypes.data) % _HUGE_PAGE
+    return raw[start : start + nbytes]
+
+
+def _on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) -> None:
+    """Move these linears' weights into one `huge_page_buffer`, each group's weights adjacent (its
+    joined projection is then a view) and the groups in the order given (the order a step reads
+    them). Each module's weight becomes a view of the buffer holding the same values (a tied input
+    embedding follows the output layer), so the loader's memory is freed, not kept twice. Weights
+    moved already (another step built over the same layers) stay where they are."""
+    groups = [g for g in groups if not all(getattr(m.weight, "_on_huge_pages", False) for m in g)]
+    sizes = [-(-sum(m.weight.numel() for m in g) * 4 // 4096) * 4096 for g in groups]  # 4 KB aligned each
+    if not groups:
+        return
+    buffer, offset = huge_page_buffer(sum(sizes)), 0
+    embedding = model.get_input_embeddings()
+    with torch.no_grad():
+        for group, size in zip(groups, sizes):
+            rows, cols = sum(m.weight.shape[0] for m in group), group[0].weight.shape[1]
+            joined = torch.from_numpy(buffer[offset : offset + rows * cols * 4].view(np.float32).reshape(rows, cols))
+            start = 0
+            for m in group:
+                old = m.weight
+                view = torch.nn.Parameter(joined[start : start + old.shape[0]], requires_grad=old.requires_grad)
+                view.copy_(old)
+                view._on_huge_pages = True
+                m.weight = view
+                if embedding is not None and embedding.weight is old:
+                    embedding.weight = view
+                start += old.shape[0]
+            offset += size
+
+
 class NumbaLayers:
     """The per-token parts of `layers` (a model's decoder layers), attention over a `RowKVCache`
-    and the output head, as numba kernels over the model's own weights (q/k/v and gate/up joined
-    into one buffer each, no copy)."""
+    and the output head, as numba kernels over the model's own weights: moved once, when these
+    layers are built, onto 2 MB pages in the order a step reads them, q/k/v and gate/up adjacent (one
+    buffer each); the model's modules keep using them (views, nothing kept twice)."""
 
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], head_dim: int, heads: int,
                  kv_heads: int) -> None:
         self._shape = (heads, kv_heads, head_dim)
+        _on_huge_pages(model, [g for layer in layers for g in (
+            [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], [layer.self_attn.o_proj],
+            [layer.mlp.gate_proj, layer.mlp.up_proj], [layer.mlp.down_proj])] + [[model.lm_head]])
         before, after, eps = List(), List(), []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -322,7 +478,7 @@ class NumbaLayers:
         keys, values = self._cache(cache)
         with torch.profiler.record_function("specdraft::numba_stack"):  # a profile's name for this call
             x = _stack(_array(x), _array(cos), _array(sin), _array(rows), _array(positions), _array(visible),
-                       keys, values, self._before, self._after, self._eps, *self._shape)
+                       keys, values, self._before, self._after, self._eps, *self._shape, numba.get_num_threads())
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
