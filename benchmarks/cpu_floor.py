@@ -39,11 +39,18 @@ STEPS = {"numba": "numba kernels (the step as built)", "inductor": "inductor's c
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
 
 
-def read_bandwidth(repeats: int = 7) -> float:
-    """Bytes per second a streaming read of a buffer far larger than the caches reaches (median)."""
+def read_buffer():
+    """A float32 buffer far larger than the caches, for `read_bandwidth`: allocated once a run, not
+    once a round (allocating and freeing it, 7.7 GB of pages zeroed and returned right before a
+    timed round, slowed that round's decoding by a few percent in ad-hoc runs)."""
     import torch
 
-    buffer = torch.ones(_buffer_bytes() // 4, dtype=torch.float32)
+    return torch.ones(_buffer_bytes() // 4, dtype=torch.float32)
+
+
+def read_bandwidth(buffer=None, repeats: int = 7) -> float:
+    """Bytes per second a streaming read of `buffer` (default: a new `read_buffer()`) reaches (median)."""
+    buffer = read_buffer() if buffer is None else buffer
     buffer.sum()
     times = []
     for _ in range(repeats):
@@ -207,13 +214,14 @@ def main() -> None:
     for llm in llms.values():
         decode_rate(llm, 16)  # warm
     per_token = weight_bytes_per_token(loaded.model)
-    bandwidths, rates = [], {step: [] for step in llms}
+    bandwidths, rates, buffer = [], {step: [] for step in llms}, read_buffer()
     for r in range(args.rounds):
-        bandwidths.append(read_bandwidth())
+        bandwidths.append(read_bandwidth(buffer))
         for step, llm in llms.items():
             rates[step].append(decode_rate(llm, args.tokens))
         print(f"round {r + 1}: {bandwidths[-1] / 1e9:.1f} GB/s; "
               + ", ".join(f"{s} {v[-1]:.1f} tok/s" for s, v in rates.items()), flush=True)
+    del buffer
     bandwidth = statistics.median(bandwidths)
     floor = bandwidth / per_token
     plain = {step: {"tokens_per_second": statistics.median(v), "runs": v,
