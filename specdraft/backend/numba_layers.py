@@ -358,7 +358,8 @@ def huge_page_buffer(nbytes: int) -> np.ndarray:
     """A zeroed uint8 buffer of `nbytes` in anonymous memory, 2 MB aligned, that the kernel is asked
     to back with 2 MB pages (`MADV_HUGEPAGE`, before any page is touched; where it does not, plain
     pages). Streaming the weights from 4 KB pages costs a page walk every 4 KB: gate/up weights read
-    ~14% faster from such a buffer than from the loader's (`benchmarks/results/cpu_profile.md`)."""
+    ~14% faster from such a buffer than from the loader's pages of a mapped safetensors file
+    (`benchmarks/results/cpu_profile.md`)."""
     area = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
