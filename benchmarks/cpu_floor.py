@@ -48,9 +48,8 @@ def read_buffer():
     return torch.ones(_buffer_bytes() // 4, dtype=torch.float32)
 
 
-def read_bandwidth(buffer=None, repeats: int = 7) -> float:
-    """Bytes per second a streaming read of `buffer` (default: a new `read_buffer()`) reaches (median)."""
-    buffer = read_buffer() if buffer is None else buffer
+def read_bandwidth(buffer, repeats: int = 7) -> float:
+    """Bytes per second a streaming read of `buffer` (a `read_buffer()`) reaches (median)."""
     buffer.sum()
     times = []
     for _ in range(repeats):

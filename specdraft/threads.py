@@ -38,8 +38,9 @@ THREAD_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "NUM
 
 
 def configure() -> str | None:
-    """Apply the chosen setting's variables where the environment has none; return its name, or
-    None when torch was imported first (too late for OpenMP to see them)."""
+    """Apply the chosen setting's variables where the environment has none (a waiting policy or spin
+    count of the user's own leaves both alone); return its name, or None when torch was imported
+    first (too late for OpenMP to see them)."""
     name = os.environ.get("SPECDRAFT_THREADS", DEFAULT_SETTING)
     if name not in THREAD_SETTINGS:
         warnings.warn(f"SPECDRAFT_THREADS={name!r} is not a thread setting (one of: {', '.join(THREAD_SETTINGS)}); "
@@ -47,8 +48,11 @@ def configure() -> str | None:
         name = DEFAULT_SETTING
     if "torch" in sys.modules:
         return None
+    waiting = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # one choice: a spin count overrides the policy
+    user_waits = any(key in os.environ for key in waiting)
     for key, value in THREAD_SETTINGS[name].items():
-        os.environ.setdefault(key, value)
+        if not (user_waits and key in waiting):
+            os.environ.setdefault(key, value)
     if "OMP_NUM_THREADS" in os.environ and "numba" not in sys.modules:
         os.environ.setdefault("NUMBA_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
     return name

@@ -3,10 +3,10 @@ layers' for every token count they take, with biases, across a cache that grows 
 packed batch (rows feeding different token counts) every real token's logits and every committed
 cache entry equal the eager pass's; larger passes run the eager layers; they apply to plain float32
 layers only; their threads follow torch's; building them moves the weights onto huge pages once
-(same values, the model's modules share them, a tied embedding follows). The kernels alone: a projection equals a float64 product
-for every row and token count (odd rows, biases, residuals); attention over cache spans joined
-after (one token's entries split among threads) equals a float64 softmax, spans with nothing seen
-included."""
+(same values, the model's modules share them, a tied embedding follows). The kernels alone: a
+projection equals a float64 product for every row and token count (odd rows, biases, residuals);
+attention over cache spans joined after (one token's entries split among threads) equals a float64
+softmax, spans with nothing seen included."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ def environment_after_import(**env: str) -> str:
 
 @pytest.mark.parametrize("env, seen", [
     ({}, "PASSIVE 2000 None None"),                                  # the default: spin briefly, then sleep
-    ({"GOMP_SPINCOUNT": "0"}, "PASSIVE 0 None None"),                # the user's own setting stays
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE None None None"),        # the user's own setting stays, whole
+    ({"GOMP_SPINCOUNT": "0"}, "None 0 None None"),                   # the same for a spin count
     ({"SPECDRAFT_THREADS": "passive"}, "PASSIVE None None None"),    # sleep at once
     ({"SPECDRAFT_THREADS": "torch"}, "None None None None"),         # torch's defaults
     ({"SPECDRAFT_THREADS": "one-thread"}, "None None 1 1"),          # numba's pool as small as torch's

@@ -378,9 +378,9 @@ def _on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) 
     embedding follows the output layer), so the loader's memory is freed, not kept twice. Weights
     moved already (another step built over the same layers) stay where they are."""
     groups = [g for g in groups if not all(getattr(m.weight, "_on_huge_pages", False) for m in g)]
-    sizes = [-(-sum(m.weight.numel() for m in g) * 4 // 4096) * 4096 for g in groups]  # 4 KB aligned each
     if not groups:
         return
+    sizes = [-(-sum(m.weight.numel() for m in g) * 4 // 4096) * 4096 for g in groups]  # 4 KB aligned each
     buffer, offset = huge_page_buffer(sum(sizes)), 0
     embedding = model.get_input_embeddings()
     with torch.no_grad():
@@ -400,6 +400,12 @@ def _on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) 
             offset += size
 
 
+def _projections(layer: torch.nn.Module) -> tuple[list, list, list, list]:
+    """A decoder layer's linears as a step reads them: q/k/v (joined), output, gate/up (joined), down."""
+    a, mlp = layer.self_attn, layer.mlp
+    return [a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]
+
+
 class NumbaLayers:
     """The per-token parts of `layers` (a model's decoder layers), attention over a `RowKVCache`
     and the output head, as numba kernels over the model's own weights: moved once, when these
@@ -409,15 +415,12 @@ class NumbaLayers:
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], head_dim: int, heads: int,
                  kv_heads: int) -> None:
         self._shape = (heads, kv_heads, head_dim)
-        _on_huge_pages(model, [g for layer in layers for g in (
-            [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], [layer.self_attn.o_proj],
-            [layer.mlp.gate_proj, layer.mlp.up_proj], [layer.mlp.down_proj])] + [[model.lm_head]])
+        _on_huge_pages(model, [g for layer in layers for g in _projections(layer)] + [[model.lm_head]])
         before, after, eps = List(), List(), []
         for layer in layers:
-            a, mlp = layer.self_attn, layer.mlp
-            before.append((_array(layer.input_layernorm.weight), *_weights(joined_projection([a.q_proj, a.k_proj, a.v_proj]))))
-            after.append((*_weights(projection(a.o_proj)), _array(layer.post_attention_layernorm.weight),
-                          *_weights(joined_projection([mlp.gate_proj, mlp.up_proj])), *_weights(projection(mlp.down_proj))))
+            qkv, out, gate_up, down = (_weights(joined_projection(g)) for g in _projections(layer))
+            before.append((_array(layer.input_layernorm.weight), *qkv))
+            after.append((*out, _array(layer.post_attention_layernorm.weight), *gate_up, *down))
             eps.append((norm_eps(layer.input_layernorm), norm_eps(layer.post_attention_layernorm)))
         self._before, self._after, self._eps = before, after, np.array(eps, dtype=np.float64)  # eps [layers, 2]
         self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), *_weights(projection(model.lm_head)))
