@@ -104,7 +104,7 @@ def decode_rate(llm, tokens: int) -> float:
 @contextlib.contextmanager
 def built_as(step: str):
     """Build a step of kind `step`: for "inductor", float32 layers take inductor's compiled parts,
-    as they did before numba's kernels (what int8 and bf16 layers still run)."""
+    as they did before numba's kernels (what bf16 layers still run)."""
     from specdraft.backend.numba_layers import NumbaLayers
 
     applies = NumbaLayers.applies

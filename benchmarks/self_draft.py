@@ -1,7 +1,7 @@
 """Training-free self-drafts for the embedded model: which draft made from the target itself drafts
 best for its cost?
 
-Candidates: an int8 copy of the target (every linear layer int8, bf16 activations: the `model`
+Candidates: an int8 copy of the target (every linear layer int8, float32 activations: the `model`
 drafter's default, `self-int8`); the target's own fp32 layers with m middle layers skipped, the
 layers chosen by a greedy calibration on a few prompts (Draft & Verify, Zhang et al. 2023; SWIFT,
 Xia et al. 2024); and the int8 copy with the same layers skipped.

@@ -208,13 +208,14 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
 
     It shares the target's embeddings, norms and rotary tables instead of copying them, and holds no
     full-precision linear weights: a quarter of the bytes a step reads. Built in about a second for
-    the embedded model. On CPU it computes in bf16 (the int8 kernel's input dtype).
+    the embedded model. On CPU it computes in float32 (numba's kernels read the int8 weights
+    directly, `backend.numba_layers`).
     """
     shared = {id(t): t for t in list(target.model.parameters()) + list(target.model.buffers())}
     model = copy.deepcopy(target.model, memo=shared)  # new modules over the same tensors
     use_int8_linears(model)
     device = next(target.model.parameters()).device
-    dtype = torch.bfloat16 if device.type == "cpu" else next(target.model.parameters()).dtype
+    dtype = torch.float32 if device.type == "cpu" else next(target.model.parameters()).dtype
     return LoadedModel(model, target.tokenizer, f"{target.name} (int8 copy)", target.path, target.max_context,
                        target.eos_token_ids, few_rows_linears=False, compute_dtype=dtype)
 

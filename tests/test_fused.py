@@ -81,15 +81,16 @@ def test_fused_layers_apply_only_to_plain_float_layers_on_cpu():
 
 
 def test_an_int8_draft_copy_runs_fused_as_its_eager_step():
-    """The model drafter's int8 copy (bf16 activations; the int8 kernel called from the compiled
-    parts): its distributions stay as close to the eager int8 step's as rounding allows."""
+    """An int8 draft copy run with bf16 activations (the int8 kernel called from the compiled parts;
+    with float32 activations numba's kernels take it): its distributions stay as close to the eager
+    int8 step's as rounding allows."""
     from specdraft.models import LoadedModel, int8_copy
 
     target = make_tiny_model(seed=9, dtype=torch.float32, layers=2)
     draft = int8_copy(LoadedModel(target, None, "tiny", None, 256, (), False))
-    fused = RowModel(draft.model, dtype=draft.compute_dtype, fused=True)
-    assert fused._own.fused is not None
-    eager = RowModel(draft.model, dtype=draft.compute_dtype)
+    fused = RowModel(draft.model, dtype=torch.bfloat16, fused=True)
+    assert isinstance(fused._own.fused, FusedLayers)
+    eager = RowModel(draft.model, dtype=torch.bfloat16)
     for got, want in zip(row_passes(fused, [5, 6, 7, 8, 9], [1, 4, 1]), row_passes(eager, [5, 6, 7, 8, 9], [1, 4, 1])):
         assert 0.5 * (got.softmax(-1) - want.softmax(-1)).abs().sum(-1).max() < 0.02
     assert fused._own.fused.failed is None

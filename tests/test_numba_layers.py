@@ -1,12 +1,14 @@
-"""Numba's CPU layers (`specdraft.backend.numba_layers`, float32 weights): logits equal the eager
-layers' for every token count they take, with biases, across a cache that grows mid-stream; in a
-packed batch (rows feeding different token counts) every real token's logits and every committed
-cache entry equal the eager pass's; larger passes run the eager layers; they apply to plain float32
-layers only; their threads follow torch's; building them moves the weights onto huge pages once
-(same values, the model's modules share them, a tied embedding follows). The kernels alone: a
-projection equals a float64 product for every row and token count (odd rows, biases, residuals);
-attention over cache spans joined after (one token's entries split among threads) equals a float64
-softmax, spans with nothing seen included."""
+"""Numba's CPU layers (`specdraft.backend.numba_layers`, float32 or int8 weights): logits equal the
+eager layers' for every token count they take, with biases, across a cache that grows mid-stream; in
+a packed batch (rows feeding different token counts) every real token's logits and every committed
+cache entry equal the eager pass's; larger passes run the eager layers; an int8 draft copy's passes
+equal a float32 model holding its dequantised weights; they apply to plain float32 or all-int8
+layers with float32 activations only; their threads follow torch's; building them moves the weights
+onto huge pages once (same values, the model's modules share them, a tied embedding follows, int8
+weights stay buffers). The kernels alone: a projection equals a float64 product for every row and
+token count (odd rows, biases, residuals, int8 weights with scales); attention over cache spans
+joined after (one token's entries split among threads) equals a float64 softmax, spans with nothing
+seen included."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 
 from specdraft.backend import RowModel
 from specdraft.backend.fused import FusedLayers
-from specdraft.backend.linear import use_int8_linears
+from specdraft.backend.linear import Int8Linear, use_int8_linears
 from specdraft.backend.numba_layers import _NONE, _SPAN, MAX_TOKENS, NumbaLayers, _attend, _project
 from tests.conftest import TINY_VOCAB, make_tiny_model, row_passes
 
@@ -89,9 +91,12 @@ def test_numba_layers_apply_to_plain_float32_layers_only():
     model.config.hidden_act = "gelu"
     assert not NumbaLayers.applies(model, layers, torch.float32)
     model.config.hidden_act = "silu"
+    model.lm_head = Int8Linear(model.lm_head)
+    assert not NumbaLayers.applies(model, layers, torch.float32)  # float32 and int8 linears mixed
     use_int8_linears(model)
-    assert not NumbaLayers.applies(model, layers, torch.float32)  # an int8 draft copy
-    rows = RowModel(model, dtype=torch.bfloat16, fused=True)
+    assert NumbaLayers.applies(model, layers, torch.float32)  # an int8 draft copy
+    assert isinstance(RowModel(model, dtype=torch.float32, fused=True)._own.fused, NumbaLayers)
+    rows = RowModel(model, dtype=torch.bfloat16, fused=True)  # bf16 activations: inductor's parts
     assert isinstance(rows._own.fused, FusedLayers)
     assert NumbaLayers.takes(MAX_TOKENS) and not NumbaLayers.takes(MAX_TOKENS + 1)
     half = make_tiny_model(seed=14, dtype=torch.bfloat16, layers=1)
@@ -115,16 +120,42 @@ def test_threads_follow_torch():
 
 @pytest.mark.parametrize("out", [1, 5, 16, 17, 33])
 @pytest.mark.parametrize("residual", [False, True])
-def test_a_projection_equals_the_product_for_every_row_and_token_count(out, residual):
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_projection_equals_the_product_for_every_row_and_token_count(out, residual, int8):
     rng = np.random.default_rng(out)
     for n in range(1, 9):
-        w, b = rng.standard_normal((out, 70), dtype=np.float32), rng.standard_normal(out, dtype=np.float32)
+        if int8:  # int8 weights, each row times its scale
+            w = rng.integers(-127, 128, size=(out, 70)).astype(np.int8)
+            scales = rng.uniform(0.001, 0.02, size=out).astype(np.float32)
+            dequantised = w.astype(np.float64) * scales[:, None]
+        else:
+            w, scales = rng.standard_normal((out, 70), dtype=np.float32), np.zeros(0, np.float32)
+            dequantised = w.astype(np.float64)
+        b = rng.standard_normal(out, dtype=np.float32)
         x = rng.standard_normal((n, 70), dtype=np.float32)
         r = rng.standard_normal((n, out), dtype=np.float32) if residual else _NONE
         y = np.full((n, out), np.nan, np.float32)
-        _project(w, b, x, y, r)
-        want = x.astype(np.float64) @ w.T.astype(np.float64) + b + (r if residual else 0)
+        _project((w, scales, b), x, y, r)
+        want = x.astype(np.float64) @ dequantised.T + b + (r if residual else 0)
         np.testing.assert_allclose(y, want, rtol=0, atol=1e-4, err_msg=f"{n} tokens")
+
+
+def test_an_int8_copy_passes_equal_a_float32_model_of_its_dequantised_weights():
+    int8 = make_tiny_model(seed=17, dtype=torch.float32, layers=2, attention_bias=True)
+    use_int8_linears(int8)
+    dequantised = make_tiny_model(seed=17, dtype=torch.float32, layers=2, attention_bias=True)
+    linears = {name: m for name, m in int8.named_modules() if isinstance(m, Int8Linear)}
+    with torch.no_grad():
+        for name, m in dequantised.named_modules():
+            if name in linears:
+                m.weight.copy_(linears[name].weight.float() * linears[name].scales.float()[:, None])
+    counts = [1, 2, 3, 6, 9, 1]
+    prompt = list(range(5, 25))
+    numba_rows = RowModel(int8, dtype=torch.float32, fused=True)
+    assert isinstance(numba_rows._own.fused, NumbaLayers)
+    assert all(m.weight.dtype == torch.int8 and "weight" in m._buffers for m in linears.values())  # moved, still buffers
+    for n, got, want in zip(counts, row_passes(numba_rows, prompt, counts), row_passes(RowModel(dequantised), prompt, counts)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4, msg=f"a pass of {n} tokens")
 
 
 def attention_reference(q, keys, values, visible):

@@ -54,11 +54,12 @@ def use_few_rows_linears(model: torch.nn.Module) -> int:
 class Int8Linear(torch.nn.Module):
     """Weight-only int8 linear layer (per output channel scales) for draft copies of a model.
 
-    A draft step reads every weight once, so a quarter of the bytes is most of the speed: on CPU it
-    runs `torch._weight_int8pack_mm` (the int8 kernel gpt-fast and torchao use) on bf16 activations,
-    2.4x faster than the fp32 product here for the embedded model's shapes; elsewhere it dequantises
-    into the activations' dtype. Outputs are in the activations' compute dtype (bf16 on CPU).
-    Only for drafts: results differ from the full-precision layer (that is what verification is for).
+    A draft step reads every weight once, so a quarter of the bytes is most of the speed. On CPU a
+    pass of a few tokens reads these weights in numba's kernels (float32 activations,
+    `numba_layers`); called as a module (prefill, larger passes) it dequantises into the activations'
+    dtype, except bf16 activations on CPU, which run `torch._weight_int8pack_mm` (the int8 kernel
+    gpt-fast and torchao use). Outputs are in the activations' dtype. Only for drafts: results differ
+    from the full-precision layer (that is what verification is for).
     """
 
     def __init__(self, linear: torch.nn.Linear) -> None:
@@ -72,8 +73,8 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [n, in]
-        if rows.device.type == "cpu":
-            out = torch._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight, self.scales)
+        if rows.device.type == "cpu" and rows.dtype == torch.bfloat16:
+            out = torch._weight_int8pack_mm(rows.contiguous(), self.weight, self.scales)
         else:
             out = F.linear(rows, self.weight.to(rows.dtype)) * self.scales.to(rows.dtype)
         if self.bias is not None:

@@ -3,7 +3,7 @@ model's own modules and weights: embedding, rotary embedding, norms, projections
 as they are; the layer loop, the KV writes and attention are ours.
 
 Why not the stock forward: it takes any subset of the decoder layers (draft models that skip layers),
-runs its activations in a chosen dtype (int8 draft copies compute in bf16), takes a boolean mask
+runs its activations in a chosen dtype (other than the weights' for int8 draft copies), takes a boolean mask
 built on the device, pays less Python per layer, and computes only a batch's real tokens: given
 `real`, the flat indices of the real tokens in the padded [batch, T] input, every per-token part
 (embedding, norms, projections, MLPs, output layer) runs on those alone and only attention sees
@@ -11,9 +11,10 @@ the padded layout. A verify step whose rows draft different lengths then costs i
 batch x the longest draft. Its logits equal the stock model's (`tests/test_backend.py`). Other
 architectures run the stock forward (`RowModel` decides).
 
-On CPU (`fused`), passes of a few tokens run compiled: float32 layers as numba kernels, the whole
-layer stack with attention and cache writes in one call (`numba_layers.NumbaLayers`); int8 draft
-copies and other dtypes as inductor's compiled parts around torch's attention (`fused.FusedLayers`).
+On CPU (`fused`), passes of a few tokens run compiled: float32 layers and int8 draft copies (float32
+activations) as numba kernels, the whole layer stack with attention and cache writes in one call
+(`numba_layers.NumbaLayers`); other dtypes as inductor's compiled parts around torch's attention
+(`fused.FusedLayers`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class LlamaForward:
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # fused: the per-token parts of decode and verify passes compiled for CPU, where they apply:
-        # numba's kernels for float32 weights, inductor's for the others (int8 draft copies, bf16).
+        # numba's kernels for float32 activations (float32 or int8 weights), inductor's for the others (bf16).
         self.fused: NumbaLayers | FusedLayers | None = None
         if fused and NumbaLayers.applies(model, self.layers, self.dtype):
             self.fused = NumbaLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)

@@ -1,11 +1,12 @@
-"""`NumbaLayers`: a Llama layer's per-token work on CPU as numba kernels, for float32 weights.
+"""`NumbaLayers`: a Llama layer's per-token work on CPU as numba kernels, for float32 or int8 weights.
 
 A CPU decode step is bound by reading the weights, so what matters is how fast a projection of a
 few tokens streams its weight rows. Inductor's reduction (`fused.FusedLayers`) sums each row in
 one vector accumulator, a chain of dependent adds, and puts a barrier between its many loops: all
 of a layer's weights read at ~20 GB/s. Here each projection is one parallel loop over blocks of
 weight rows (`_project`): two rows at a time, each pair loaded once for up to three tokens, the
-sums spread over vector lanes (numba's `reassoc`). The weights are moved once onto 2 MB pages in
+sums spread over vector lanes (numba's `reassoc`), the rows further on prefetched when a pass has
+several tokens. The weights are moved once onto 2 MB pages in
 the order a step reads them (`_on_huge_pages`: no page walk every 4 KB). A layer is five parallel
 loops: q/k/v; attention (the new keys and values written first; one token's cache entries split
 among the threads and joined after); the output projection with its residual; gate and up; down
@@ -16,9 +17,10 @@ Where the time goes: `benchmarks/results/cpu_profile.md`.
 
 Same arithmetic as the eager layer, summed in another order: logits agree to float rounding
 (`tests/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and
-benchmark prompt. Only float32 weights and activations (the target on CPU); int8 draft copies and
-other dtypes keep inductor's parts. Kernels are compiled once per machine (numba's disk cache) and
-loaded when the layers are built, so no step pays for compiling.
+benchmark prompt. Float32 activations only: float32 weights (the target on CPU) or int8 ones with
+per-row scales (`Int8Linear`, the int8 draft copy: each weight converted as it is read, a quarter
+of the bytes); other dtypes keep inductor's parts. Kernels are compiled once per machine (numba's
+disk cache) and loaded when the layers are built, so no step pays for compiling.
 """
 
 from __future__ import annotations
@@ -28,16 +30,38 @@ import mmap
 import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 from numba.typed import List
 
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.fused import joined_projection, layer_linears, norm_eps, projection, silu_mlp
-from specdraft.backend.linear import FewRowsLinear
+from specdraft.backend.linear import FewRowsLinear, Int8Linear
 
 MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
 _BLOCK = 16  # weight rows per parallel work item
 _SUM = {"reassoc", "contract"}  # sums spread over vector lanes, multiply-adds fused; no other liberty
+_AHEAD = 4  # weight rows a thread asks the memory for before it reads them (passes of 2+ tokens)
+_LINE = 64  # bytes in a cache line
+
+
+@intrinsic
+def _prefetch(typingctx, array, row, column):  # pragma: no cover - compiled
+    """Ask for the cache line that holds array[row, column] (LLVM's `prefetch`: a read, to every
+    cache level); a hint, it changes no value."""
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        view = context.make_array(array_type)(context, builder, args[0])
+        address = cgutils.get_item_pointer(context, builder, array_type, view, args[1:], wraparound=False)
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic(
+            "llvm.prefetch", [address.type], ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]))
+        builder.call(fn, [address, i32(0), i32(3), i32(1)])  # read, keep in every level, data cache
+        return context.get_dummy_value()
+
+    return types.void(array, row, column), codegen
 
 
 @njit(fastmath=_SUM, inline="always")
@@ -46,8 +70,8 @@ def _dot1(w, r, s, x, t):  # pragma: no cover - compiled
     a0 = b0 = np.float32(0.0)
     for i in range(w.shape[1]):
         x0 = x[t, i]
-        a0 += w[r, i] * x0
-        b0 += w[s, i] * x0
+        a0 += np.float32(w[r, i]) * x0
+        b0 += np.float32(w[s, i]) * x0
     return a0, b0
 
 
@@ -56,7 +80,7 @@ def _dot2(w, r, s, x, t):  # pragma: no cover - compiled
     """Rows r and s of w dotted with tokens t, t + 1 of x: (r.t, r.t+1, s.t, s.t+1)."""
     a0 = a1 = b0 = b1 = np.float32(0.0)
     for i in range(w.shape[1]):
-        wa, wb, x0, x1 = w[r, i], w[s, i], x[t, i], x[t + 1, i]
+        wa, wb, x0, x1 = np.float32(w[r, i]), np.float32(w[s, i]), x[t, i], x[t + 1, i]
         a0 += wa * x0
         a1 += wa * x1
         b0 += wb * x0
@@ -69,7 +93,7 @@ def _dot3(w, r, s, x, t):  # pragma: no cover - compiled
     """Rows r and s of w dotted with tokens t .. t + 2 of x: (r.t, r.t+1, r.t+2, s.t, s.t+1, s.t+2)."""
     a0 = a1 = a2 = b0 = b1 = b2 = np.float32(0.0)
     for i in range(w.shape[1]):
-        wa, wb, x0, x1, x2 = w[r, i], w[s, i], x[t, i], x[t + 1, i], x[t + 2, i]
+        wa, wb, x0, x1, x2 = np.float32(w[r, i]), np.float32(w[s, i]), x[t, i], x[t + 1, i], x[t + 2, i]
         a0 += wa * x0
         a1 += wa * x1
         a2 += wa * x2
@@ -80,8 +104,11 @@ def _dot3(w, r, s, x, t):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
-def _put(y, b, residual, t, r, s, a, c):  # pragma: no cover - compiled
-    """y[t, r] = a + b[r], y[t, s] = c + b[s], each plus the residual's entry if it has rows."""
+def _put(y, scales, b, residual, t, r, s, a, c):  # pragma: no cover - compiled
+    """y[t, r] = a * scales[r] + b[r], y[t, s] likewise with c, each plus the residual's entry if it
+    has rows (no scales: float weights)."""
+    if scales.shape[0] > 0:
+        a, c = a * scales[r], c * scales[s]
     a, c = a + b[r], c + b[s]
     if residual.shape[0] > 0:
         a, c = a + residual[t, r], c + residual[t, s]
@@ -90,39 +117,53 @@ def _put(y, b, residual, t, r, s, a, c):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
-def _rows(w, b, x, y, residual, r, s):  # pragma: no cover - compiled
+def _rows(w, scales, b, x, y, residual, r, s):  # pragma: no cover - compiled
     """y[:, r] and y[:, s] for every token, the two rows read once for up to three tokens."""
     n, t = x.shape[0], 0
     while t < n:
         if n - t >= 3:
             a0, a1, a2, c0, c1, c2 = _dot3(w, r, s, x, t)
-            _put(y, b, residual, t, r, s, a0, c0)
-            _put(y, b, residual, t + 1, r, s, a1, c1)
-            _put(y, b, residual, t + 2, r, s, a2, c2)
+            _put(y, scales, b, residual, t, r, s, a0, c0)
+            _put(y, scales, b, residual, t + 1, r, s, a1, c1)
+            _put(y, scales, b, residual, t + 2, r, s, a2, c2)
             t += 3
         elif n - t == 2:
             a0, a1, c0, c1 = _dot2(w, r, s, x, t)
-            _put(y, b, residual, t, r, s, a0, c0)
-            _put(y, b, residual, t + 1, r, s, a1, c1)
+            _put(y, scales, b, residual, t, r, s, a0, c0)
+            _put(y, scales, b, residual, t + 1, r, s, a1, c1)
             t += 2
         else:
             a0, c0 = _dot1(w, r, s, x, t)
-            _put(y, b, residual, t, r, s, a0, c0)
+            _put(y, scales, b, residual, t, r, s, a0, c0)
             t += 1
 
 
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def _project(w, b, x, y, residual):  # pragma: no cover - compiled
-    """y[t, r] = w[r] . x[t] + b[r] (+ residual[t, r] if residual has rows). w [out, in], x [N, in].
-    Rows two at a time (two weight streams per thread keep more loads in flight than one)."""
-    out = w.shape[0]
+def _project(weights, x, y, residual):  # pragma: no cover - compiled
+    """y[t, r] = (w[r] . x[t]) * scales[r] + b[r] (+ residual[t, r] if residual has rows).
+    weights: (w [out, in] float32 or int8, scales [out] (int8) or [0] (float32), b [out]); x [N, in].
+    Rows two at a time (two weight streams per thread keep more loads in flight than one), each
+    pair's reads preceded by prefetches of the rows `_AHEAD` further on: the hardware alone keeps too
+    few lines in flight once the arithmetic per byte grows (several tokens, int8 weights converted
+    as read), and memory and arithmetic take turns instead of overlapping (`cpu_profile.md`). Not
+    for one token of float32 weights, where the hardware keeps up and prefetching cost ~10%."""
+    w, scales, b = weights
+    out, width = w.shape
     for block in prange((out + _BLOCK - 1) // _BLOCK):
         start, end = block * _BLOCK, min(out, block * _BLOCK + _BLOCK)
         paired = end - (end - start) % 2
-        for r in range(start, paired, 2):
-            _rows(w, b, x, y, residual, r, r + 1)
+        if x.shape[0] == 1 and w.itemsize == 4:  # its own loop: prefetching (or testing for it) cost ~10% here
+            for r in range(start, paired, 2):
+                _rows(w, scales, b, x, y, residual, r, r + 1)
+        else:
+            for r in range(start, paired, 2):
+                if r + _AHEAD + 1 < out:
+                    for i in range(0, width, _LINE // w.itemsize):
+                        _prefetch(w, r + _AHEAD, i)
+                        _prefetch(w, r + _AHEAD + 1, i)
+                _rows(w, scales, b, x, y, residual, r, r + 1)
         if paired < end:  # an odd last row, paired with itself
-            _rows(w, b, x, y, residual, end - 1, end - 1)
+            _rows(w, scales, b, x, y, residual, end - 1, end - 1)
 
 
 _LOG2E, _LN2_HI, _LN2_LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
@@ -191,40 +232,40 @@ _NONE = np.zeros((0, 0), np.float32)
 
 
 @njit(cache=True)
-def _before_attention(x, cos, sin, norm, eps, w, b, heads, kv_heads, head_dim):  # pragma: no cover - compiled
+def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim):  # pragma: no cover
     """x [N, hidden] -> the joined q/k/v rows [N, (heads + 2 kv_heads) * head_dim], q and k rotated."""
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
-    qkv = np.empty((x.shape[0], w.shape[0]), np.float32)
-    _project(w, b, h, qkv, _NONE)
+    qkv = np.empty((x.shape[0], qkv_weights[0].shape[0]), np.float32)
+    _project(qkv_weights, h, qkv, _NONE)
     _rotate(qkv, 0, heads, head_dim, cos, sin)
     _rotate(qkv, heads * head_dim, kv_heads, head_dim, cos, sin)
     return qkv
 
 
 @njit(cache=True)
-def _after_attention(x, attended, wo, bo, norm, eps, w_gate_up, b_gate_up, w_down, b_down):  # pragma: no cover
+def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_weights):  # pragma: no cover
     """The residual stream x [N, hidden] after the attention output [N, heads * head_dim] and the MLP."""
     y = np.empty_like(x)
-    _project(wo, bo, attended, y, x)
+    _project(out_weights, attended, y, x)
     h = np.empty_like(x)
     _rms_norm(y, norm, eps, h)
-    gate_up = np.empty((x.shape[0], w_gate_up.shape[0]), np.float32)
-    _project(w_gate_up, b_gate_up, h, gate_up, _NONE)
-    act = np.empty((x.shape[0], w_gate_up.shape[0] // 2), np.float32)
+    gate_up = np.empty((x.shape[0], gate_up_weights[0].shape[0]), np.float32)
+    _project(gate_up_weights, h, gate_up, _NONE)
+    act = np.empty((x.shape[0], gate_up.shape[1] // 2), np.float32)
     _silu_gate(gate_up, act)
     out = np.empty_like(x)
-    _project(w_down, b_down, act, out, y)
+    _project(down_weights, act, out, y)
     return out
 
 
 @njit(cache=True)
-def _head(x, norm, eps, w, b):  # pragma: no cover - compiled
+def _head(x, norm, eps, weights):  # pragma: no cover - compiled
     """Final norm and output layer: x [N, hidden] -> logits [N, vocab]."""
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
-    logits = np.empty((x.shape[0], w.shape[0]), np.float32)
-    _project(w, b, h, logits, _NONE)
+    logits = np.empty((x.shape[0], weights[0].shape[0]), np.float32)
+    _project(weights, h, logits, _NONE)
     return logits
 
 
@@ -329,15 +370,15 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
 def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
            head_dim, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
-    before[i]: (norm, q/k/v weight, bias); after[i]: `_after_attention`'s weights but the norm's eps;
+    before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
     eps [layers, 2]; threads: numba's. Returns the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
-        norm, w, b = before[i]
-        qkv = _before_attention(x, cos, sin, norm, eps[i, 0], w, b, heads, kv_heads, head_dim)
+        norm, qkv_weights = before[i]
+        qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim)
         _attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, threads, attended)
-        wo, bo, norm2, w_gate_up, b_gate_up, w_down, b_down = after[i]
-        x = _after_attention(x, attended, wo, bo, norm2, eps[i, 1], w_gate_up, b_gate_up, w_down, b_down)
+        out_weights, norm2, gate_up_weights, down_weights = after[i]
+        x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights)
     return x
 
 
@@ -345,10 +386,12 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def _weights(linear: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """(weight, bias or None, _), as `fused.projection` gives it -> numpy views (zeros for no bias)."""
-    weight, bias, _ = linear
-    return _array(weight), _array(bias) if bias is not None else np.zeros(weight.shape[0], np.float32)
+def _weights(linear: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weight, bias or None, scales or None), as `fused.projection` gives it -> `_project`'s
+    (weight (a view), float32 scales (none: [0]), bias (none: zeros))."""
+    weight, bias, scales = linear
+    return (_array(weight), np.zeros(0, np.float32) if scales is None else _array(scales.float()),
+            np.zeros(weight.shape[0], np.float32) if bias is None else _array(bias.float()))
 
 
 _HUGE_PAGE = 2 << 20
@@ -380,17 +423,20 @@ def _on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) 
     groups = [g for g in groups if not all(getattr(m.weight, "_on_huge_pages", False) for m in g)]
     if not groups:
         return
-    sizes = [-(-sum(m.weight.numel() for m in g) * 4 // 4096) * 4096 for g in groups]  # 4 KB aligned each
+    nbytes = [sum(m.weight.numel() * m.weight.element_size() for m in g) for g in groups]
+    sizes = [-(-n // 4096) * 4096 for n in nbytes]  # 4 KB aligned each
     buffer, offset = huge_page_buffer(sum(sizes)), 0
     embedding = model.get_input_embeddings()
     with torch.no_grad():
-        for group, size in zip(groups, sizes):
-            rows, cols = sum(m.weight.shape[0] for m in group), group[0].weight.shape[1]
-            joined = torch.from_numpy(buffer[offset : offset + rows * cols * 4].view(np.float32).reshape(rows, cols))
+        for group, n, size in zip(groups, nbytes, sizes):
+            first = group[0].weight
+            joined = torch.from_numpy(buffer[offset : offset + n]).view(first.dtype).view(-1, first.shape[1])
             start = 0
             for m in group:
                 old = m.weight
-                view = torch.nn.Parameter(joined[start : start + old.shape[0]], requires_grad=old.requires_grad)
+                view = joined[start : start + old.shape[0]]
+                if isinstance(old, torch.nn.Parameter):  # a parameter stays one, a buffer (int8 weights) a buffer
+                    view = torch.nn.Parameter(view, requires_grad=old.requires_grad)
                 view.copy_(old)
                 view._on_huge_pages = True
                 m.weight = view
@@ -419,11 +465,11 @@ class NumbaLayers:
         before, after, eps = List(), List(), []
         for layer in layers:
             qkv, out, gate_up, down = (_weights(joined_projection(g)) for g in _projections(layer))
-            before.append((_array(layer.input_layernorm.weight), *qkv))
-            after.append((*out, _array(layer.post_attention_layernorm.weight), *gate_up, *down))
+            before.append((_array(layer.input_layernorm.weight), qkv))
+            after.append((out, _array(layer.post_attention_layernorm.weight), gate_up, down))
             eps.append((norm_eps(layer.input_layernorm), norm_eps(layer.post_attention_layernorm)))
         self._before, self._after, self._eps = before, after, np.array(eps, dtype=np.float64)  # eps [layers, 2]
-        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), *_weights(projection(model.lm_head)))
+        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), _weights(projection(model.lm_head)))
         self.failed: str | None = None  # as `FusedLayers`'s: numba's kernels, once compiled, do not fail later
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
@@ -442,12 +488,13 @@ class NumbaLayers:
 
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
-        """Whether the layers are plain (SiLU MLP, RMS norms, float32 linears) on CPU, with float32 activations."""
+        """Whether the layers are plain (SiLU MLP, RMS norms, linears all float32 or all int8
+        `Int8Linear`s) on CPU, with float32 activations."""
         if model.model.embed_tokens.weight.device.type != "cpu" or dtype != torch.float32:
             return False
-        return (all(silu_mlp(layer.mlp) for layer in layers)
-                and all(type(m) in (torch.nn.Linear, FewRowsLinear) and m.weight.dtype == torch.float32
-                        for m in layer_linears(model, layers)))
+        linears = layer_linears(model, layers)
+        float32 = all(type(m) in (torch.nn.Linear, FewRowsLinear) and m.weight.dtype == torch.float32 for m in linears)
+        return all(silu_mlp(layer.mlp) for layer in layers) and (float32 or all(type(m) is Int8Linear for m in linears))
 
     @staticmethod
     def takes(tokens: int) -> bool:
