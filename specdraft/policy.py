@@ -53,7 +53,9 @@ skips so that a drafter that got better is seen again.
 Plain decoding is kept unless a draft promises MARGIN more throughput (timings are noisy). Every
 EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured once
 under load is measured again rather than trusted forever (but never one that pays a catch-up: that
-is an investment, not a measurement).
+is an investment, not a measurement; except for a costly source none of whose drafts was ever
+verified, whose estimate is only the prior: without it a drafter that the prior prices too low, as
+it did the int8 self-draft, accepted ~90% of the time, would never be measured).
 
 While a row drafts nothing a cheap drafter's proposals are still checked for free against the tokens
 the target then emits ("shadow" acceptance), so a row's estimate keeps learning without paying for a draft.
@@ -346,8 +348,9 @@ class DraftPolicy:
         chosen = best if rates[best] > rates[0] * (1 + MARGIN) else 0
         self._choices += 1
         # Explore only where a step's cost is re-measured, never into a catch-up (a one-off investment
-        # in a row that its estimates say does not pay).
-        catching_up = [p.request_id for p in costly if p.backlog]
+        # in a row that its estimates say does not pay), unless no draft of the costly source was ever
+        # verified: its estimate is the prior alone, and one catch-up measures it for later requests too.
+        catching_up = [p.request_id for p in costly if p.backlog and self._pooled[p.drafter].trials.any()]
         explorable = [i for i in range(len(rates)) if i != chosen and not any(candidates[i][r] for r in catching_up)]
         if self._choices % EXPLORE_EVERY == 0 and explorable:
             runner_up = max(explorable, key=lambda i: rates[i])

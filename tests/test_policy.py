@@ -267,14 +267,19 @@ def test_a_fixed_row_drafts_all_it_has_while_the_others_are_chosen_around_it():
     assert chosen["f"] == 3 and chosen["a"] in (3, 4, 5)  # padded: the width is at least the fixed row's
 
 
-def test_exploring_never_pays_a_catch_up():
+def test_exploring_never_pays_a_catch_up_once_the_drafter_was_measured():
     """Every EXPLORE_EVERY choices the policy tries a close runner-up to measure its cost afresh; a
-    candidate that would catch a costly drafter up on a prompt is an investment, never explored."""
+    candidate that would catch a costly drafter up on a prompt is an investment, not explored once
+    a draft of that drafter was verified. Before that its estimate is only the prior, and the
+    catch-up is explored: once, as the first verified draft gives the drafter its evidence."""
     policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
     policy.costs.observe_draft("model", 1, 0.010)
     policy.costs.observe_catch_up("model", 256, 0.512)
     [row] = plans(policy, 1, drafter="model", cheap=False)
-    row = RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=10)  # close: 0.88x plain
+    row = RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=15)  # close: ~0.89x plain
+    chosen = [policy.choose([row])["r0"] for _ in range(EXPLORE_EVERY)]
+    assert chosen[-1] > 0 and not any(chosen[:-1])  # never measured: explored at the first chance
+    policy.observe("r0", chosen[-1], 0, "model")  # the explored draft was rejected
     assert all(policy.choose([row]) == {"r0": 0} for _ in range(3 * EXPLORE_EVERY))
     # Without a catch-up, a close runner-up (one draft token at 0.86x plain's rate) is explored now and then.
     policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
