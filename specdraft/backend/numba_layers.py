@@ -6,7 +6,7 @@ one vector accumulator, a chain of dependent adds, and puts a barrier between it
 of a layer's weights read at ~20 GB/s. Here each projection is one parallel loop over blocks of
 weight rows (`_project`): two rows at a time, each pair loaded once for up to three tokens, the
 sums spread over vector lanes (numba's `reassoc`), the rows further on prefetched when a pass has
-several tokens. The weights are moved once onto 2 MB pages in
+several tokens or int8 weights. The weights are moved once onto 2 MB pages in
 the order a step reads them (`_on_huge_pages`: no page walk every 4 KB). A layer is five parallel
 loops: q/k/v; attention (the new keys and values written first; one token's cache entries split
 among the threads and joined after); the output projection with its residual; gate and up; down
@@ -43,7 +43,7 @@ from specdraft.backend.linear import FewRowsLinear, Int8Linear
 MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
 _BLOCK = 16  # weight rows per parallel work item
 _SUM = {"reassoc", "contract"}  # sums spread over vector lanes, multiply-adds fused; no other liberty
-_AHEAD = 4  # weight rows a thread asks the memory for before it reads them (passes of 2+ tokens)
+_AHEAD = 4  # weight rows a thread asks the memory for before it reads them (where `_project` prefetches)
 _LINE = 64  # bytes in a cache line
 
 
