@@ -2,7 +2,7 @@
 
 A CPU step runs ~150 parallel regions (numba's kernels, `backend/numba_layers.py`, run on torch's
 OpenMP runtime: its libgomp is loaded first, so numba's calls resolve to it). Between two regions a
-worker thread waits; how it waits decides two things:
+worker thread waits, and how it waits matters:
 - with OpenMP's default (spin ~300,000 times, milliseconds) a thread that finished its share spins
   on a core that, beside another busy process, the working thread needs: a step slows down ~3x;
 - passive waiting (sleep at once) keeps a step near its fair share on a busy host, but every region
