@@ -1,11 +1,12 @@
-"""The long-drafts and agent-under-load reports: figures computed from hand-made rows."""
+"""The long-drafts and agent-under-load reports: figures computed from hand-made rows; the
+projections benchmark measured on a tiny model."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from benchmarks import agent_load, long_drafts
+from benchmarks import agent_load, long_drafts, projections
 from benchmarks.methods import Methods, display_order
 from tests.conftest import loaded
 
@@ -88,3 +89,25 @@ def test_display_order_puts_ours_first_and_longer_drafts_by_length():
     names = ["hf-generate", "ngram k=16", "ngram+memory", "ngram k=5", "none", "hf-prompt-lookup-k10", "ngram"]
     assert display_order(names) == ["none", "ngram", "ngram+memory", "ngram k=5", "ngram k=16", "hf-generate",
                                     "hf-prompt-lookup-k10"]
+
+
+def test_projections_report_every_kernel_and_token_count(tmp_path, monkeypatch):
+    import torch
+
+    from specdraft.backend import RowModel
+    from tests.conftest import make_tiny_model
+
+    monkeypatch.setattr(projections, "TOKENS", (1, 3))
+    weights = RowModel(make_tiny_model(seed=3, dtype=torch.float32), fused=True)._own.fused.projections()
+    result = projections.measure(weights, rounds=1)
+    assert result["weight_bytes"] == sum(w[0].nbytes for w in weights)
+    assert "ours (numba)" in result["kernels"] and "F.linear (MKL)" in result["kernels"]
+    for rows in result["kernels"].values():
+        assert [r["tokens"] for r in rows] == [1, 3]
+        for r in rows:
+            assert r["streamed_ms"] > 0 and r["in_cache_ms"] > 0
+            assert r["overlapped_ms"] == pytest.approx(max(rows[0]["streamed_ms"], r["in_cache_ms"]))
+    projections.write({"date": "d", "machine": "m", "load_before": 0.1, "threads": 2, "model": "x", "rounds": 1,
+                       **result}, tmp_path)
+    text = (tmp_path / "projections.md").read_text()
+    assert "## ours (numba)" in text and "| 3 |" in text

@@ -5,7 +5,7 @@ cache entry equal the eager pass's; larger passes run the eager layers; an int8 
 equal a float32 model holding its dequantised weights; they apply to plain float32 or all-int8
 layers with float32 activations only; their threads follow torch's; building them moves the weights
 onto huge pages once (same values, the model's modules share them, a tied embedding follows, int8
-weights stay buffers). The kernels alone: a projection equals a float64 product for every row and
+weights stay buffers) and list each layer's joined weights in step order (`projections`). The kernels alone: a projection equals a float64 product for every row and
 token count (odd rows, biases, residuals, int8 weights with scales); attention over cache spans
 joined after (one token's entries split among threads) equals a float64 softmax, spans with nothing
 seen included."""
@@ -206,3 +206,17 @@ def test_building_moves_the_weights_once_keeping_values_and_ties():
     assert moved == {name: p.data_ptr() for name, p in model.named_parameters()}
     for got, ref in zip(row_passes(again, prompt, [1, 3]), want):  # the eager layers' logits, moved weights
         torch.testing.assert_close(got, ref, rtol=0, atol=ATOL)
+
+
+def test_projections_are_each_layers_joined_weights_in_step_order_then_the_output_layer():
+    model = make_tiny_model(seed=18, dtype=torch.float32, layers=2)
+    layers = RowModel(model, fused=True)._own.fused
+    weights = layers.projections()
+    assert len(weights) == 4 * 2 + 1
+    for i, layer in enumerate(model.model.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        expected = [torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
+                    torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight]
+        for got, want in zip(weights[4 * i : 4 * i + 4], expected):
+            np.testing.assert_array_equal(got[0], want.detach().numpy())
+    np.testing.assert_array_equal(weights[-1][0], model.lm_head.weight.detach().numpy())

@@ -486,6 +486,13 @@ class NumbaLayers:
                              torch.ones(1, 1, dtype=torch.bool), cache))
         self._buffers = (None, None, None)  # hold no reference to the warm-up cache
 
+    def projections(self) -> list[tuple]:
+        """`_project`'s weights of every projection and the output layer, in the order a step reads
+        them (for `benchmarks.projections`)."""
+        layers = [w for (_, qkv), (out, _, gate_up, down) in zip(self._before, self._after)
+                  for w in (qkv, out, gate_up, down)]
+        return layers + [self._head[2]]
+
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
         """Whether the layers are plain (SiLU MLP, RMS norms, linears all float32 or all int8
