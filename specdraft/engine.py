@@ -206,6 +206,9 @@ class Engine:
         if self.default_drafter not in self.drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not one of {sorted(self.drafters)}")
         self.parts: dict[str, Parts] = {name: parts_of(drafter) for name, drafter in self.drafters.items()}
+        for parts in self.parts.values():
+            if parts.target_cache:
+                parts.costly.share_target(verifier.rows)
         self.default_policy = policy
         self.eos = frozenset(eos_token_ids)
         self.max_context, self.k, self.max_batch, self.prefill_budget = max_context, k, max_batch, prefill_budget

@@ -44,6 +44,7 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     few_rows_linears: bool = False  # its linear layers are `FewRowsLinear`s
     compute_dtype: torch.dtype | None = None  # the activations' dtype where it is not the weights' (int8 copies)
+    target_copy: bool = False  # a draft built from the target's own layers (`int8_copy`): its keys and values mean the target's
 
 
 def cache_dir() -> Path:
@@ -217,7 +218,7 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
     device = next(target.model.parameters()).device
     dtype = torch.float32 if device.type == "cpu" else next(target.model.parameters()).dtype
     return LoadedModel(model, target.tokenizer, f"{target.name} (int8 copy)", target.path, target.max_context,
-                       target.eos_token_ids, few_rows_linears=False, compute_dtype=dtype)
+                       target.eos_token_ids, few_rows_linears=False, compute_dtype=dtype, target_copy=True)
 
 
 def load_draft_model(spec: "str | LoadedModel | None", target: LoadedModel, dtype: str = "auto") -> LoadedModel:

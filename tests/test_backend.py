@@ -1,9 +1,11 @@
 """The model backend: our Llama-family forward equals the stock model's, `RowModel` keeps every row's
-cache intact while rows join, activate and leave, a layer subset runs exactly those layers, and the
-int8 draft layers approximate the full-precision ones."""
+cache intact while rows join, activate and leave, a row takes another model's committed entries,
+a layer subset runs exactly those layers, and the int8 draft layers approximate the full-precision
+ones."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import numpy as np
@@ -134,6 +136,27 @@ def test_truncate_rolls_back_and_decoding_goes_on_exactly(tiny_model):
     rows.truncate("r", len(ids))  # the three tokens never happened
     logits = rows.forward(rows.active_window, np.array([[7]]))[0, 0]
     torch.testing.assert_close(logits, stock_logits(tiny_model, ids + [7])[-1], rtol=0, atol=1e-10)
+
+
+def test_a_row_takes_another_models_entries_and_decodes_on_as_if_it_had_computed_them(tiny_model):
+    """`take_entries` copies what the source committed past the row's own entries (another slot
+    there, another dtype), and nothing for a row the source does not hold or past its length."""
+    source, rows = RowModel(tiny_model), RowModel(copy.deepcopy(tiny_model).float())  # float64 entries into float32
+    ids = [4, 8, 15, 16, 23, 42, 7, 9]
+    source.add("other", active=True)
+    source.prefill("other", [1, 2, 3])
+    source.add("r", active=True)
+    source.prefill("r", ids)
+    rows.add("r", active=True)
+    rows.prefill("r", ids[:3])  # its own first entries stay
+    assert rows.take_entries("r", source, 6) == 3 and rows.length("r") == 6
+    assert rows.take_entries("r", source, 100) == 2 and rows.length("r") == 8  # up to what the source holds
+    assert rows.take_entries("r", source, 100) == 0
+    rows.add("absent", active=True)
+    assert rows.take_entries("absent", source, 5) == 0 and rows.length("absent") == 0
+    assert rows.same_layout(source) and not rows.same_layout(RowModel(make_tiny_model(layers=1)))
+    logits = rows.forward(rows.window_of("r"), np.array([[5]]))[0, 0]
+    torch.testing.assert_close(logits.double(), stock_logits(tiny_model, ids + [5])[-1].double(), rtol=0, atol=1e-4)
 
 
 def test_layer_subset_runs_exactly_those_layers():

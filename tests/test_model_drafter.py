@@ -1,8 +1,9 @@
 """The `model` and `hybrid` drafters on tiny Llama pairs built in-process: greedy output is the
 target's alone (batch 1, and batch 8 with rows joining and leaving), a draft equal to the target is
 always accepted, drafts keep their q (rejection sampling stays exact with the real q), seeded rows
-reproduce plain sampling, the drafter catches up without re-running its prompt, and mismatched
-pairs are refused."""
+reproduce plain sampling, the drafter catches up without re-running its prompt, a copy of the
+target copies the target's keys and values instead of catching up (same drafts, engines share the
+target's rows with it), and mismatched pairs are refused."""
 
 from __future__ import annotations
 
@@ -277,3 +278,50 @@ def test_mismatched_pairs_are_refused(change, message):
         check_draft_pair(target, draft)
     assert str(error.value).startswith("draft model 'draft-model' cannot draft for target 'target-model': ")
     assert message in str(error.value)
+
+
+def test_a_copy_of_the_target_takes_its_keys_and_values_instead_of_catching_up():
+    """A draft declared a copy of the target (here the target itself, so that entries are equal)
+    copies the target's committed keys and values for a new prompt and for steps it sat out: it
+    feeds no context in passes of its own, owes no backlog, and drafts exactly what a drafter that
+    computed everything itself drafts."""
+    target = make_tiny_model(seed=21, layers=2, sharpen=12.0)
+    verifier = Verifier(target)
+    shared, alone = ModelDrafter(target, k=K, target_copy=True), ModelDrafter(target, k=K)
+    assert shared.parts.target_cache and not alone.parts.target_cache
+    shared.share_target(verifier.rows)
+    prompt = list(range(3, 43))  # longer than the lag limit: `alone` catches up in passes of its own
+    context = prompt + [verifier.admit("r", prompt, SamplingParams())]
+    for drafter in (shared, alone):
+        drafter.begin("r", prompt, SamplingParams())
+        drafter.accept("r", context[len(prompt):])
+    assert shared.backlog("r") == 0 and alone.backlog("r") > 0
+    for step in range(4):
+        if step == 2:  # a step without drafting: the verifier decodes on, the drafters fall behind
+            for _ in range(K + 2):
+                token = verifier.step({"r": context[-1]}, {})["r"].tokens
+                context += token
+                for drafter in (shared, alone):
+                    drafter.accept("r", token)
+            continue
+        results = [d.propose_costly(["r"], [K]) for d in (shared, alone)]
+        assert results[0].catch_up.tokens == 0
+        assert results[0].drafts[0].token_ids.tolist() == results[1].drafts[0].token_ids.tolist()
+        draft = results[0].drafts[0]
+        emitted = verifier.step({"r": context[-1]}, {"r": draft})["r"].tokens
+        context += emitted
+        for drafter in (shared, alone):
+            drafter.accept("r", emitted)
+    assert shared.rows.committed_tokens < alone.rows.committed_tokens - len(prompt)
+    with pytest.raises(ValueError, match="not a copy"):
+        ModelDrafter(shallow_copy_of(target, keep=[0]), k=K, target_copy=True).share_target(verifier.rows)
+
+
+def test_engines_share_the_targets_rows_with_a_self_copy_drafter(pair):
+    target, _ = pair
+    shared = ModelDrafter(target, k=K, target_copy=True)
+    engine = Engine(Verifier(target), {"model": shared}, ToyTokenizer(), (), 256, k=K, max_batch=2)
+    assert shared._target is engine.verifier.rows
+    for prompt in PROMPTS[:3]:
+        [done] = engine.run([(prompt + prompt, SamplingParams(max_tokens=25), SpeculationParams("model"))])
+        assert done.token_ids == hf_greedy(target, prompt + prompt, 25)

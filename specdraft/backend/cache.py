@@ -83,6 +83,16 @@ class RowKVCache:
             buf[dst, :, :length] = buf[src, :, :length]
         self.lengths[dst] = length
 
+    def copy_from(self, other: RowKVCache, src: int, dst: int, start: int, stop: int) -> None:
+        """Make slot `dst` hold positions [start, stop) of `other`'s slot `src` after its own first
+        `start` (a cache of the same layers and heads; its dtype converted); its length becomes `stop`."""
+        assert (other.num_layers, other.num_kv_heads, other.head_dim) == (self.num_layers, self.num_kv_heads, self.head_dim)
+        assert start <= self.lengths[dst] and stop <= other.lengths[src], (start, self.lengths[dst], stop)
+        self.reserve(self.rows, stop)
+        for mine, theirs in zip(self._keys + self._values, other._keys + other._values):
+            mine[dst, :, start:stop] = theirs[src, :, start:stop]
+        self.lengths[dst] = stop
+
     def swap_rows(self, a: int, b: int) -> None:
         if a == b:
             return

@@ -166,6 +166,24 @@ class RowModel:
             self.cache.lengths[slot] += int(n)
             self.committed_tokens += int(n)
 
+    def same_layout(self, other: RowModel) -> bool:
+        """Whether `other`'s cache holds keys and values of the same shape per position (layers, heads)."""
+        mine, theirs = self.cache, other.cache
+        return (mine.num_layers, mine.num_kv_heads, mine.head_dim) == (theirs.num_layers, theirs.num_kv_heads, theirs.head_dim)
+
+    def take_entries(self, row_id: str, source: RowModel, stop: int) -> int:
+        """Extend the row's cache up to `stop` positions with the keys and values that `source` (a
+        model of the same layout whose entries mean the same: the target, for a draft that is a copy
+        of it) has committed for the row of the same id, instead of computing them. Returns how many
+        positions it took: none where `source` has no such row or holds no more."""
+        if row_id not in source:
+            return 0
+        start, stop = self.length(row_id), min(stop, source.length(row_id))
+        if stop <= start:
+            return 0
+        self.cache.copy_from(source.cache, source.slot(row_id), self.slot(row_id), start, stop)
+        return stop - start
+
     def truncate(self, row_id: str, length: int) -> None:
         """Roll a row back to its first `length` tokens."""
         slot = self._slot[row_id]

@@ -15,7 +15,10 @@ ever asked of it:
   draft model), so the engine asks it only after the policy has chosen each row's length. It says
   what it must catch up on before drafting a row (`backlog`) and returns its drafts with what they
   cost (`CostlyDrafts`), as values;
-- both: a free part that drafts where it can and a costly part for the other rows (`hybrid`).
+- both: a free part that drafts where it can and a costly part for the other rows (`hybrid`);
+- that its costly part is a copy of the target (`self-int8`): its keys and values mean what the
+  target's do, so it takes the target's for context it has not computed instead of catching up on
+  it (`SharesTargetCache`; the engine hands it the target's rows once).
 `parts_of` is the one place a drafter's declaration is read.
 """
 
@@ -30,6 +33,8 @@ from specdraft.params import SamplingParams
 
 if TYPE_CHECKING:  # the protocol module stays light: listing drafters must not import torch
     import torch
+
+    from specdraft.backend import RowModel
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,14 @@ class CostlyPart(Protocol):
         """Drafts of up to `max_lengths[i]` tokens each, with their cost."""
 
 
+class SharesTargetCache(Protocol):
+    """A costly part declared a copy of the target (`Parts.target_cache`)."""
+
+    def share_target(self, rows: RowModel) -> None:
+        """The target's rows (`specdraft.backend.RowModel`, keyed by request id), whose committed
+        keys and values it may copy for the context it lacks; called once, before any request."""
+
+
 Cost = Literal["free", "measured"]
 
 
@@ -130,7 +143,8 @@ class Parts:
     (`hybrid/model`) when the drafter also has a free part. forced_tokens: for a request with a
     response format (`specdraft.grammar`), the engine cuts every draft at its first token the
     grammar forbids and appends the tokens the grammar forces after it (free, and drafted where the
-    drafter has nothing); False declines the forced tokens (`none`, which is plain decoding). Lifecycle
+    drafter has nothing); False declines the forced tokens (`none`, which is plain decoding).
+    target_cache: the costly part is a copy of the target and implements `SharesTargetCache`. Lifecycle
     calls (`begin`, `accept`, `end`) always go to the drafter itself, which forwards them to its parts.
     """
 
@@ -139,10 +153,12 @@ class Parts:
     costly: CostlyPart | None = None
     costly_name: str = "costly"
     forced_tokens: bool = True
+    target_cache: bool = False
 
     def __post_init__(self) -> None:
         assert self.free is not None or self.costly is not None, "a drafter needs a part that drafts"
         assert self.free_cost in ("free", "measured"), self.free_cost
+        assert not self.target_cache or self.costly is not None, "only a costly part shares the target's cache"
 
 
 @runtime_checkable

@@ -51,7 +51,8 @@ class HybridDrafter:
         if min_match < 0:
             raise ValueError(f"min_match must be >= 0, got {min_match}")
         self.ngram, self.model = ngram, model
-        self.parts = Parts(ConfidentCopies(ngram, min_match), free_cost="free", costly=model, costly_name="model")
+        self.parts = Parts(ConfidentCopies(ngram, min_match), free_cost="free", costly=model, costly_name="model",
+                           target_cache=model.target_copy)
 
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         self.ngram.begin(request_id, prompt_ids, params)
@@ -86,5 +87,5 @@ def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, m
     its `ngram` drafter)."""
     draft = load_draft_model(draft_model, target, dtype)
     model = ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
-                         static=static_shapes, fused=fused)
+                         static=static_shapes, fused=fused, target_copy=draft.target_copy)
     return HybridDrafter(create_drafter("ngram", k=k, target=target, **(ngram or {})), model, min_match=min_match)

@@ -12,7 +12,9 @@ Per request the drafter keeps its own KV-cache row (`RowModel`) in step with the
   token when all were accepted), then one pass per further draft position, for all rows at once;
 - `accept` rolls the row back to the accepted part of what it fed, so nothing is ever re-run but the
   pending tokens; a row far behind (a new prompt, or many steps without drafting) catches up in
-  chunks of its own before it drafts again.
+  chunks of its own before it drafts again. A draft that is a copy of the target (`self-int8`)
+  instead copies the target's keys and values for what it lacks (the engine shares the target's
+  rows: `SharesTargetCache`): a new prompt or a stretch without drafting costs a copy, not passes.
 Each draft token comes from q = the draft's distribution after the request's temperature / top-k /
 top-p (the transforms the verifier applies to p): greedy requests draft argmax (no q); unseeded
 sampled requests draw from q and return it (full rejection sampling); seeded ones draw with the
@@ -60,17 +62,26 @@ class ModelDrafter:
 
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
                  layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None, fused: bool = False) -> None:
+                 static: StaticShapes | None = None, fused: bool = False, target_copy: bool = False) -> None:
+        """target_copy: `model` is built from the target's own layers (`LoadedModel.target_copy`), so
+        it may take the target's keys and values (`share_target`)."""
         self.rows = RowModel(model, layers=layers, dtype=dtype, static=static, fused=fused)
         self.k = k
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.device = self.rows.device
+        self.target_copy = target_copy
+        self._target: RowModel | None = None  # the target's rows, once shared
         self._requests: dict[str, _Request] = {}
         self._lag = 2 * k + 2  # more pending tokens than this: catch up before drafting
 
     @property
     def parts(self) -> Parts:
-        return Parts(free=None, costly=self, costly_name="model")
+        return Parts(free=None, costly=self, costly_name="model", target_cache=self.target_copy)
+
+    def share_target(self, rows: RowModel) -> None:
+        if not self.rows.same_layout(rows):
+            raise ValueError("the draft model's keys and values are not shaped as the target's: it is not a copy of it")
+        self._target = rows
 
     # -- lifecycle ---------------------------------------------------------------------------
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -113,11 +124,20 @@ class ModelDrafter:
         """Tokens this row must catch up on in passes of their own before it drafts (0: its drafting
         pass feeds what it missed): what drafting for it now costs beyond the drafting passes."""
         pending = self._pending(request_id)
+        if self._target is not None and request_id in self._target:  # what the target holds is copied
+            pending = min(pending, len(self._requests[request_id].context) - self._target.length(request_id))
         return pending if pending > self._lag else 0
 
     def _catch_up(self, wanted: dict[str, int]) -> CatchUp:
-        """Rows asked to draft but far behind: feed them part of their backlog, one row per pass."""
+        """Rows asked to draft but far behind: copy what the target holds (where it is shared), then
+        feed them part of the rest, one row per pass."""
         budget, started = PREFILL_CHUNK, time.perf_counter()  # catch-up tokens per call, over all rows
+        if self._target is not None:
+            for request_id in wanted:
+                # A pass feeding two tokens costs what one feeding one does: copy from three on, and
+                # leave one context token pending: the drafting pass's input.
+                if self._pending(request_id) > 2:
+                    self.rows.take_entries(request_id, self._target, len(self._requests[request_id].context) - 1)
         for request_id in wanted:
             pending = self._pending(request_id)
             if pending <= self._lag or budget <= 0:
@@ -218,4 +238,4 @@ def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, d
     `fused`: on CPU, the compiled draft step (`RowModel`; a runtime sets it where it pays)."""
     draft = load_draft_model(draft_model, target, dtype)
     return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
-                        static=static_shapes, fused=fused)
+                        static=static_shapes, fused=fused, target_copy=draft.target_copy)
