@@ -154,7 +154,7 @@ def test_a_row_takes_another_models_entries_and_decodes_on_as_if_it_had_computed
     assert rows.take_entries("r", source, 100) == 0
     rows.add("absent", active=True)
     assert rows.take_entries("absent", source, 5) == 0 and rows.length("absent") == 0
-    assert rows.same_layout(source) and not rows.same_layout(RowModel(make_tiny_model(layers=1)))
+    assert rows.cache.layout == source.cache.layout != RowModel(make_tiny_model(layers=1)).cache.layout
     logits = rows.forward(rows.window_of("r"), np.array([[5]]))[0, 0]
     torch.testing.assert_close(logits.double(), stock_logits(tiny_model, ids + [5])[-1].double(), rtol=0, atol=1e-4)
 

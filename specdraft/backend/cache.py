@@ -34,6 +34,11 @@ class RowKVCache:
         return len(self.lengths)
 
     @property
+    def layout(self) -> tuple[int, int, int]:
+        """What an entry is: (layers, kv heads, head dim); caches of one layout can share entries."""
+        return self.num_layers, self.num_kv_heads, self.head_dim
+
+    @property
     def window(self) -> slice:
         """The slots the prepared pass runs on."""
         return self._window
@@ -86,7 +91,7 @@ class RowKVCache:
     def copy_from(self, other: RowKVCache, src: int, dst: int, start: int, stop: int) -> None:
         """Make slot `dst` hold positions [start, stop) of `other`'s slot `src` after its own first
         `start` (a cache of the same layers and heads; its dtype converted); its length becomes `stop`."""
-        assert (other.num_layers, other.num_kv_heads, other.head_dim) == (self.num_layers, self.num_kv_heads, self.head_dim)
+        assert other.layout == self.layout, (other.layout, self.layout)
         assert start <= self.lengths[dst] and stop <= other.lengths[src], (start, self.lengths[dst], stop)
         self.reserve(self.rows, stop)
         for mine, theirs in zip(self._keys + self._values, other._keys + other._values):

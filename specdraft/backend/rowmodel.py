@@ -166,11 +166,6 @@ class RowModel:
             self.cache.lengths[slot] += int(n)
             self.committed_tokens += int(n)
 
-    def same_layout(self, other: RowModel) -> bool:
-        """Whether `other`'s cache holds keys and values of the same shape per position (layers, heads)."""
-        mine, theirs = self.cache, other.cache
-        return (mine.num_layers, mine.num_kv_heads, mine.head_dim) == (theirs.num_layers, theirs.num_kv_heads, theirs.head_dim)
-
     def take_entries(self, row_id: str, source: RowModel, stop: int) -> int:
         """Extend the row's cache up to `stop` positions with the keys and values that `source` (a
         model of the same layout whose entries mean the same: the target, for a draft that is a copy

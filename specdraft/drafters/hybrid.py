@@ -30,7 +30,7 @@ from specdraft.drafters import create_drafter, register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.ngram import NgramDrafter
-from specdraft.models import LoadedModel, load_draft_model
+from specdraft.models import LoadedModel
 from specdraft.params import SamplingParams
 
 
@@ -85,7 +85,6 @@ def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, m
     suffix match whose copy the n-gram drafter drafts instead of the model (0: any n-gram draft);
     `ngram`: the options of the n-gram part, as for the `ngram` drafter (a runtime gives it those of
     its `ngram` drafter)."""
-    draft = load_draft_model(draft_model, target, dtype)
-    model = ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
-                         static=static_shapes, fused=fused, target_copy=draft.target_copy)
+    model = create_drafter("model", k=k, target=target, draft_model=draft_model, dtype=dtype,
+                           static_shapes=static_shapes, fused=fused)
     return HybridDrafter(create_drafter("ngram", k=k, target=target, **(ngram or {})), model, min_match=min_match)

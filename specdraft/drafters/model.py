@@ -79,7 +79,7 @@ class ModelDrafter:
         return Parts(free=None, costly=self, costly_name="model", target_cache=self.target_copy)
 
     def share_target(self, rows: RowModel) -> None:
-        if not self.rows.same_layout(rows):
+        if self.rows.cache.layout != rows.cache.layout:
             raise ValueError("the draft model's keys and values are not shaped as the target's: it is not a copy of it")
         self._target = rows
 
