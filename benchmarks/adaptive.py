@@ -19,21 +19,18 @@ batch) is reported beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.datasets import DOMAINS, load_domain
-from benchmarks.run import machine
 from specdraft.engine import Engine
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def run_once(engine: Engine, drafter: str, prompts: list[list[int]], max_tokens: int, domains: list[str]) -> dict:
@@ -54,20 +51,20 @@ def run_once(engine: Engine, drafter: str, prompts: list[list[int]], max_tokens:
             full_steps += 1
     seconds = time.perf_counter() - start
     done = [engine.collect(i) for i in ids]
-    steps = sum(c.metrics["steps"] for c in done)
+    steps = sum(c.metrics.steps for c in done)
     by_domain: dict[str, list[int]] = {}
     for domain, c in zip(domains, done):
         totals = by_domain.setdefault(domain, [0, 0])
-        totals[0] += c.metrics["accepted_tokens"]
-        totals[1] += c.metrics["steps"]
+        totals[0] += c.metrics.accepted_tokens
+        totals[1] += c.metrics.steps
     return {
         "tokens_per_second": full_tokens / full_seconds if full_seconds else None,
         "makespan_tokens_per_second": sum(len(c.token_ids) for c in done) / seconds,
         "full_batch_steps": full_steps,
         "full_batch_seconds": full_seconds,
         "seconds": seconds,
-        "draft_tokens": sum(c.metrics["draft_tokens"] for c in done),
-        "accepted_tokens": sum(c.metrics["accepted_tokens"] for c in done),
+        "draft_tokens": sum(c.metrics.draft_tokens for c in done),
+        "accepted_tokens": sum(c.metrics.accepted_tokens for c in done),
         "steps": steps,
         "accepted_per_step_by_domain": {d: a / s if s else 0.0 for d, (a, s) in by_domain.items()},
         "outputs": [c.token_ids for c in done],
@@ -144,8 +141,6 @@ def main() -> None:
 
 
 def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "adaptive.json").write_text(json.dumps(result, indent=1) + "\n")
     by = {(c["batch"], c["method"]): c for c in result["cells"]}
     batches = sorted({c["batch"] for c in result["cells"]})
     names, fixed = result["drafters"], result.get("fixed", result["drafters"])
@@ -191,7 +186,7 @@ def write(result: dict, out: Path) -> None:
             f"{m} {' / '.join(f'{x:.1f}' for x in by[b, m]['runs_tokens_per_second'])} "
             f"(makespan {' / '.join(f'{x:.1f}' for x in by[b, m]['runs_makespan_tokens_per_second'])})"
             for m in ["none", *methods]))
-    (out / "adaptive.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "adaptive", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

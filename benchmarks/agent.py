@@ -25,14 +25,12 @@ import statistics
 from pathlib import Path
 
 from benchmarks.ceiling import UNBOUNDED, copy_ceiling
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.datasets import load_conversations
 from benchmarks.methods import OURS, PEERS, REFERENCE, Methods, display_order
-from benchmarks.report import bar_plot, step_columns, step_stats, write_results
-from benchmarks.run import machine
+from benchmarks.report import bar_plot, step_columns, step_stats
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def bucket(turn: int) -> str:

@@ -28,13 +28,11 @@ from pathlib import Path
 import httpx
 
 from benchmarks.agent import bucket
+from benchmarks.common import RESULTS, live_server, machine, write_results
 from benchmarks.datasets import load_conversations
 from benchmarks.load import body, stream
-from benchmarks.report import bar_plot, step_columns, step_stats, write_results
-from benchmarks.run import machine
-from tests.live_server import live_server
+from benchmarks.report import bar_plot, step_columns, step_stats
 
-RESULTS = Path(__file__).parent / "results"
 SERVE = ("--max-batch-size", "16", "--max-queue", "64", "--drafters", "none,ngram")
 METHODS = {"none": ("none", ()), "ngram": ("ngram", ()), "ngram+memory": ("ngram", ("--ngram-memory",))}
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import RESULTS, machine, write_results
 from specdraft.threads import THREAD_SETTINGS, THREAD_VARIABLES
 
-RESULTS = Path(__file__).parent / "results"
 STEPS = {"numba": "numba kernels (the step as built)", "inductor": "inductor's compiled parts (the step before)",
          "eager": "eager layers (`enforce_eager`)"}
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
@@ -137,7 +137,7 @@ def verify_costs(loaded, rounds: int) -> dict:
     verifiers = {}
     for step in STEPS:
         with built_as(step):
-            verifiers[step] = Verifier(loaded.model, fused=step != "eager")
+            verifiers[step] = Verifier(loaded.model, compiled=step != "eager")
     for verifier in verifiers.values():
         verifier.admit("row0", prompt, SamplingParams())
     cells = {step: [] for step in verifiers}
@@ -204,7 +204,6 @@ def main() -> None:
 
     import torch
 
-    from benchmarks.run import machine
     from specdraft.models import load_model
 
     load_before = os.getloadavg()[0]
@@ -248,8 +247,6 @@ def main() -> None:
 
 
 def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cpu_floor.json").write_text(json.dumps(result, indent=1))
     plain, costs = result["plain"], result["verify_step_ms"]
     lines = [
         "# CPU floor: plain decoding against the weight-read floor",
@@ -283,7 +280,7 @@ def write(result: dict, out: Path) -> None:
             env = " ".join(f"{k}={v}" for k, v in row["env"].items()) or "(torch's defaults)"
             lines.append(f"| {row['setting']} | `{env}` | {row['quiet']:.1f} | {row['busy']:.1f} | "
                          f"{100 * row['busy_over_quiet']:.0f}% |")
-    (out / "cpu_floor.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "cpu_floor", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

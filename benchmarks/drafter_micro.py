@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.run import machine
+from benchmarks.common import RESULTS, machine, write_results
 from specdraft.drafters.ngram import NgramDrafter
 from specdraft.drafters.prompt_lookup import ScanPromptLookupDrafter
 from specdraft.params import SamplingParams
 
-RESULTS = Path(__file__).parent / "results"
 VOCAB = 32_000
 K = 5
 HF_MAX_NGRAM = 3  # the same n-gram orders as the scanning drafter (HF's default is 2)
@@ -264,8 +263,6 @@ def _transformers_version() -> str:
 
 
 def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "drafter_micro.json").write_text(json.dumps(result, indent=1))
     ours, scan, hf = OurSession.name, ScanSession.name, HFSession.name
     rows = result["lengths"]
     worst = max(r[ours]["median_us"] for r in rows)
@@ -350,7 +347,7 @@ def write(result: dict, out: Path) -> None:
     for r in rows:
         megabytes = r["our_bytes_per_request"] / 2**20
         lines.append(f"| {r['context']:,} | {megabytes:.1f} MiB | {r['our_begin_ms']:.1f} ms |")
-    (out / "drafter_micro.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "drafter_micro", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.run import machine
+from benchmarks.common import RESULTS, machine, write_results
 from specdraft.grammar import JSON_OPTIONS, mask_words
 from specdraft.models import load_model
 
-RESULTS = Path(__file__).parent / "results"
 REPEATS = 5
 
 
@@ -107,8 +105,7 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['library']} | {r['schemas']} | {r['masks']} | {r['compile_ms_median']:.1f} | "
                      f"{r['mask_us_median']:.1f} | {r['mask_us_mean']:.1f} | {r['mask_us_p99']:.1f} |")
-    (RESULTS / "grammar_masks.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
-    (RESULTS / "grammar_masks.md").write_text("\n".join(lines) + "\n")
+    write_results(RESULTS, "grammar_masks", {"machine": machine(), "rows": rows}, "\n".join(lines))
     print("\n".join(lines))
 
 

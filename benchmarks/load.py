@@ -28,11 +28,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.common import RESULTS, live_server, machine, write_results
 from benchmarks.datasets import DOMAINS, load_domain
-from benchmarks.run import machine
-from tests.live_server import live_server
 
-RESULTS = Path(__file__).parent / "results"
 MAX_TOKENS = 64
 
 
@@ -288,8 +286,6 @@ def main() -> None:
 
 
 def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "load.json").write_text(json.dumps(result, indent=1) + "\n")
     ms = lambda x: "—" if x is None else f"{1000 * x:.0f} ms"  # noqa: E731
     soak, gone, adm, mem = result["soak"], result["disconnects"], result["admission"], result["memory"]
     lines = [
@@ -338,7 +334,7 @@ def write(result: dict, out: Path) -> None:
         m = mem[label]
         lines.append(f"| {label} --ngram-memory | {m['acceptance_rate']:.2f} | {m['accepted_tokens']} / {m['draft_tokens']} | "
                      f"{m['tokens_per_second']:.1f} |")
-    (out / "load.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "load", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

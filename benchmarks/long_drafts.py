@@ -22,14 +22,13 @@ import statistics
 from pathlib import Path
 
 from benchmarks.ceiling import UNBOUNDED, copy_ceiling
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.datasets import DOMAINS, load_domain
 from benchmarks.methods import OURS, PEERS, Methods
-from benchmarks.report import bar_plot, step_columns, step_stats, write_results
-from benchmarks.run import machine
+from benchmarks.report import bar_plot, step_columns, step_stats
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
 
-RESULTS = Path(__file__).parent / "results"
 EXTRAS = tuple(n for n in OURS + PEERS if n not in ("none", "ngram"))
 
 

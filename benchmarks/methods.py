@@ -27,11 +27,11 @@ def engine_run(engine, drafter: str, ids: list[int], params: SamplingParams) -> 
     """One request through a specdraft engine, alone; its tokens and what it cost."""
     [done] = engine.run([(ids, params, SpeculationParams(drafter))])
     m = done.metrics
-    decode = m["seconds"] - m["time_to_first_token"]
+    decode = m.seconds - m.time_to_first_token
     return {"token_ids": done.token_ids,
             "decode_tokens_per_second": (len(done.token_ids) - 1) / decode if decode > 0 else 0.0,
-            **{key: m[key] for key in ("tokens_per_second", "steps", "draft_tokens", "accepted_tokens", "seconds",
-                                       "time_to_first_token")}}
+            "tokens_per_second": m.tokens_per_second, "steps": m.steps, "draft_tokens": m.draft_tokens,
+            "accepted_tokens": m.accepted_tokens, "seconds": m.seconds, "time_to_first_token": m.time_to_first_token}
 
 
 def display_order(names) -> list[str]:
@@ -67,7 +67,7 @@ class Methods:
             runtime = build_runtime(loaded, drafters=["ngram"], k=k, max_batch=1,
                                     drafter_options={"ngram": {"memory": True}})
             self._engines["ngram+memory"] = (runtime.engine, "ngram")
-            self._memory = runtime.ngram_memory
+            self._memory = runtime.engine.drafters["ngram"].memory
         self._peers: dict[str, Callable] = {}
         if any(n in PEERS for n in names):
             # The stock model (no specdraft layers) for the peers, on the same device.

@@ -8,23 +8,19 @@ compiled parts, the eager layers), ops grouped by what they do, per step and per
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.cpu_floor import STEPS, built_as
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
-
-RESULTS = Path(__file__).parent / "results"
 
 # What each op does, by its profiler name (first matching prefix wins).
 GROUPS = [
@@ -102,7 +98,7 @@ def main() -> None:
     cases = []
     for kind in STEPS:
         with built_as(kind):
-            verifier = Verifier(loaded.model, fused=kind != "eager")
+            verifier = Verifier(loaded.model, compiled=kind != "eager")
         for b in range(8):
             verifier.admit(f"row{b}", rng.integers(0, 1000, size=args.context).tolist(), SamplingParams())
         for batch in (8, 1):  # every active row takes part in a step: keep exactly `batch` of them
@@ -113,11 +109,11 @@ def main() -> None:
                 case.update(step=kind, batch=batch, k=k)
                 cases.append(case)
                 print(f"{kind} batch {batch} k {k}: {case['step_ms']:.1f} ms", flush=True)
-    result = {"machine": f"{os.cpu_count()} cores, {torch.get_num_threads()} threads", "model": loaded.name,
+    result = {"machine": machine(), "model": loaded.name,
               "layers": layers, "context": args.context, "steps": args.steps, "cases": cases}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu_profile.json").write_text(json.dumps(result, indent=1))
-    (args.out / "cpu_profile_tables.md").write_text(render(result))
+    # cpu_profile.md is the hand-written account of these tables
+    write_results(args.out, "cpu_profile", result, render(result), markdown_name="cpu_profile_tables")
 
 
 def render(result: dict) -> str:

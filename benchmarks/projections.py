@@ -2,7 +2,7 @@
 
 Every projection and the output layer of the embedded model (float32, as a step reads them: on 2 MB
 pages, in step order), for passes of N tokens, with each kernel there is for it: ours
-(`numba_layers._project`, what a step runs up to `MAX_TOKENS`), torch's `F.linear` (MKL's sgemm),
+(`numba_layers.project`, what a step runs up to `MAX_TOKENS`), torch's `F.linear` (MKL's sgemm),
 and MKL's sgemm over weights packed for that N (`torch.ops.mkl._mkl_linear`, what inductor's
 freezing uses for float32 linears on CPU). Each is timed two ways:
 - *streamed*: all the weights once, from memory (what a step does);
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import time
@@ -28,19 +27,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.common import RESULTS, machine, write_results
+
 TOKENS = (1, 2, 3, 6, 9, 16, 32)
 
 
 def kernels() -> dict:
     """name -> (prepare(weights, n) -> state, run(state, xs) -> None, whether xs are torch tensors)."""
-    from specdraft.backend.numba_layers import _project
+    from specdraft.backend.numba_layers import project
 
     empty = np.zeros((0, 0), np.float32)
 
     def ours(state, xs):
         for w, y in state:
-            _project(w, xs[w[0].shape[1]], y, empty)
+            project(w, xs[w[0].shape[1]], y, empty)
 
     def linear(state, xs):
         for w in state:
@@ -108,25 +108,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    from benchmarks.run import machine
-    from specdraft.backend.numba_layers import NumbaLayers
+    from specdraft.backend import RowModel
+    from specdraft.backend.numba_layers import NumbaLayers, step_weights
     from specdraft.models import load_model
 
     load_before = os.getloadavg()[0]
     loaded = load_model(None, device="cpu", dtype="float32")
-    config = loaded.model.config
-    layers = NumbaLayers(loaded.model, list(loaded.model.model.layers), config.hidden_size // config.num_attention_heads,
-                         config.num_attention_heads, config.num_key_value_heads)
+    RowModel(loaded.model, compiled=True)  # the weights where a step reads them (on 2 MB pages, joined)
     NumbaLayers.use_torch_threads()
     result = {"date": dt.date.today().isoformat(), "machine": machine(), "load_before": load_before,
               "threads": torch.get_num_threads(), "model": loaded.name, "rounds": args.rounds,
-              **measure(layers.projections(), args.rounds)}
+              **measure(step_weights(loaded.model, list(loaded.model.model.layers)), args.rounds)}
     write(result, args.out)
 
 
 def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "projections.json").write_text(json.dumps(result, indent=1))
     lines = [
         "# Projections: what a pass's extra tokens cost, streamed and in cache",
         "",
@@ -146,7 +142,7 @@ def write(result: dict, out: Path) -> None:
         lines += [f"| {r['tokens']} | {r['streamed_ms']:.1f} | {r['streamed_gb_s']:.1f} | {r['in_cache_ms']:.1f} | "
                   f"{r['in_cache_gflop_s']:.0f} | {r['overlapped_ms']:.1f} | {r['in_turn_ms']:.1f} |" for r in rows]
         lines.append("")
-    (out / "projections.md").write_text("\n".join(lines))
+    write_results(out, "projections", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -386,14 +386,6 @@ def write_report(results: dict, out_dir: Path) -> None:
     (out_dir / "results.md").write_text(render_markdown(results, summaries, plots))
 
 
-def write_results(out_dir: Path, name: str, results: dict, markdown: str) -> None:
-    """A benchmark's report: `name`.json (every figure) and `name`.md (the tables), and the tables on stdout."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
-    (out_dir / f"{name}.md").write_text(markdown)
-    print(markdown)
-
-
 def step_stats(runs: list[dict]) -> dict:
     """What verification costs over runs of the engine (each with its metrics' `steps`,
     `draft_tokens` and `accepted_tokens`): emitted tokens per target step, drafted tokens per step

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -24,27 +22,14 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import peers
+from benchmarks.common import RESULTS, machine
 from benchmarks.datasets import DOMAINS, load_domain
 from benchmarks.report import write_report
 from specdraft import LLM, SamplingParams, SpeculationParams
 from specdraft.models import LoadedModel, load_model
 from specdraft.runtime import encode_prompt
 
-RESULTS = Path(__file__).parent / "results"
 HF_PROMPT_LOOKUP_DEFAULT = 10
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU only, {torch.get_num_threads()} threads"
-    return f"{cpu}; {os.cpu_count()} cores; {device}"
 
 
 def near_tie(model, prompt_ids: list[int], reference: list[int], ours: list[int]) -> dict | None:
@@ -75,10 +60,10 @@ def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], max_tokens: int
     m = done.metrics
     return {
         "token_ids": done.token_ids, "tokens": len(done.token_ids), "seconds": seconds,
-        "tokens_per_second": len(done.token_ids) / seconds, "steps": m["steps"],
-        "draft_tokens": m["draft_tokens"], "accepted_tokens": m["accepted_tokens"],
-        "accepted_per_step": m["accepted_per_step"], "per_position_acceptance": m["per_position_acceptance"],
-        "drafted_at": m["drafted_at"], "accepted_at": m["accepted_at"], "draft_seconds": m["draft_seconds"],
+        "tokens_per_second": len(done.token_ids) / seconds, "steps": m.steps,
+        "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
+        "accepted_per_step": list(m.accepted_per_step), "per_position_acceptance": m.per_position_acceptance,
+        "drafted_at": m.drafted_at.tolist(), "accepted_at": m.accepted_at.tolist(), "draft_seconds": m.draft_seconds,
     }
 
 

@@ -18,7 +18,6 @@ drafting 3 tokens every step), against plain decoding, with outputs checked agai
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -27,15 +26,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.datasets import DOMAINS, load_domain
-from benchmarks.run import machine
 from specdraft import LLM, SamplingParams, SpeculationParams, register
 from specdraft.backend import RowModel
 from specdraft.drafters.model import ModelDrafter
 from specdraft.models import LoadedModel, int8_copy, load_model
 from specdraft.runtime import encode_prompt
 
-RESULTS = Path(__file__).parent / "results"
 CANDIDATE = "self-draft-candidate"  # this benchmark's own drafter: the `model` drafter over a candidate
 
 
@@ -117,8 +115,8 @@ def end_to_end(loaded: LoadedModel, candidate: dict, prompts: list[list[int]], m
             [done] = llm.generate(prompt, params, SpeculationParams(CANDIDATE))
             tps.append(len(done.token_ids) / (time.perf_counter() - start))
             ratios.append(tps[-1] / plain_tps)
-            drafted += done.metrics["draft_tokens"]
-            accepted += done.metrics["accepted_tokens"]
+            drafted += done.metrics.draft_tokens
+            accepted += done.metrics.accepted_tokens
             same &= done.token_ids == reference == plain.token_ids
         out[label] = {"tokens_per_second": statistics.median(tps), "speedup_vs_none": statistics.median(ratios),
                       "acceptance_rate": accepted / drafted if drafted else None, "draft_tokens": drafted,
@@ -170,8 +168,6 @@ def main() -> None:
 
 
 def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "self_draft.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
         "# Self-drafts for the embedded model",
         "",
@@ -196,7 +192,7 @@ def write(result: dict, out: Path) -> None:
                      + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
     lines += ["", "Greedy layer-skip calibration (agreement on the calibration prompts after each added skip):", ""]
     lines += [f"- skip {len(s['skipped'])}: layers {s['skipped']} -> {s['calibration_agreement']:.3f}" for s in result["skip_calibration"]]
-    (out / "self_draft.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "self_draft", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

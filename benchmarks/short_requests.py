@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 from pathlib import Path
 
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.datasets import DOMAINS, load_domain
-from benchmarks.run import machine
+from specdraft.api.protocol import metrics_json
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
 
-RESULTS = Path(__file__).parent / "results"
 CALIBRATION_PROMPTS = 2  # per domain, as benchmarks.self_draft splits them
 
 
@@ -61,7 +60,7 @@ def main() -> None:
                 engine.policy = copy.deepcopy(fresh[name])
                 [done] = engine.run([(ids, params, SpeculationParams(name))])
                 outputs[name] = done.token_ids
-                runs.setdefault((domain, name), []).append({"id": prompt_id, **done.metrics})
+                runs.setdefault((domain, name), []).append({"id": prompt_id, **metrics_json(done.metrics)})
             assert all(out == outputs["none"] for out in outputs.values()), f"{domain} {prompt_id}: outputs differ"
             print(f"round {round_ + 1} {domain} {prompt_id}: " + ", ".join(
                 f"{name} {runs[(domain, name)][-1]['tokens_per_second']:.1f}" for name in names), flush=True)
@@ -82,7 +81,6 @@ def main() -> None:
     result = {"machine": machine(), "model": loaded.name, "max_tokens": args.max_tokens, "k": args.k,
               "rounds": args.rounds, "held_out_per_domain": args.held_out, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "short_requests.json").write_text(json.dumps(result, indent=1))
     lines = [
         "# Short requests with a costly drafter",
         "",
@@ -99,7 +97,7 @@ def main() -> None:
         lines.append(f"| {row['domain']} | {row['drafter']} | {row['none_tokens_per_second']:.1f} | "
                      f"{row['tokens_per_second']:.1f} | {row['ratio']:.2f}x | {row['draft_tokens']:.1f} | "
                      f"{row['mean_accepted_length']:.2f} |")
-    (args.out / "short_requests.md").write_text("\n".join(lines) + "\n")
+    write_results(args.out, "short_requests", result, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -24,15 +24,14 @@ from pathlib import Path
 
 import jsonschema
 
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.datasets import load_domain
-from benchmarks.report import write_results
-from benchmarks.run import machine
 from specdraft import LLM, ResponseFormat, SamplingParams, SpeculationParams
+from specdraft.engine import GrammarMetrics
 from specdraft.grammar import GrammarCompiler
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
 
-RESULTS = Path(__file__).parent / "results"
 CONFIGS = (("none", False), ("ngram", False), ("none", True), ("ngram", True))
 
 
@@ -71,13 +70,13 @@ def run_one(llm: LLM, ids: list[int], drafter: str, response_format: ResponseFor
     [out] = llm.generate(ids, SamplingParams(max_tokens=max_tokens, response_format=response_format),
                          SpeculationParams(drafter))
     m = out.metrics
-    grammar = m.get("grammar", {})
+    grammar = m.grammar or GrammarMetrics()
     return {
         "token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason, "tokens": len(out.token_ids),
-        "seconds": m["seconds"], "tokens_per_second": m["tokens_per_second"], "steps": m["steps"],
-        "draft_tokens": m["draft_tokens"], "accepted_tokens": m["accepted_tokens"],
-        "grammar_seconds": grammar.get("seconds", 0.0), "forced_draft_tokens": grammar.get("forced_draft_tokens", 0),
-        "forced_accepted_tokens": grammar.get("forced_accepted_tokens", 0), "complete": grammar.get("complete"),
+        "seconds": m.seconds, "tokens_per_second": m.tokens_per_second, "steps": m.steps,
+        "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
+        "grammar_seconds": grammar.seconds, "forced_draft_tokens": grammar.forced_draft_tokens,
+        "forced_accepted_tokens": grammar.forced_accepted_tokens, "complete": grammar.complete,
     }
 
 

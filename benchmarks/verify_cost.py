@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from benchmarks.common import RESULTS, machine, write_results
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def measure(verifier: Verifier, batch: int, ks: list[int], repeats: int, rng: np.random.Generator) -> list[dict]:
@@ -87,7 +84,7 @@ def main() -> None:
         c["ratio_to_k0_same_batch"] = c["step_ms"] / base[c["batch"]]
         c["ratio_to_one_token_step"] = c["step_ms"] / one_token
     result = {
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {loaded.model.device}"
+        "machine": machine()
                    + (", FewRowsLinear layers" if loaded.few_rows_linears else ""),
         "model": loaded.name,
         "dtype": str(loaded.model.dtype),
@@ -99,8 +96,6 @@ def main() -> None:
 
 
 def write(result: dict, out: Path, stem: str = "verify_cost") -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     cells = result["cells"]
     batches = sorted({c["batch"] for c in cells})
     ks = sorted({c["k"] for c in cells})
@@ -125,7 +120,7 @@ def write(result: dict, out: Path, stem: str = "verify_cost") -> None:
     lines.append("| --- | " + " | ".join("---" for _ in batches) + " |")
     for k in ks:
         lines.append(f"| {k} | " + " | ".join(f"{100 * by[b, k]['outside_forward_share']:.1f}%" for b in batches) + " |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_results(out, stem, result, "\n".join(lines))
 
     import matplotlib
 

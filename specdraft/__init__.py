@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from specdraft import threads
 
-threads.configure()  # before anything loads torch (and OpenMP with it)
+# OpenMP's and numba's thread settings: read once, as torch and numba load, so they are set here, before
+# any specdraft module imports either (the one place: see `specdraft.threads`).
+threads.configure()
 
 from specdraft.drafters import Draft, Drafter, register  # noqa: E402
 from specdraft.params import ResponseFormat, SamplingParams, SpeculationParams  # noqa: E402

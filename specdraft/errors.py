@@ -3,7 +3,12 @@
 
 
 class RequestError(ValueError):
-    """A request the engine cannot serve as given (the message names the problem)."""
+    """A request the engine cannot serve as given (the message names the problem; `param`, where
+    known, the request field it is about, as OpenAI's errors name it)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotFoundError(Exception):

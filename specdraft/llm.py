@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
-from specdraft.engine import Delta
+from specdraft.engine import Delta, RequestMetrics
 from specdraft.errors import RequestError
 from specdraft.models import LoadedModel
 from specdraft.params import SamplingParams, SpeculationParams
@@ -43,15 +43,15 @@ PerPrompt = SamplingParams | SpeculationParams | Sequence[Any] | None  # one for
 class RequestOutput:
     """One finished request. finish_reason: "stop" (an EOS token or a stop string), "length"
     (max_tokens or the model's context), "error" (`error` says why; `text` holds what came before),
-    or "cancelled". metrics: the engine's figures for the request, among them steps, draft_tokens,
-    accepted_tokens, acceptance_rate, mean_accepted_length and tokens_per_second."""
+    or "cancelled". metrics: the engine's figures for the request (`RequestMetrics`), among them
+    steps, draft_tokens, accepted_tokens, acceptance_rate, mean_accepted_length and tokens_per_second."""
 
     request_id: str
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
     finish_reason: str
-    metrics: dict
+    metrics: RequestMetrics
     error: str | None = None
 
 

@@ -12,7 +12,7 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class ServerMetrics:
-    def __init__(self, max_k: int) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("specdraft_requests", "Requests by outcome", ["outcome"], registry=r)
@@ -25,24 +25,22 @@ class ServerMetrics:
         self.ttft = Histogram("specdraft_time_to_first_token_seconds", "Time to first token", buckets=TTFT_BUCKETS, registry=r)
         self.queue_depth = Gauge("specdraft_queue_depth", "Requests waiting for a row or for their prefill", registry=r)
         self.running = Gauge("specdraft_running_rows", "Requests decoding", registry=r)
-        self.max_k = max_k
 
     def on_step(self, seconds: float) -> None:
         self.step_seconds.observe(seconds)
 
     def on_finish(self, completion: Completion) -> None:
         m = completion.metrics
-        drafter = m.get("drafter", "")
         self.requests.labels(outcome=completion.finish_reason).inc()
-        self.generated.labels(drafter=drafter).inc(len(completion.token_ids))
-        self.drafted.labels(drafter=drafter).inc(m["draft_tokens"])
-        self.accepted.labels(drafter=drafter).inc(m["accepted_tokens"])
-        for position, (drafted, accepted) in enumerate(zip(m["drafted_at"], m["accepted_at"]), start=1):
+        self.generated.labels(drafter=m.drafter).inc(len(completion.token_ids))
+        self.drafted.labels(drafter=m.drafter).inc(m.draft_tokens)
+        self.accepted.labels(drafter=m.drafter).inc(m.accepted_tokens)
+        for position, (drafted, accepted) in enumerate(zip(m.drafted_at.tolist(), m.accepted_at.tolist()), start=1):
             if drafted:
                 self.position_drafted.labels(position=str(position)).inc(drafted)
                 self.position_accepted.labels(position=str(position)).inc(accepted)
-        if m.get("time_to_first_token") is not None:
-            self.ttft.observe(m["time_to_first_token"])
+        if m.time_to_first_token is not None:
+            self.ttft.observe(m.time_to_first_token)
 
     def refused(self, outcome: str) -> None:
         """A request refused before it reached the engine (bad input, overload)."""

@@ -1,7 +1,7 @@
 """Find and load models: the embedded SmolLM2-135M-Instruct GGUF (default), a `.gguf` file, a local
 Hugging Face directory, or a hub id already in the local cache.
 
-GGUF files are dequantised by transformers (~25 s here), so the result is converted once into
+GGUF files are dequantised by transformers (tens of seconds), so the result is converted once into
 safetensors + tokenizer files under the cache dir (`SPECDRAFT_CACHE_DIR`, default
 `~/.cache/specdraft`) and later loads read that.
 """
@@ -208,8 +208,7 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
     """A draft copy of the target with int8 weights in every linear layer (the output layer too).
 
     It shares the target's embeddings, norms and rotary tables instead of copying them, and holds no
-    full-precision linear weights: a quarter of the bytes a step reads. Built in about a second for
-    the embedded model. On CPU it computes in float32 (numba's kernels read the int8 weights
+    full-precision linear weights: a quarter of the bytes a step reads. On CPU it computes in float32 (numba's kernels read the int8 weights
     directly, `backend.numba_layers`).
     """
     shared = {id(t): t for t in list(target.model.parameters()) + list(target.model.buffers())}

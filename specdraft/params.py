@@ -1,6 +1,7 @@
 """Per-request options, validated once where a request enters (CLI, HTTP server, library call) and
 trusted everywhere after: how it samples and stops (`SamplingParams`) and how it speculates
-(`SpeculationParams`). Every check raises ValueError with a message that names the bad value."""
+(`SpeculationParams`). Every check raises ValueError with a message that names the bad value. Also
+the one owner of the engine's and the server's defaults (a module light enough for the CLI's parser)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 MAX_SPECULATIVE_TOKENS = 64  # the longest draft any request may ask for
+DEFAULT_NUM_SPECULATIVE_TOKENS = 5  # an engine's longest draft, unless it is given one
 # How a request's draft length is chosen each step: `auto` lets the cost-aware policy
 # (`specdraft.policy`) pick it from measured costs and acceptance (0 included); `fixed` drafts as far
 # as the drafter goes, up to k, every step (vLLM's behaviour: measures a drafter as it is).
 POLICIES = ("auto", "fixed")
+DEFAULT_POLICY = "auto"
+DEFAULT_MAX_BATCH = 8  # rows an engine decodes together, unless it is given a number
+DEFAULT_MAX_QUEUED = 64  # requests that may wait for a row in a server, unless it is given a number
+DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafters keep (the n-gram memory)
 
 
 def check_num_speculative_tokens(k: object, name: str = "num_speculative_tokens") -> int:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
+from specdraft.splitmix import GOLDEN, mix
+
 if TYPE_CHECKING:
     from specdraft.params import SamplingParams
 
@@ -24,24 +26,20 @@ RESIDUAL = 2  # the recovered token's draw from norm(max(0, p - q))
 DRAFT = 3  # a probabilistic drafter's draw from q
 STREAMS = 4
 
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijection on uint64 whose outputs pass BigCrush for counter inputs."""
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
 
 
 def keyed_uniforms(seeds: np.ndarray, positions: np.ndarray, stream: int) -> np.ndarray:
     """U[0, 1) draws, one per (seed, position) pair (broadcast), as float64 with 53 random bits."""
     with np.errstate(over="ignore"):
-        key = _mix(np.asarray(seeds, dtype=np.uint64) * _GOLDEN + np.uint64(0x632BE59BD9B4E019))
+        key = mix(np.asarray(seeds, dtype=np.uint64) * GOLDEN + np.uint64(0x632BE59BD9B4E019))
         counter = np.asarray(positions, dtype=np.uint64) * np.uint64(STREAMS) + np.uint64(stream)
-        bits = _mix(key ^ _mix(counter + _GOLDEN))
+        bits = mix(key ^ mix(counter + GOLDEN))
     return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def request_seed(params: SamplingParams) -> int:
+    """The key of a request's random draws: its seed, or one drawn for it where it gives none."""
+    return params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
 
 
 def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

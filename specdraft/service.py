@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from specdraft.engine import Completion, Delta, Engine
-from specdraft.params import SamplingParams, SpeculationParams
+from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, SamplingParams, SpeculationParams
 
 log = logging.getLogger("specdraft.service")
 
@@ -41,7 +41,13 @@ class Failed:
 
 
 Event = Delta | Completion | Failed
-_CANCEL_ALL = "\x00cancel-all"  # an inbox item: cancel every live request (no request id can be this)
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    """An inbox item: cancel a request (`request_id`), or every live one (None)."""
+
+    request_id: str | None = None
 
 
 @dataclass
@@ -60,15 +66,15 @@ class EngineService:
     and for every request that ends, finished, failed or cancelled (metrics); every_seconds,
     periodic: a task run on the engine thread between steps (e.g. saving a memory)."""
 
-    def __init__(self, engine: Engine, max_queued: int = 64, on_step: Callable[[float], None] | None = None,
+    def __init__(self, engine: Engine, max_queued: int = DEFAULT_MAX_QUEUED, on_step: Callable[[float], None] | None = None,
                  on_finish: Callable[[Completion], None] | None = None,
-                 periodic: Callable[[], None] | None = None, every_seconds: float = 300.0) -> None:
+                 periodic: Callable[[], None] | None = None, every_seconds: float = DEFAULT_SAVE_EVERY) -> None:
         if max_queued < 0:
             raise ValueError(f"max_queued must be >= 0, got {max_queued}")
         self.engine, self.max_queued = engine, max_queued
         self._on_step, self._on_finish = on_step, on_finish
         self._periodic, self._every = periodic, every_seconds
-        self._inbox: deque[_Submission | str] = deque()  # submissions, and request ids to cancel
+        self._inbox: deque[_Submission | _Cancel] = deque()
         self._wake = threading.Condition()
         self._live: dict[str, _Submission] = {}  # submitted and not yet finished (engine thread only)
         self._admitted = 0  # submitted and not yet finished, counted at submission (any thread)
@@ -109,7 +115,7 @@ class EngineService:
     def cancel(self, request_id: str) -> None:
         """Stop a request (its client went away); its rows and drafter state are freed before the next step."""
         with self._wake:
-            self._inbox.append(request_id)
+            self._inbox.append(_Cancel(request_id))
             self._wake.notify()
 
     def load(self) -> tuple[int, int]:
@@ -125,7 +131,7 @@ class EngineService:
         self._thread.join(timeout)
         if self._thread.is_alive():
             with self._wake:
-                self._inbox.append(_CANCEL_ALL)
+                self._inbox.append(_Cancel())
                 self._wake.notify()
             self._thread.join(timeout)
 
@@ -150,15 +156,12 @@ class EngineService:
                 self._run_periodic()
         self._run_periodic()
 
-    def _apply(self, item: _Submission | str) -> None:
-        if item == _CANCEL_ALL:
-            for request_id in list(self._live):
-                self._apply(request_id)
-            return
-        if isinstance(item, str):  # a cancellation
-            if item in self._live:
-                self.engine.cancel(item)
-                self._finish(item, self.engine.collect(item))
+    def _apply(self, item: _Submission | _Cancel) -> None:
+        if isinstance(item, _Cancel):
+            for request_id in [item.request_id] if item.request_id is not None else list(self._live):
+                if request_id in self._live:
+                    self.engine.cancel(request_id)
+                    self._finish(request_id, self.engine.collect(request_id))
             return
         try:
             self.engine.submit(item.prompt_ids, item.params, item.speculation, request_id=item.request_id)

@@ -1,19 +1,21 @@
 """Intra-op threads that behave on a shared or busy host.
 
-A CPU step runs ~150 parallel regions (numba's kernels, `backend/numba_layers.py`, run on torch's
-OpenMP runtime: its libgomp is loaded first, so numba's calls resolve to it). Between two regions a
-worker thread waits, and how it waits matters:
-- with OpenMP's default (spin ~300,000 times, milliseconds) a thread that finished its share spins
-  on a core that, beside another busy process, the working thread needs: a step slows down ~3x;
+A CPU step runs a hundred or more parallel regions (numba's kernels, `backend/numba_layers.py`,
+run on torch's OpenMP runtime: its libgomp is loaded first, so numba's calls resolve to it). Between
+two regions a worker thread waits, and how it waits matters:
+- with OpenMP's default (spinning for milliseconds) a thread that finished its share spins on a
+  core that, beside another busy process, the working thread needs: a step slows down severalfold;
 - passive waiting (sleep at once) keeps a step near its fair share on a busy host, but every region
-  then wakes a sleeping thread, 30-70 us in a VM: up to a third of a quiet step on some machines;
-- spinning briefly (`GOMP_SPINCOUNT=2000`, ~20-60 us) and then sleeping, the default, keeps the
-  worker awake between the regions of a step (microseconds apart) and asleep between steps and
-  while a busy neighbour holds the core.
+  then wakes a sleeping thread, tens of microseconds in a VM: a large share of a quiet step;
+- spinning briefly (`GOMP_SPINCOUNT=2000`) and then sleeping, the default, keeps the worker awake
+  between the regions of a step (microseconds apart) and asleep between steps and while a busy
+  neighbour holds the core.
 `benchmarks/results/cpu_floor.md` measures each setting quiet and beside one busy process.
 
-OpenMP reads these variables once, when torch loads it: `configure()` runs when `specdraft` is
-imported, and only sets what the environment leaves unset. Numba's pool size is fixed when numba is
+OpenMP reads these variables once, when torch loads it, and numba its pool size when it is imported:
+so they cannot wait until a runtime is built (by then torch is loaded). `configure()` runs in one
+place, `specdraft/__init__.py`, which every use of specdraft imports first, and only sets what the
+environment leaves unset. Numba's pool size is fixed when numba is
 imported, so a thread count (`OMP_NUM_THREADS`) is also given to numba (`NUMBA_NUM_THREADS`): a pool
 larger than the threads it runs keeps idle threads that compete with the working one on a busy host.
 Importing torch before specdraft keeps torch's defaults. `SPECDRAFT_THREADS=<setting>` picks another

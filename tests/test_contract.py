@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts, parts_of
+from specdraft.drafters.base import EMPTY_DRAFT, Draft, parts_of
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.policy import CostModel
@@ -83,7 +83,7 @@ def test_a_drafter_with_only_the_four_verbs_drafts_and_is_priced_by_its_calls(ti
     done = engine.run([(p, SamplingParams(max_tokens=24)) for p in PROMPTS])
     for prompt, completion in zip(PROMPTS, done):
         assert completion.token_ids == hf_greedy(tiny_model, prompt, 24)
-    assert sum(c.metrics["draft_tokens"] for c in done) > 0 and sum(c.metrics["accepted_tokens"] for c in done) > 0
+    assert sum(c.metrics.draft_tokens for c in done) > 0 and sum(c.metrics.accepted_tokens for c in done) > 0
     assert engine.policy.costs.call_seconds("four") is not None  # its calls were timed
     assert "four" not in engine.policy.costs.drafting  # ... and not priced as a costly part
 
@@ -94,11 +94,11 @@ def test_a_measured_drafter_whose_calls_do_not_pay_is_skipped(tiny_model):
     engine.policy.costs = FlatVerify()
     [done] = engine.run([(PROMPTS[1], SamplingParams(max_tokens=60))])
     assert done.token_ids == hf_greedy(tiny_model, PROMPTS[1], 60)
-    assert slow.calls < done.metrics["steps"] / 2, (slow.calls, done.metrics["steps"])
+    assert slow.calls < done.metrics.steps / 2, (slow.calls, done.metrics.steps)
     # With the fixed policy the same drafter is called every step: measuring a drafter as it is.
     slow.calls = 0
     [fixed] = engine.run([(PROMPTS[1], SamplingParams(max_tokens=20), SpeculationParams(policy="fixed"))])
-    assert slow.calls == fixed.metrics["steps"] and fixed.metrics["draft_tokens"] > 0
+    assert slow.calls == fixed.metrics.steps and fixed.metrics.draft_tokens > 0
 
 
 def test_a_drafter_that_raises_anywhere_fails_its_own_requests_only(tiny_model):
@@ -136,10 +136,13 @@ def test_a_drafter_that_raises_anywhere_fails_its_own_requests_only(tiny_model):
 
 
 def test_the_engine_reads_drafters_only_through_the_contract():
-    tree = ast.parse((ROOT / "specdraft" / "engine.py").read_text())
-    probes = [node.func.id for node in ast.walk(tree)
-              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")]
-    assert probes == []
+    files = sorted((ROOT / "specdraft" / "engine").glob("*.py"))
+    assert len(files) >= 5
+    for path in files:
+        tree = ast.parse(path.read_text())
+        probes = [node.func.id for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")]
+        assert probes == [], path.name
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +165,7 @@ def test_ngram_memory_reaches_the_hybrids_ngram_part(pair):
     for memory in (False, True):
         runtime = hybrid_runtime(pair, memory)
         hybrid = runtime.engine.drafters["hybrid"]
-        assert (runtime.ngram_memory is not None) == memory and hybrid.ngram.memory is runtime.ngram_memory
+        assert (hybrid.ngram.memory is not None) == memory
         [first] = runtime.engine.run([(PROMPTS[0], SamplingParams(max_tokens=40))])
         out = first.token_ids
         hybrid.begin("probe", [90, 91, *out[10:14]], SamplingParams())
@@ -171,6 +174,15 @@ def test_ngram_memory_reaches_the_hybrids_ngram_part(pair):
         hybrid.end("probe")
     assert drafts[False] == []
     assert drafts[True] and drafts[True] == out[14 : 14 + len(drafts[True])]
+
+
+def test_ngram_and_the_hybrids_ngram_part_share_one_memory_and_one_draft_model(pair):
+    target, draft = pair
+    runtime = build_runtime(target, drafters=["ngram", "model", "hybrid"], draft_model=draft, k=4, max_batch=1,
+                            drafter_options={"ngram": {"memory": True}}, calibrate=False)
+    drafters = runtime.engine.drafters
+    assert drafters["ngram"].memory is not None and drafters["hybrid"].ngram.memory is drafters["ngram"].memory
+    assert drafters["hybrid"].model.rows.model is drafters["model"].rows.model  # one draft model, two rows of it
 
 
 def test_options_for_a_drafter_not_served_are_refused_by_name(pair):

@@ -62,12 +62,12 @@ def test_cli_ngram_matches_hf_generate(embedded_stock, name):
     assert metrics["steps"] <= len(ref)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "eager"])
-def test_batch_of_eight_matches_each_prompt_alone(embedded, embedded_stock, fused):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
+def test_batch_of_eight_matches_each_prompt_alone(embedded, embedded_stock, compiled):
     prompts = list(E2E_PROMPTS.values()) + ["Name three primary colours.", "What is 12 times 12? Explain briefly."]
     lengths = [96, 64, 80, 48, 96, 32, 40, 72]  # rows finish at different steps
     ids = [encode_prompt(embedded.tokenizer, p) for p in prompts]
-    engine = Engine(Verifier(embedded.model, fused=fused), {"ngram": create_drafter("ngram", k=5)},
+    engine = Engine(Verifier(embedded.model, compiled=compiled), {"ngram": create_drafter("ngram", k=5)},
                     embedded.tokenizer, embedded.eos_token_ids, embedded.max_context, k=5, max_batch=8)
     done = engine.run([(p, SamplingParams(max_tokens=n)) for p, n in zip(ids, lengths)])
     for prompt_ids, n, completion in zip(ids, lengths, done):

@@ -50,8 +50,8 @@ def test_perfect_drafts_take_k_plus_one_tokens_per_step(tiny_model, references):
     engine = make_engine(tiny_model, ScriptedDrafter(oracle_script(references, lambda s, i: False)), k=4)
     [done] = engine.run([(PROMPTS[1], SamplingParams(max_tokens=40))])
     # 1 token from prefill, then 39 tokens in steps of 5 (the last step is capped by the budget).
-    assert done.metrics["steps"] == 8
-    assert done.metrics["acceptance_rate"] == 1.0
+    assert done.metrics.steps == 8
+    assert done.metrics.acceptance_rate == 1.0
 
 
 def test_batch_of_mixed_prompts_matches_each_alone(tiny_model, references):
@@ -95,6 +95,20 @@ def test_rollback_restores_plain_decoding_state(tiny_model, references):
     # And decoding goes on exactly as plain decoding.
     result = verifier.step({"r": truth[3]}, {})
     assert result["r"].tokens == [truth[4]]
+
+
+def test_a_row_that_sits_a_pass_out_keeps_its_cache_and_decodes_on_as_plain_decoding(tiny_model, references):
+    """The verifier runs a pass over the rows it is given; an active row left out (its request failed
+    in a stage before the pass) is fed nothing and keeps what it had."""
+    verifier = Verifier(tiny_model)
+    truths = [references[tuple(p)] for p in PROMPTS[:2]]
+    firsts = [verifier.admit(f"r{i}", p, SamplingParams()) for i, p in enumerate(PROMPTS[:2])]
+    lengths = [verifier.length(f"r{i}") for i in range(2)]
+    result = verifier.step({"r0": firsts[0]}, {})
+    assert set(result) == {"r0"} and result["r0"].tokens == truths[0][1:2]
+    assert verifier.length("r1") == lengths[1] and verifier.length("r0") == lengths[0] + 1
+    result = verifier.step({"r0": truths[0][1], "r1": firsts[1]}, {})
+    assert result["r0"].tokens == truths[0][2:3] and result["r1"].tokens == truths[1][1:2]
 
 
 def test_eos_inside_accepted_draft_stops_at_eos(tiny_model, references):
@@ -151,7 +165,7 @@ def test_max_tokens_one_stops_after_prefill(tiny_model, references):
     engine = make_engine(tiny_model, create_drafter("ngram", k=4))
     [done] = engine.run([(PROMPTS[0], SamplingParams(max_tokens=1))])
     assert done.token_ids == references[tuple(PROMPTS[0])][:1]
-    assert done.metrics["steps"] == 0
+    assert done.metrics.steps == 0
 
 
 def test_seed_reproduces_sampled_output(tiny_model):

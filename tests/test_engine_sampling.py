@@ -37,7 +37,7 @@ def sample_second_tokens(tiny_model, second) -> np.ndarray:
     engine = Engine(Verifier(tiny_model), {"scripted": drafter}, ToyTokenizer(), (), 256, k=1, max_batch=256, policy="fixed")
     # max_tokens 3: the prefill gives t1, leaving room for a one-token draft (and a bonus) after it.
     done = engine.run([(PROMPT, SamplingParams(max_tokens=3, temperature=TEMPERATURE, seed=s)) for s in range(RUNS)])
-    assert all(c.metrics["draft_tokens"] == 1 for c in done)  # every run verified a draft
+    assert all(c.metrics.draft_tokens == 1 for c in done)  # every run verified a draft
     return np.array([c.token_ids[1] for c in done])
 
 

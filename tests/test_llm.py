@@ -30,7 +30,7 @@ def llm(tiny_model):
 @pytest.fixture
 def registered(monkeypatch):
     """Registers a drafter factory under a name for one test."""
-    import specdraft.drafters as registry
+    import specdraft.drafters.registry as registry
 
     registry.drafter_names()  # plugins are found first, so that they do not forget ours
 
@@ -81,8 +81,8 @@ def test_greedy_ngram_equals_plain_decoding(llm):
             assert spec.token_ids == plain.token_ids and spec.text == plain.text
             assert spec.finish_reason == plain.finish_reason == "length"
     [drafted] = llm.generate(REPEATING, greedy, SpeculationParams("ngram", policy="fixed"))
-    assert drafted.metrics["draft_tokens"] > 0  # drafts were verified, not skipped
-    assert plain.metrics["draft_tokens"] == 0
+    assert drafted.metrics.draft_tokens > 0  # drafts were verified, not skipped
+    assert plain.metrics.draft_tokens == 0
 
 
 def test_prompts_decoded_together_equal_each_alone(llm):
@@ -102,13 +102,13 @@ def test_metrics_are_present_and_consistent(llm):
     [out] = llm.generate(REPEATING, SamplingParams(max_tokens=20), SpeculationParams("ngram", policy="fixed"))
     assert isinstance(out, RequestOutput)
     m = out.metrics
-    assert set(METRICS) <= set(m)
-    assert m["steps"] >= 1 and 0 <= m["accepted_tokens"] <= m["draft_tokens"]
-    assert m["acceptance_rate"] == pytest.approx(m["accepted_tokens"] / m["draft_tokens"])
-    assert m["mean_accepted_length"] == pytest.approx(m["accepted_tokens"] / m["steps"])
-    assert m["tokens_per_second"] > 0
+    assert all(getattr(m, name) is not None for name in METRICS)
+    assert m.steps >= 1 and 0 <= m.accepted_tokens <= m.draft_tokens
+    assert m.acceptance_rate == pytest.approx(m.accepted_tokens / m.draft_tokens)
+    assert m.mean_accepted_length == pytest.approx(m.accepted_tokens / m.steps)
+    assert m.tokens_per_second > 0
     # Each step emits its accepted tokens and one of the target's; the first token comes from the prompt.
-    assert 1 + m["steps"] + m["accepted_tokens"] >= len(out.token_ids)
+    assert 1 + m.steps + m.accepted_tokens >= len(out.token_ids)
 
 
 def test_stream_deltas_add_up_to_generate(llm):
@@ -200,13 +200,13 @@ def test_fixed_policy_reaches_the_engine(tiny_model, registered):
     [fixed] = llm.generate(PROMPTS[1], params, SpeculationParams("test-guesser", policy="fixed"))
     assert fixed.token_ids == plain.token_ids
     generated, expected = 1, 0  # the first token comes with the prompt's prefill
-    for accepted in fixed.metrics["accepted_per_step"]:
+    for accepted in fixed.metrics.accepted_per_step:
         expected += min(k, params.max_tokens - generated - 1)  # the step's own token needs room too
         generated += accepted + 1
-    assert fixed.metrics["draft_tokens"] == expected
+    assert fixed.metrics.draft_tokens == expected
     [auto] = llm.generate(PROMPTS[1], params, SpeculationParams("test-guesser"))
     assert auto.token_ids == plain.token_ids
-    assert auto.metrics["draft_tokens"] < fixed.metrics["draft_tokens"]
+    assert auto.metrics.draft_tokens < fixed.metrics.draft_tokens
 
 
 def test_import_is_light_and_exports_the_front_door():

@@ -58,7 +58,7 @@ def test_greedy_alone_equals_the_target(pair, drafter):
     for prompt in PROMPTS:
         [done] = engine.run([(prompt, SamplingParams(max_tokens=30), SpeculationParams(drafter))])
         assert done.token_ids == hf_greedy(target, prompt, 30)
-        assert done.metrics["draft_tokens"] > 0 and done.metrics["drafter"] == drafter
+        assert done.metrics.draft_tokens > 0 and done.metrics.drafter == drafter
 
 
 @pytest.mark.parametrize("policy", ["fixed", "auto"])
@@ -84,10 +84,10 @@ def test_draft_equal_to_target_is_always_accepted(pair):
     for params in (SamplingParams(max_tokens=21), SamplingParams(max_tokens=21, temperature=0.9, top_k=30),
                    SamplingParams(max_tokens=21, temperature=0.9, seed=5)):
         [done] = engine.run([(PROMPTS[0], params, SpeculationParams("model"))])
-        assert done.metrics["acceptance_rate"] == 1.0
+        assert done.metrics.acceptance_rate == 1.0
         # 1 token from the prefill, then k + 1 = 5 tokens a step.
-        assert done.metrics["steps"] == math.ceil(20 / (K + 1))
-        assert set(done.metrics["accepted_per_step"][:-1]) == {K}
+        assert done.metrics.steps == math.ceil(20 / (K + 1))
+        assert set(done.metrics.accepted_per_step[:-1]) == {K}
 
 
 def test_hybrid_copies_confident_matches_and_asks_the_model_elsewhere(pair):
@@ -96,7 +96,7 @@ def test_hybrid_copies_confident_matches_and_asks_the_model_elsewhere(pair):
     prompt = hf_greedy(target, [9, 9, 13], 24)  # the target's own text, so copying it pays
     [done] = engine.run([(prompt + [9, 9, 13], SamplingParams(max_tokens=24), SpeculationParams("hybrid"))])
     assert done.token_ids == hf_greedy(target, prompt + [9, 9, 13], 24)
-    sources = engine.policy._pooled  # drafts verified, by where they came from
+    sources = engine.policy.pooled  # drafts verified, by where they came from
     assert any(s.startswith("hybrid:") and sources[s].trials.sum() for s in sources)  # n-gram copies
     assert sources["hybrid/model"].trials.sum() > 0
 
@@ -135,7 +135,7 @@ def test_policy_learns_the_hybrids_parts_apart(pair):
     prompt = hf_greedy(target, [9, 9, 13], 24)
     engine.run([(prompt + [9, 9, 13], SamplingParams(max_tokens=24), SpeculationParams("hybrid")),
                 (PROMPTS[5], SamplingParams(max_tokens=24), SpeculationParams("hybrid"))])
-    pooled = engine.policy._pooled
+    pooled = engine.policy.pooled
     free = [s for s in pooled if s.startswith("hybrid:")]  # its n-gram drafts, by kind (copy2, chain, ...)
     assert free and sum(pooled[s].trials.sum() for s in free) > 0 and pooled["hybrid/model"].trials.sum() > 0
     priced = engine.policy.costs.drafting
@@ -209,7 +209,7 @@ def test_seeded_rows_reproduce_plain_sampling_with_model_drafts(pair):
                   for i in range(5)]
         done = engine.run(others[:2] + [(PROMPTS[3], params, SpeculationParams(drafter))] + others[2:])
         assert done[2].token_ids == plain
-        assert done[2].metrics["accepted_tokens"] > 0
+        assert done[2].metrics.accepted_tokens > 0
     assert len(set(plain)) > 5
 
 

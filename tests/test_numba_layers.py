@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from specdraft.backend import RowModel
-from specdraft.backend.fused import FusedLayers
+from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.linear import Int8Linear, use_int8_linears
-from specdraft.backend.numba_layers import _NONE, _SPAN, MAX_TOKENS, NumbaLayers, _attend, _project
+from specdraft.backend.numba_layers import _NONE, _SPAN, MAX_TOKENS, NumbaLayers, _attend, project, step_weights
 from tests.conftest import TINY_VOCAB, make_tiny_model, row_passes
 
 ATOL = 2e-5  # the same sums in another order
@@ -30,8 +30,8 @@ def test_passes_equal_the_eager_layers_for_every_token_count_as_the_cache_grows(
     model = make_tiny_model(seed=11, dtype=torch.float32, layers=2, attention_bias=True, mlp_bias=True)
     # 60 prompt tokens, then passes past the cache's first 64 and 128 positions (it grows twice).
     counts = [1, 2, 3, 4, 5, 6, 7, 8, 1, MAX_TOKENS, MAX_TOKENS + 3, 1, 5, 2]
-    numba_rows = RowModel(model, fused=True)
-    assert isinstance(numba_rows._own.fused, NumbaLayers)
+    numba_rows = RowModel(model, compiled=True)
+    assert isinstance(numba_rows._own.compiled, NumbaLayers)
     prompt = list(range(1, 61))
     generations: list[int] = []
     reference = row_passes(RowModel(model), prompt, counts)
@@ -48,15 +48,15 @@ def test_a_packed_batch_equals_the_eager_pass_token_by_token_and_in_the_cache():
     counts = [3, 1, 2]  # rows feed 3, 1 and 2 real tokens of a [3, 3] pass: packed, padding not computed
     ids = rng.integers(0, TINY_VOCAB, size=(3, 3))
     results = []
-    for fused in (True, False):
-        rows = RowModel(model, fused=fused)
+    for compiled in (True, False):
+        rows = RowModel(model, compiled=compiled)
         for i, prompt in enumerate(prompts):
             rows.add(f"r{i}", active=True)
             rows.prefill(f"r{i}", prompt)
         logits = rows.forward(rows.active_window, ids, counts=counts).clone()
         rows.commit(rows.active_window, counts)
         entries = [rows.cache.entries(layer, slot) for layer in range(2) for slot in range(3)]
-        results.append((logits, entries, type(rows._own.fused)))
+        results.append((logits, entries, type(rows._own.compiled)))
     (got, got_entries, kind), (want, want_entries, _) = results
     assert kind is NumbaLayers
     for b, n in enumerate(counts):
@@ -70,8 +70,8 @@ def test_a_packed_batch_equals_the_eager_pass_token_by_token_and_in_the_cache():
 def test_a_greedy_continuation_is_the_eager_one():
     model = make_tiny_model(seed=13, dtype=torch.float32, layers=2)
     continuations = []
-    for fused in (True, False):
-        rows = RowModel(model, fused=fused)
+    for compiled in (True, False):
+        rows = RowModel(model, compiled=compiled)
         rows.add("r", active=True)
         token = int(rows.prefill("r", list(range(3, 40))).argmax())
         out = [token]
@@ -95,9 +95,9 @@ def test_numba_layers_apply_to_plain_float32_layers_only():
     assert not NumbaLayers.applies(model, layers, torch.float32)  # float32 and int8 linears mixed
     use_int8_linears(model)
     assert NumbaLayers.applies(model, layers, torch.float32)  # an int8 draft copy
-    assert isinstance(RowModel(model, dtype=torch.float32, fused=True)._own.fused, NumbaLayers)
-    rows = RowModel(model, dtype=torch.bfloat16, fused=True)  # bf16 activations: inductor's parts
-    assert isinstance(rows._own.fused, FusedLayers)
+    assert isinstance(RowModel(model, dtype=torch.float32, compiled=True)._own.compiled, NumbaLayers)
+    rows = RowModel(model, dtype=torch.bfloat16, compiled=True)  # bf16 activations: inductor's parts
+    assert isinstance(rows._own.compiled, InductorLayers)
     assert NumbaLayers.takes(MAX_TOKENS) and not NumbaLayers.takes(MAX_TOKENS + 1)
     half = make_tiny_model(seed=14, dtype=torch.bfloat16, layers=1)
     assert not NumbaLayers.applies(half, list(half.model.layers), torch.float32)  # bf16 weights
@@ -106,7 +106,7 @@ def test_numba_layers_apply_to_plain_float32_layers_only():
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="one numba thread only")
 def test_threads_follow_torch():
     model = make_tiny_model(seed=15, dtype=torch.float32, layers=1)
-    rows = RowModel(model, fused=True)
+    rows = RowModel(model, compiled=True)
     rows.add("r", active=True)
     before = torch.get_num_threads()
     try:
@@ -135,7 +135,7 @@ def test_a_projection_equals_the_product_for_every_row_and_token_count(out, resi
         x = rng.standard_normal((n, 70), dtype=np.float32)
         r = rng.standard_normal((n, out), dtype=np.float32) if residual else _NONE
         y = np.full((n, out), np.nan, np.float32)
-        _project((w, scales, b), x, y, r)
+        project((w, scales, b), x, y, r)
         want = x.astype(np.float64) @ dequantised.T + b + (r if residual else 0)
         np.testing.assert_allclose(y, want, rtol=0, atol=1e-4, err_msg=f"{n} tokens")
 
@@ -151,8 +151,8 @@ def test_an_int8_copy_passes_equal_a_float32_model_of_its_dequantised_weights():
                 m.weight.copy_(linears[name].weight.float() * linears[name].scales.float()[:, None])
     counts = [1, 2, 3, 6, 9, 1]
     prompt = list(range(5, 25))
-    numba_rows = RowModel(int8, dtype=torch.float32, fused=True)
-    assert isinstance(numba_rows._own.fused, NumbaLayers)
+    numba_rows = RowModel(int8, dtype=torch.float32, compiled=True)
+    assert isinstance(numba_rows._own.compiled, NumbaLayers)
     assert all(m.weight.dtype == torch.int8 and "weight" in m._buffers for m in linears.values())  # moved, still buffers
     for n, got, want in zip(counts, row_passes(numba_rows, prompt, counts), row_passes(RowModel(dequantised), prompt, counts)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4, msg=f"a pass of {n} tokens")
@@ -194,7 +194,7 @@ def test_building_moves_the_weights_once_keeping_values_and_ties():
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     prompt = list(range(2, 30))
     want = row_passes(RowModel(model), prompt, [1, 3])
-    RowModel(model, fused=True)
+    RowModel(model, compiled=True)
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
     assert model.lm_head.weight is model.model.embed_tokens.weight
@@ -202,7 +202,7 @@ def test_building_moves_the_weights_once_keeping_values_and_ties():
     q, k, v = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
     assert k.data_ptr() == q.data_ptr() + q.numel() * 4 and v.data_ptr() == k.data_ptr() + k.numel() * 4  # joined
     moved = {name: p.data_ptr() for name, p in model.named_parameters()}
-    again = RowModel(model, fused=True)  # a second step over the same layers: nothing moves
+    again = RowModel(model, compiled=True)  # a second step over the same layers: nothing moves
     assert moved == {name: p.data_ptr() for name, p in model.named_parameters()}
     for got, ref in zip(row_passes(again, prompt, [1, 3]), want):  # the eager layers' logits, moved weights
         torch.testing.assert_close(got, ref, rtol=0, atol=ATOL)
@@ -210,8 +210,8 @@ def test_building_moves_the_weights_once_keeping_values_and_ties():
 
 def test_projections_are_each_layers_joined_weights_in_step_order_then_the_output_layer():
     model = make_tiny_model(seed=18, dtype=torch.float32, layers=2)
-    layers = RowModel(model, fused=True)._own.fused
-    weights = layers.projections()
+    RowModel(model, compiled=True)
+    weights = step_weights(model, list(model.model.layers))
     assert len(weights) == 4 * 2 + 1
     for i, layer in enumerate(model.model.layers):
         a, mlp = layer.self_attn, layer.mlp

@@ -109,4 +109,4 @@ def test_engine_refuses_unknown_drafter_and_too_long_drafts(tiny_model):
     request = engine.submit([1, 2, 1, 2], SamplingParams(max_tokens=3), SpeculationParams("ngram", 0))
     while engine.has_work:
         engine.step()
-    assert engine.collect(request).metrics["draft_tokens"] == 0  # k = 0: plain decoding
+    assert engine.collect(request).metrics.draft_tokens == 0  # k = 0: plain decoding

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.live_server import live_server
+from benchmarks.common import live_server
 
 pytestmark = pytest.mark.slow
 

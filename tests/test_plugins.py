@@ -26,7 +26,8 @@ from openai import OpenAI
 from specdraft.drafters import (create_drafter, drafter_names, drafter_option_defaults, drafter_origin, is_builtin,
                                 load_plugins, needs_target, plugin_errors)
 from specdraft.params import SamplingParams, SpeculationParams
-from tests.live_server import live_server, tiny_model_dir
+from benchmarks.common import live_server
+from tests.tiny_dir import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "specdraft-copycat"
@@ -318,7 +319,7 @@ def test_library_runs_the_plugin(copycat, embedded):
     for policy in ("auto", "fixed"):
         [out] = llm.generate(LIST, SamplingParams(max_tokens=24), SpeculationParams("copycat", policy=policy))
         assert out.token_ids == plain.token_ids and out.text == plain.text
-        assert out.metrics["draft_tokens"] > 0 and out.metrics["accepted_tokens"] > 0, (policy, out.metrics)
+        assert out.metrics.draft_tokens > 0 and out.metrics.accepted_tokens > 0, (policy, out.metrics)
 
 
 def test_library_refuses_unknown_options_of_a_plugin_by_name(copycat, tiny_dir):

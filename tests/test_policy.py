@@ -8,7 +8,7 @@ import pytest
 
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams
-from specdraft.policy import EXPLORE_EVERY, CostModel, DraftPolicy, RowPlan
+from specdraft.policy import EXPLORE_EVERY, CostModel, DraftPolicy, RowPlan, StepReport, Verified
 from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 
@@ -33,6 +33,18 @@ def policy_with_costs(verify: dict[tuple[int, int], float], max_k: int = 5) -> D
     return policy
 
 
+def observe(policy: DraftPolicy, request_id: str, drafted: int, accepted: int, source: str = "ngram") -> None:
+    """A step verified a draft of `drafted` tokens from `source`, the first `accepted` of them accepted."""
+    policy.record(StepReport(rows=(Verified(request_id, source, drafted, accepted),)))
+
+
+def step(policy: DraftPolicy, rows: list[RowPlan]) -> dict[str, int]:
+    """A step as the engine runs one: the policy chooses, then hears what it planned."""
+    lengths = policy.choose(rows)
+    policy.record(StepReport(plans=tuple(rows)))
+    return lengths
+
+
 def plans(policy: DraftPolicy, count: int, avail: int = 5, drafter: str = "ngram", cheap: bool = True) -> list[RowPlan]:
     out = []
     for i in range(count):
@@ -55,7 +67,7 @@ def test_noisy_cheaper_wide_pass_does_not_buy_useless_drafts():
     policy = policy_with_costs({(1, 1): 0.010, (1, 2): 0.009, (1, 3): 0.012})
     [plan] = plans(policy, 1, avail=2)
     for _ in range(40):
-        policy.observe("r0", 2, 0)  # every draft fails at once
+        observe(policy, "r0", 2, 0)  # every draft fails at once
     assert policy.choose([plan]) == {"r0": 0}
 
 
@@ -64,7 +76,7 @@ def test_acceptance_evidence_moves_the_choice(accepted, expected):
     policy = policy_with_costs({(1, w): 0.010 * (1 + 0.3 * (w - 1)) for w in range(1, 7)})
     [plan] = plans(policy, 1)
     for _ in range(30):
-        policy.observe("r0", 5, accepted)
+        observe(policy, "r0", 5, accepted)
     assert policy.choose([plan]) == {"r0": expected}
 
 
@@ -78,7 +90,7 @@ def test_batch_size_changes_the_answer():
         rows = plans(policy, batch, avail=1)
         for row in rows:
             for accepted in [1, 0] * 10:  # half the drafts accepted
-                policy.observe(row.request_id, 1, accepted)
+                observe(policy, row.request_id, 1, accepted)
         assert set(policy.choose(rows).values()) == {expected}
 
 
@@ -86,7 +98,7 @@ def test_costly_drafters_pay_for_their_draft_tokens():
     policy = policy_with_costs({(1, w): 0.010 for w in range(1, 7)})
     rows = plans(policy, 1, drafter="model", cheap=False)
     for _ in range(10):
-        policy.observe("r0", 5, 3)
+        observe(policy, "r0", 5, 3, "model")
     assert policy.choose(rows)["r0"] > 0
     policy.costs.observe_draft("model", 1, 0.050)  # a draft token costs five verify steps
     assert policy.choose(rows) == {"r0": 0}
@@ -96,14 +108,12 @@ def test_shadow_drafts_teach_the_estimate_for_free():
     policy = DraftPolicy(5)
     policy.begin("r", "ngram")
     before = policy.alpha("r")[0]
-    for _ in range(10):
-        policy.shadow("r", [7, 8])
-        policy.emitted("r", [7])  # matched the first token, the draft goes on
-        policy.emitted("r", [8, 9])  # matched the second: settled as fully accepted
+    for _ in range(10):  # steps that verify no draft: [7, 8] was proposed and left out
+        policy.record(StepReport(rows=(Verified("r", "ngram", 0, 0, (7,), unverified=(7, 8)),)))  # matched the first token
+        policy.record(StepReport(rows=(Verified("r", "ngram", 0, 0, (8, 9)),)))  # matched the second: fully accepted
     assert policy.alpha("r")[0] > before + 0.2
     for _ in range(20):
-        policy.shadow("r", [7, 8])
-        policy.emitted("r", [1])  # the first token is wrong
+        policy.record(StepReport(rows=(Verified("r", "ngram", 0, 0, (1,), unverified=(7, 8)),)))  # the first is wrong
     assert policy.alpha("r")[0] < 0.2
 
 
@@ -117,8 +127,8 @@ def test_engine_stops_verifying_drafts_that_always_fail(tiny_model):
         CostModel.observe_verify(engine.policy.costs, 1, width, 0.041 * ratio)
     [done] = engine.run([(prompt, SamplingParams(max_tokens=60))])
     assert done.token_ids == truth
-    verified = done.metrics["draft_tokens"]
-    assert verified < 0.1 * 4 * done.metrics["steps"]  # drafting everything would verify 4 a step
+    verified = done.metrics.draft_tokens
+    assert verified < 0.1 * 4 * done.metrics.steps  # drafting everything would verify 4 a step
 
 
 def test_engine_drafts_long_when_drafts_are_right(tiny_model):
@@ -136,8 +146,8 @@ def test_engine_drafts_long_when_drafts_are_right(tiny_model):
         CostModel.observe_verify(engine.policy.costs, 1, width, 0.002)
     [done] = engine.run([(prompt, SamplingParams(max_tokens=60))])
     assert done.token_ids == truth
-    assert done.metrics["mean_accepted_length"] > 2.5
-    assert done.metrics["accepted_per_step"][-4:-1] == [4, 4, 4]  # full drafts (the last step meets the budget)
+    assert done.metrics.mean_accepted_length > 2.5
+    assert done.metrics.accepted_per_step[-4:-1] == [4, 4, 4]  # full drafts (the last step meets the budget)
 
 
 def test_acceptance_is_learned_per_kind_of_draft():
@@ -146,8 +156,8 @@ def test_acceptance_is_learned_per_kind_of_draft():
     policy = policy_with_costs({(1, w): 0.010 * (1 + 0.3 * (w - 1)) for w in range(1, 7)})
     policy.begin("r", "ngram")
     for _ in range(30):
-        policy.observe("r", 5, 5, "ngram:copy4")
-        policy.observe("r", 5, 0, "ngram:copy1")
+        observe(policy, "r", 5, 5, "ngram:copy4")
+        observe(policy, "r", 5, 0, "ngram:copy1")
     assert policy.choose([RowPlan("r", "ngram:copy4", 5, True, 5)]) == {"r": 5}
     assert policy.choose([RowPlan("r", "ngram:copy1", 5, True, 5)]) == {"r": 0}
 
@@ -156,7 +166,7 @@ def batch_of_strong_and_weak(policy: DraftPolicy, strong: int, weak: int) -> lis
     rows = plans(policy, strong + weak)
     for i, row in enumerate(rows):
         for _ in range(30):
-            policy.observe(row.request_id, 5, 5 if i < strong else 0)
+            observe(policy, row.request_id, 5, 5 if i < strong else 0)
     return rows
 
 
@@ -188,7 +198,7 @@ def test_packed_choice_stops_where_a_token_costs_more_than_it_brings():
     [row] = plans(policy, 1)
     for _ in range(60):
         for accepted in (0, 1, 1, 2, 2, 2, 2, 5):  # alpha about 0.9 at the first position, then falling
-            policy.observe("r0", 5, accepted)
+            observe(policy, "r0", 5, accepted)
     n = policy.choose([row])["r0"]
     rates = [(1 + policy.expected_accepted("r0", m)) / (0.010 * (1 + 0.4 * m)) for m in range(6)]
     assert n == max(range(6), key=rates.__getitem__) and 0 < n < 5
@@ -208,10 +218,10 @@ def test_a_costly_rows_strong_guess_does_not_stop_free_rows_from_drafting():
     for row in rows:
         for _ in range(40):
             for accepted in (5, 5, 0):  # alpha ~ 0.7 at the first position
-                policy.observe(row.request_id, 5, accepted)
+                observe(policy, row.request_id, 5, accepted)
     policy.begin("m", "model")
     for _ in range(40):
-        policy.observe("m", 5, 5, "model")
+        observe(policy, "m", 5, 5, "model")
     chosen = policy.choose([*rows, RowPlan("m", "model", 5, False, 5)])
     assert chosen["m"] == 0 and all(chosen[r.request_id] == 5 for r in rows)
 
@@ -225,7 +235,7 @@ def test_a_costly_drafter_pays_for_what_it_must_catch_up_on():
     policy.costs.observe_catch_up("model", 256, 0.512)  # 2 ms a token
     [row] = plans(policy, 1, drafter="model", cheap=False)
     for _ in range(20):
-        policy.observe("r0", 5, 5)
+        observe(policy, "r0", 5, 5, "model")
     assert policy.choose([row]) == {"r0": 5}
     assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=5)]) == {"r0": 0}
     assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=2000)]) == {"r0": 5}
@@ -242,10 +252,10 @@ def test_a_catch_up_is_spread_only_over_the_steps_the_costly_drafter_serves():
     policy.begin("m", "model")
     policy.begin("h", "hybrid")
     for _ in range(20):
-        policy.observe("m", 5, 5, "model")
-        policy.observe("h", 5, 5, "hybrid/model")
+        observe(policy, "m", 5, 5, "model")
+        observe(policy, "h", 5, 5, "hybrid/model")
     for _ in range(100):  # the hybrid request's n-gram part had a draft (none to verify here)
-        policy.choose([RowPlan("h", "hybrid:copy4", 5, True, 0)])
+        step(policy, [RowPlan("h", "hybrid:copy4", 5, True, 0)])
     assert policy.choose([RowPlan("m", "model", 5, False, 5, backlog=600, remaining=200)]) == {"m": 5}
     assert policy.choose([RowPlan("h", "hybrid/model", 5, False, 5, backlog=600, remaining=200)]) == {"h": 0}
 
@@ -277,16 +287,16 @@ def test_exploring_never_pays_a_catch_up_once_the_drafter_was_measured():
     policy.costs.observe_catch_up("model", 256, 0.512)
     [row] = plans(policy, 1, drafter="model", cheap=False)
     row = RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=15)  # close: ~0.89x plain
-    chosen = [policy.choose([row])["r0"] for _ in range(EXPLORE_EVERY)]
+    chosen = [step(policy, [row])["r0"] for _ in range(EXPLORE_EVERY)]
     assert chosen[-1] > 0 and not any(chosen[:-1])  # never measured: explored at the first chance
-    policy.observe("r0", chosen[-1], 0, "model")  # the explored draft was rejected
-    assert all(policy.choose([row]) == {"r0": 0} for _ in range(3 * EXPLORE_EVERY))
+    observe(policy, "r0", chosen[-1], 0, "model")  # the explored draft was rejected
+    assert all(step(policy, [row]) == {"r0": 0} for _ in range(3 * EXPLORE_EVERY))
     # Without a catch-up, a close runner-up (one draft token at 0.86x plain's rate) is explored now and then.
     policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
     policy.costs.observe_draft("model", 1, 0.080)
     plans(policy, 1, drafter="model", cheap=False)
     caught_up = RowPlan("r0", "model", 5, False, 5, backlog=0, remaining=10)
-    chosen = [policy.choose([caught_up])["r0"] for _ in range(3 * EXPLORE_EVERY)]
+    chosen = [step(policy, [caught_up])["r0"] for _ in range(3 * EXPLORE_EVERY)]
     assert 0 < sum(n > 0 for n in chosen) <= 3
 
 
@@ -298,13 +308,13 @@ def test_positions_no_draft_has_reached_are_priced_as_the_last_one_measured():
     for request_id, hits in (("sure", 5), ("unsure", 4)):
         policy.begin(request_id, "ngram")
         for _ in range(20):
-            policy.observe(request_id, 5, hits, f"ngram:{request_id}")
+            observe(policy, request_id, 5, hits, f"ngram:{request_id}")
     assert policy.choose([RowPlan("sure", "ngram:sure", 16, True, 16)]) == {"sure": 16}
     assert policy.choose([RowPlan("unsure", "ngram:unsure", 16, True, 16)])["unsure"] <= 5
 
 
 def test_an_unseen_pass_between_two_measured_ones_is_priced_between_them():
-    """The compiled CPU step takes passes of up to 8 tokens; a 9-token pass runs eagerly, at twice
+    """A compiled CPU step that takes passes of up to 8 tokens: a 9-token pass runs eagerly, at twice
     the cost. A straight fit through all cells would price a 6-token pass near the eager ones."""
     costs = CostModel()
     for tokens, seconds in ((1, 0.030), (8, 0.040), (9, 0.070), (33, 0.130)):

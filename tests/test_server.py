@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from specdraft.runtime import encode_prompt
-from tests.live_server import live_server
+from benchmarks.common import live_server
 
 pytestmark = pytest.mark.slow
 CODE = "Rewrite this function with type hints:\n\ndef add(a, b):\n    return a + b\n"

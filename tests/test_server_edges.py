@@ -13,7 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.live_server import live_server, tiny_model_dir
+from benchmarks.common import live_server
+from tests.tiny_dir import tiny_model_dir
 
 MODEL = "tiny-llama"
 OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

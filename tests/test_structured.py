@@ -22,7 +22,8 @@ from specdraft.drafters.hybrid import HybridDrafter
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.ngram import NgramDrafter
 from specdraft.engine import Engine, RequestError
-from specdraft.grammar import GrammarCompiler, mask_words, unpack
+from specdraft.engine.constrain import legal
+from specdraft.grammar import GrammarCompiler, GrammarError, mask_words, unpack
 from specdraft.params import ResponseFormat, SamplingParams, SpeculationParams
 from specdraft.sampling import distribution
 from specdraft.verifier import Verifier
@@ -135,14 +136,14 @@ def test_constrained_greedy_is_the_same_with_every_drafter_and_equals_masked_gen
         for prompt in PROMPTS:
             [done] = engine.run([(prompt, params, SpeculationParams(name))])
             assert done.token_ids == references[tuple(prompt)], (name, prompt)
-            drafted += done.metrics["draft_tokens"]
+            drafted += done.metrics.draft_tokens
     assert drafted > 0
     stopped = [done for done in plain.values() if done.finish_reason == "stop"]
     assert stopped  # some outputs are whole JSON values, which must parse and validate
     for done in stopped:
         value = json.loads(text_of(done.token_ids))
         jsonschema.validate(value, SCHEMA if fmt == "schema" else {"type": "object"})
-        assert done.metrics["grammar"]["complete"] is True
+        assert done.metrics.grammar.complete is True
 
 
 def test_a_batch_of_constrained_and_free_rows_matches_each_alone(pair, compiler):
@@ -172,7 +173,7 @@ def test_an_illegal_draft_token_is_never_verified(pair, compiler, monkeypatch):
     for prompt in PROMPTS:
         [done] = engine.run([(prompt, params, SpeculationParams("adversary"))])
         assert done.token_ids == references[tuple(prompt)]
-        assert done.metrics["accepted_tokens"] > 0
+        assert done.metrics.accepted_tokens > 0
     assert verified and not any(ILLEGAL in draft for draft in verified)
 
 
@@ -183,10 +184,10 @@ def test_forced_tokens_are_drafted_for_free_even_where_the_drafter_has_nothing(p
     [plain] = engine.run([(PROMPTS[0], params, SpeculationParams("none"))])
     [done] = engine.run([(PROMPTS[0], params, SpeculationParams("nothing"))])
     assert done.token_ids == plain.token_ids
-    grammar = done.metrics["grammar"]
-    assert grammar["forced_draft_tokens"] >= len('{"kind": "') and grammar["forced_accepted_tokens"] > 0
-    assert done.metrics["steps"] < plain.metrics["steps"]
-    assert plain.metrics["draft_tokens"] == 0 and plain.metrics["grammar"]["forced_draft_tokens"] == 0  # none: plain decoding
+    grammar = done.metrics.grammar
+    assert grammar.forced_draft_tokens >= len('{"kind": "') and grammar.forced_accepted_tokens > 0
+    assert done.metrics.steps < plain.metrics.steps
+    assert plain.metrics.draft_tokens == 0 and plain.metrics.grammar.forced_draft_tokens == 0  # none: plain decoding
 
 
 def test_seeded_constrained_sampling_is_the_same_alone_and_in_a_batch_of_eight(pair, compiler):
@@ -327,7 +328,7 @@ def test_a_budget_that_ends_mid_object_finishes_with_length_and_says_so(pair, co
     [done] = engine.run([(PROMPTS[0], SamplingParams(max_tokens=6, response_format=FORMATS["schema"]),
                           SpeculationParams("ngram"))])
     assert done.finish_reason == "length" and len(done.token_ids) == 6
-    assert done.metrics["grammar"]["complete"] is False
+    assert done.metrics.grammar.complete is False
 
 
 def test_grammar_state_lookahead_leaves_the_state_as_it_was(compiler):
@@ -348,19 +349,17 @@ def test_grammar_state_lookahead_leaves_the_state_as_it_was(compiler):
     assert not grammar.complete(len(whole) - 1)  # what a request kept when it stopped one token short
 
 
-def test_draft_cut_keeps_the_drafter_kind_and_forced_tokens_are_their_own(pair, compiler):
-    engine = engine_for(pair, compiler)
-    request_id = engine.submit(PROMPTS[0], SamplingParams(response_format=FORMATS["schema"]))
-    request = engine._waiting[0]
-    forced_from: dict[str, int] = {}
+def test_draft_cut_keeps_the_drafter_kind_and_forced_tokens_are_their_own(compiler):
+    grammar = compiler.matcher(FORMATS["schema"])
     copy = Draft(np.asarray(toy('{"kind": "d~~'), dtype=np.int32), kind="copy3")
-    cut = engine._legal(request, copy, 11, True, forced_from)  # no room for forced tokens
-    assert text_of(cut.token_ids.tolist()) == '{"kind": "d' and cut.kind == "copy3" and request_id not in forced_from
-    longer = engine._legal(request, copy, 14, True, forced_from)  # "og\"" is forced after "d
-    assert text_of(longer.token_ids.tolist()) == '{"kind": "dog"' and longer.kind == "copy3" and forced_from[request_id] == 11
-    forced = engine._legal(request, EMPTY_DRAFT, 6, True, forced_from)
-    assert text_of(forced.token_ids.tolist()) == '{"kind' and forced.kind == "forced" and forced_from[request_id] == 0
-    assert engine._legal(request, EMPTY_DRAFT, 6, False, {}) is EMPTY_DRAFT
+    cut = legal(grammar, copy, 11, True)  # no room for forced tokens
+    assert text_of(cut.draft.token_ids.tolist()) == '{"kind": "d' and cut.draft.kind == "copy3" and cut.forced_from is None
+    longer = legal(grammar, copy, 14, True)  # "og\"" is forced after "d
+    assert text_of(longer.draft.token_ids.tolist()) == '{"kind": "dog"' and longer.draft.kind == "copy3"
+    assert longer.forced_from == 11
+    forced = legal(grammar, EMPTY_DRAFT, 6, True)
+    assert text_of(forced.draft.token_ids.tolist()) == '{"kind' and forced.draft.kind == "forced" and forced.forced_from == 0
+    assert legal(grammar, EMPTY_DRAFT, 6, False).draft is EMPTY_DRAFT
 
 
 def test_a_bad_draft_of_a_constrained_request_fails_that_request_only(pair, compiler):
@@ -375,12 +374,50 @@ def test_a_bad_draft_of_a_constrained_request_fails_that_request_only(pair, comp
     assert fine.token_ids == alone.token_ids and fine.finish_reason == alone.finish_reason
 
 
+class FailingGrammars:
+    """A compiler whose every second request's grammar fails (as the grammar library can, on a
+    resource limit) at the `after`-th call of `method`."""
+
+    def __init__(self, compiler: GrammarCompiler, method: str, after: int) -> None:
+        self.compiler, self.method, self.after, self.made = compiler, method, after, 0
+
+    def matcher(self, response_format):
+        grammar = self.compiler.matcher(response_format)
+        self.made += 1
+        if self.made % 2 == 0:
+            calls, real = [0], getattr(grammar, self.method)
+
+            def failing(*args):
+                calls[0] += 1
+                if calls[0] > self.after:
+                    raise GrammarError(f"the grammar failed: out of fuel in {self.method}")
+                return real(*args)
+
+            setattr(grammar, self.method, failing)
+        return grammar
+
+
+@pytest.mark.parametrize("method, after", [("masks", 0), ("masks", 3), ("advance", 2), ("legal_prefix", 2)])
+def test_a_grammar_that_fails_while_decoding_fails_its_request_alone(pair, compiler, method, after):
+    """Wherever a request's grammar fails (its first mask, a later mask, advancing over emitted
+    tokens, cutting a draft), that request ends with the grammar's error and what it had; the other
+    request of the batch finishes as it would alone."""
+    params = SamplingParams(max_tokens=40, response_format=FORMATS["schema"])
+    [alone] = engine_for(pair, compiler).run([(PROMPTS[0], params, SpeculationParams("ngram"))])
+    engine = engine_for(pair, FailingGrammars(compiler, method, after))
+    fine, broken = engine.run([(PROMPTS[0], params, SpeculationParams("ngram")),
+                               (PROMPTS[3], params, SpeculationParams("ngram"))])
+    assert broken.finish_reason == "error" and f"out of fuel in {method}" in broken.error
+    assert fine.token_ids == alone.token_ids and fine.finish_reason == alone.finish_reason
+    assert not engine.has_work and engine.verifier.row_ids == []
+
+
 def test_a_stop_string_inside_the_json_leaves_it_incomplete(pair, compiler):
     engine = engine_for(pair, compiler)
     [done] = engine.run([(PROMPTS[0], SamplingParams(max_tokens=60, stop=('"',), response_format=FORMATS["schema"]),
                           SpeculationParams("ngram"))])
     assert done.finish_reason == "stop" and done.text == "{"
-    assert done.metrics["grammar"]["complete"] is False
+    assert done.metrics.grammar.complete is False
 
 
 def test_boolean_schemas_and_an_engine_without_an_end_token(pair, compiler):

@@ -50,11 +50,11 @@ def test_every_drafter_gives_the_constrained_output_of_none(llm, fmt):
     for out in plain:
         if out.finish_reason == "stop":
             jsonschema.validate(json.loads(out.text), CALL if fmt == "schema" else {"type": "object"})
-            assert out.metrics["grammar"]["complete"] is True
+            assert out.metrics.grammar.complete is True
     for drafter in ("ngram", "hybrid", "model"):
         for speculative, reference in zip(llm.chat(messages, params, SpeculationParams(drafter, policy="fixed")), plain):
             assert speculative.token_ids == reference.token_ids, drafter
-            assert speculative.metrics["draft_tokens"] > 0
+            assert speculative.metrics.draft_tokens > 0
 
 
 def test_forced_tokens_make_ngram_take_fewer_steps(llm):
@@ -63,8 +63,8 @@ def test_forced_tokens_make_ngram_take_fewer_steps(llm):
     [plain] = llm.chat(messages, params, SpeculationParams("none"))
     [ngram] = llm.chat(messages, params, SpeculationParams("ngram"))
     assert ngram.token_ids == plain.token_ids
-    assert ngram.metrics["grammar"]["forced_accepted_tokens"] >= len('{"name": "get_weather", "arguments": {"') // 4
-    assert ngram.metrics["steps"] < 0.75 * plain.metrics["steps"]
+    assert ngram.metrics.grammar.forced_accepted_tokens >= len('{"name": "get_weather", "arguments": {"') // 4
+    assert ngram.metrics.steps < 0.75 * plain.metrics.steps
 
 
 def test_cli_json_schema_and_its_errors(tmp_path):

@@ -78,7 +78,7 @@ def test_unknown_drafter_and_unknown_option_are_refused(monkeypatch):
 
 
 def test_drafters_that_need_a_second_model_are_refused(monkeypatch):
-    import specdraft.drafters as registry
+    import specdraft.drafters.registry as registry
 
     def needs_model(k: int, target, draft_model: str = "x"):
         raise AssertionError("never built")

@@ -11,10 +11,12 @@ import logging
 import os
 import sys
 
-from specdraft.drafters import check_options, drafter_names, is_builtin
-from specdraft.params import POLICIES
+from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, is_builtin, uses
+from specdraft.params import (DEFAULT_MAX_QUEUED, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY, DEFAULT_SAVE_EVERY,
+                              POLICIES)
 
-SERVED_BUILTINS = ["ngram", "none", "model", "hybrid"]  # served by default, with every plugin; the first is the default
+# Served by default, with every plugin; the first is the default drafter.
+SERVED_BUILTINS = [DEFAULT_DRAFTER, *(name for name in ("ngram", "none", "model", "hybrid") if name != DEFAULT_DRAFTER)]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,16 +81,16 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF id, local directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=None, choices=drafter_names(),
                         help="how drafts are proposed: a built-in drafter or an installed plugin (`specdraft drafters` "
-                             "lists them; none = plain decoding). Default: the first of serve's --drafters, else ngram")
+                             f"lists them; none = plain decoding). Default: the first of serve's --drafters, else {DEFAULT_DRAFTER}")
     parser.add_argument("--drafter-options", type=_drafter_options, default={}, metavar="JSON",
                         help='options by drafter, e.g. \'{"ngram": {"max_n": 4}}\' (`specdraft drafters` lists them)')
-    parser.add_argument("--policy", default="auto", choices=POLICIES,
+    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
                         help="how each step's draft length is chosen: auto = the cost-aware policy (drafts only where "
                              "it pays); fixed = as long as the drafter goes, up to k, every step (measures a drafter as it is)")
     parser.add_argument("--draft-model", default=None,
                         help="draft model for the model and hybrid drafters: HF id, directory or .gguf sharing the "
                              "target's vocabulary (default: self-int8, an int8 copy of the target)")
-    parser.add_argument("-k", "--num-speculative-tokens", type=_draft_length, default=5,
+    parser.add_argument("-k", "--num-speculative-tokens", type=_draft_length, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="longest draft per step (0..64; 0 = plain decoding)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -124,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--max-batch-size", type=_positive("--max-batch-size"), default=16, help="rows decoded together")
-    serve.add_argument("--max-queue", type=_integer("--max-queue", 0), default=64,
+    serve.add_argument("--max-queue", type=_integer("--max-queue", 0), default=DEFAULT_MAX_QUEUED,
                        help="requests that may wait for a row; beyond them a request gets 429")
     serve.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
                        help="context length to serve (default: the model's)")
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ngram-memory", nargs="?", const="", default=None, metavar="PATH",
                        help="let the ngram drafter (and hybrid's n-gram part) draft from earlier requests' outputs; with "
                             "PATH, load it from there at start and save it there periodically and at shutdown")
-    serve.add_argument("--ngram-memory-save-every", type=_positive("--ngram-memory-save-every"), default=300,
+    serve.add_argument("--ngram-memory-save-every", type=_positive("--ngram-memory-save-every"), default=DEFAULT_SAVE_EVERY,
                        metavar="SECONDS")
 
     sub.add_parser("drafters", help="list every drafter (built-in and installed plugins), where it comes from and its options")
@@ -199,18 +201,20 @@ def _generate(args: argparse.Namespace) -> int:
                 sys.stdout.write(delta.text)
                 sys.stdout.flush()
     completion = engine.collect(request_id)
-    grammar = completion.metrics.get("grammar")
-    if grammar is not None and not grammar["complete"]:
+    grammar = completion.metrics.grammar
+    if grammar is not None and not grammar.complete:
         print(f"specdraft: warning: the output ended ({completion.finish_reason}) before its JSON was complete; "
               "raise --max-tokens for the whole value", file=sys.stderr)
     if args.json:
-        print(json.dumps(completion.to_dict()))
+        from specdraft.api.protocol import completion_json
+
+        print(json.dumps(completion_json(completion)))
     else:
         m = completion.metrics
         sys.stdout.write("\n")
         print(
-            f"[{len(completion.token_ids)} tokens, {m['tokens_per_second']:.1f} tok/s, {m['steps']} steps, "
-            f"acceptance {m['acceptance_rate']:.2f}, finish {completion.finish_reason}]",
+            f"[{len(completion.token_ids)} tokens, {m.tokens_per_second:.1f} tok/s, {m.steps} steps, "
+            f"acceptance {m.acceptance_rate:.2f}, finish {completion.finish_reason}]",
             file=sys.stderr,
         )
     return 0
@@ -221,9 +225,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.drafter is not None and args.drafter not in drafters:
         drafters = [args.drafter, *drafters]
     options = dict(args.drafter_options)
-    if args.ngram_memory is not None:
-        if not {"ngram", "hybrid"} & set(drafters):
-            raise ValueError("--ngram-memory needs the ngram or hybrid drafter among --drafters")
+    if args.ngram_memory is not None:  # an option of the ngram drafter, wherever it is used
+        if not any(uses(name, "ngram") for name in drafters):
+            raise ValueError("--ngram-memory needs the ngram or hybrid drafter among --drafters (or another built on ngram)")
         path = {"memory_path": args.ngram_memory} if args.ngram_memory else {}
         options["ngram"] = {**options.get("ngram", {}), "memory": True, **path}
     import uvicorn
@@ -235,8 +239,8 @@ def _serve(args: argparse.Namespace) -> int:
                             max_batch=args.max_batch_size, device=args.device, dtype=args.dtype,
                             draft_model=args.draft_model, max_context=args.max_model_len, drafter_options=options,
                             policy=args.policy, enforce_eager=args.enforce_eager)
-    app = create_app(runtime, max_queued=args.max_queue, memory_path=args.ngram_memory or None,
-                     save_every=args.ngram_memory_save_every, model_name=args.served_model_name)
+    app = create_app(runtime, max_queued=args.max_queue, save_every=args.ngram_memory_save_every,
+                     model_name=args.served_model_name)
     print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "
           f"(drafters: {', '.join(sorted(runtime.engine.drafters))}; default {runtime.drafter_name}, "
           f"k <= {args.num_speculative_tokens}, policy {args.policy})", file=sys.stderr, flush=True)
@@ -245,9 +249,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _drafters(args: argparse.Namespace) -> int:
-    """Every drafter with its origin and options (defaults as JSON, as --drafter-options takes them),
-    then the plugins that were left out and why."""
-    from specdraft.drafters import REQUIRED, drafter_option_defaults, drafter_origin, plugin_errors, takes_any_option
+    """Every drafter with its origin, options (defaults as JSON, as --drafter-options takes them) and
+    parts, then the plugins that were left out and why."""
+    from specdraft.drafters import (REQUIRED, drafter_option_defaults, drafter_origin, drafter_parts, plugin_errors,
+                                    takes_any_option)
 
     for name in drafter_names():
         listed = [f"{option} (required)" if default is REQUIRED else f"{option}={_as_json(default)}"
@@ -255,6 +260,9 @@ def _drafters(args: argparse.Namespace) -> int:
         if takes_any_option(name):
             listed.append("any other option (unchecked)")
         print(f"{name}  ({drafter_origin(name)})\n  options: {', '.join(listed) or 'none'}")
+        parts = drafter_parts(name)
+        if parts:
+            print("  parts: " + ", ".join(f"{part} (the {drafter} drafter, with its options)" for part, drafter in parts.items()))
     left_out = plugin_errors()
     if left_out:
         print("left out:")

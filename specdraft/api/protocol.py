@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdraft.params import MAX_SPECULATIVE_TOKENS, POLICIES, ResponseFormat, SamplingParams, SpeculationParams
+
+if TYPE_CHECKING:
+    from specdraft.engine import Completion, RequestMetrics
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
@@ -214,29 +217,64 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, metrics: dict) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, metrics: RequestMetrics) -> dict:
     """OpenAI's usage object, with the request's speculation statistics as an extension."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "speculation": {
-            "drafter": metrics.get("drafter"),
-            "steps": metrics["steps"],
-            "draft_tokens": metrics["draft_tokens"],
-            "accepted_tokens": metrics["accepted_tokens"],
-            "acceptance_rate": round(metrics["acceptance_rate"], 4),
-            "mean_accepted_length": round(metrics["mean_accepted_length"], 4),
+            "drafter": metrics.drafter,
+            "steps": metrics.steps,
+            "draft_tokens": metrics.draft_tokens,
+            "accepted_tokens": metrics.accepted_tokens,
+            "acceptance_rate": round(metrics.acceptance_rate, 4),
+            "mean_accepted_length": round(metrics.mean_accepted_length, 4),
         },
     }
 
 
-def structured_output(metrics: dict, finish_reason: str) -> dict | None:
+def metrics_json(metrics: RequestMetrics) -> dict:
+    """A request's figures as JSON (the CLI's `--json`, the benchmarks' per-prompt rows)."""
+    grammar = metrics.grammar
+    out = {
+        "drafter": metrics.drafter,
+        "steps": metrics.steps,
+        "draft_tokens": metrics.draft_tokens,
+        "accepted_tokens": metrics.accepted_tokens,
+        "acceptance_rate": metrics.acceptance_rate,
+        "mean_accepted_length": metrics.mean_accepted_length,
+        "per_position_acceptance": metrics.per_position_acceptance,
+        "drafted_at": metrics.drafted_at.tolist(),
+        "accepted_at": metrics.accepted_at.tolist(),
+        "accepted_per_step": list(metrics.accepted_per_step),
+        "draft_seconds": metrics.draft_seconds,
+        "seconds": metrics.seconds,
+        "time_to_first_token": metrics.time_to_first_token,
+        "tokens_per_second": metrics.tokens_per_second,
+    }
+    if grammar is not None:
+        out["grammar"] = {"complete": grammar.complete, "seconds": grammar.seconds,
+                          "forced_draft_tokens": grammar.forced_draft_tokens,
+                          "forced_accepted_tokens": grammar.forced_accepted_tokens}
+    return out
+
+
+def completion_json(completion: Completion) -> dict:
+    """A finished request as JSON: its text, token ids, finish reason, figures (and error)."""
+    out = {"text": completion.text, "token_ids": completion.token_ids, "prompt_token_ids": completion.prompt_token_ids,
+           "finish_reason": completion.finish_reason, "metrics": metrics_json(completion.metrics)}
+    if completion.error is not None:
+        out["error"] = completion.error
+    return out
+
+
+def structured_output(metrics: RequestMetrics, finish_reason: str) -> dict | None:
     """Extension of a choice with a response format: whether its JSON is complete, and if not why."""
-    grammar = metrics.get("grammar")
+    grammar = metrics.grammar
     if grammar is None:
         return None
-    if grammar["complete"]:
+    if grammar.complete:
         return {"complete": True}
     why = "max_tokens ran out" if finish_reason == "length" else f"generation ended ({finish_reason})"
     return {"complete": False, "message": f"{why} before the JSON was complete: the text does not parse"}

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
-from importlib import resources
+from importlib.resources import files as resources_files
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -27,6 +27,7 @@ from specdraft.engine import Completion, Delta
 from specdraft.errors import RequestError
 from specdraft.metrics import ServerMetrics
 from specdraft.runtime import Runtime, encode_prompt
+from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY
 from specdraft.service import EngineService, Failed, Overloaded, ShuttingDown
 
 log = logging.getLogger("specdraft.server")
@@ -46,115 +47,131 @@ def served_name(runtime: Runtime) -> str:
     return runtime.target.name.split(" (")[0]
 
 
-def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None = None,
-               save_every: float = 300.0, model_name: str | None = None) -> FastAPI:
-    """The app over a built runtime. memory_path: where the runtime's cross-request n-gram memory
-    (shared by `ngram` and `hybrid`) is saved, every `save_every` seconds and at shutdown."""
-    engine = runtime.engine
-    name = model_name or served_name(runtime)
-    metrics = ServerMetrics(engine.k)
-    memory = runtime.ngram_memory
-    periodic = (lambda: memory.save(memory_path)) if memory is not None and memory_path else None
-    service = EngineService(engine, max_queued, on_step=metrics.on_step, on_finish=metrics.on_finish, periodic=periodic,
-                            every_seconds=save_every)
+def create_app(runtime: Runtime, max_queued: int = DEFAULT_MAX_QUEUED, save_every: float = DEFAULT_SAVE_EVERY,
+               model_name: str | None = None) -> FastAPI:
+    """The app over a built runtime. What its drafters keep across requests (the n-gram memory, where
+    it has a path) is saved every `save_every` seconds and at shutdown."""
+    api = Api(runtime, max_queued, save_every, model_name)
+    app = FastAPI(title="specdraft", version="0.1.0", lifespan=api.lifespan,
+                  description="Lossless speculative decoding behind an OpenAI-compatible API.")
+    app.state.service, app.state.runtime, app.state.metrics = api.service, runtime, api.metrics
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, api.invalid)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
+    app.get("/", response_class=HTMLResponse, include_in_schema=False)(api.playground)
+    app.get("/health")(api.health)
+    app.get("/metrics")(api.prometheus)
+    app.get("/v1/models")(api.models)
+    app.post("/v1/completions")(api.completions)
+    app.post("/v1/chat/completions")(api.chat)
+    return app
+
+
+# -- errors: always OpenAI's body ------------------------------------------------------------
+async def _api_error(_request: Request, exc: ApiError):
+    return JSONResponse(exc.body, status_code=exc.status)
+
+
+async def _http_error(_request: Request, exc: StarletteHTTPException):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(protocol.error_body(str(exc.detail), kind), exc.status_code)
+
+
+async def _internal_error(_request: Request, exc: Exception):
+    log.exception("unhandled error")
+    return JSONResponse(protocol.error_body(f"internal error: {type(exc).__name__}", "internal_error"), 500)
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    """A body that does not parse or validate: the first problem, naming its field."""
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        return JSONResponse(protocol.error_body(f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"), 400)
+    loc, union = [], False
+    for part in first.get("loc", ()):
+        if part == "body":
+            continue
+        if isinstance(part, str) and (not part.isidentifier() or part in _TYPE_NAMES):
+            union = True  # pydantic names the member of a union it tried: not a field
+            break
+        loc.append(str(part))
+    param = ".".join(loc) or None
+    message = first["msg"].removeprefix("Value error, ")
+    if union:
+        message = f"has the wrong type ({message[0].lower() + message[1:]}, or one of the other accepted types)"
+    if first.get("type") == "extra_forbidden":
+        message = "unknown field (not part of this API)"
+    if first.get("type") == "missing":
+        message = "is required"
+    return JSONResponse(protocol.error_body(f"{param}: {message}" if param else message, param=param), 400)
+
+
+class Api:
+    """The routes over one runtime, whose engine runs on an `EngineService` thread."""
+
+    def __init__(self, runtime: Runtime, max_queued: int, save_every: float, model_name: str | None) -> None:
+        self.runtime, self.engine = runtime, runtime.engine
+        self.name = model_name or served_name(runtime)
+        self.metrics = ServerMetrics()
+        resources = runtime.resources
+        self.service = EngineService(self.engine, max_queued, on_step=self.metrics.on_step,
+                                     on_finish=self.metrics.on_finish,
+                                     periodic=resources.save if resources.saves else None, every_seconds=save_every)
+        self._page = resources_files("specdraft.api").joinpath("playground.html").read_text(encoding="utf-8")
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        service.start()
+    async def lifespan(self, _app: FastAPI):
+        self.service.start()
         yield
-        await run_in_threadpool(service.shutdown)
+        await run_in_threadpool(self.service.shutdown)
 
-    app = FastAPI(title="specdraft", version="0.1.0", lifespan=lifespan,
-                  description="Lossless speculative decoding behind an OpenAI-compatible API.")
-    app.state.service, app.state.runtime, app.state.metrics = service, runtime, metrics
-
-    # -- errors: always OpenAI's body ------------------------------------------------------------
-    @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError):
-        return JSONResponse(exc.body, status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError):
-        metrics.refused("invalid")
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
-        if first.get("type") == "json_invalid":
-            return JSONResponse(protocol.error_body(f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"), 400)
-        loc, union = [], False
-        for part in first.get("loc", ()):
-            if part == "body":
-                continue
-            if isinstance(part, str) and (not part.isidentifier() or part in _TYPE_NAMES):
-                union = True  # pydantic names the member of a union it tried: not a field
-                break
-            loc.append(str(part))
-        param = ".".join(loc) or None
-        message = first["msg"].removeprefix("Value error, ")
-        if union:
-            message = f"has the wrong type ({message[0].lower() + message[1:]}, or one of the other accepted types)"
-        if first.get("type") == "extra_forbidden":
-            message = "unknown field (not part of this API)"
-        if first.get("type") == "missing":
-            message = "is required"
-        return JSONResponse(protocol.error_body(f"{param}: {message}" if param else message, param=param), 400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(protocol.error_body(str(exc.detail), kind), exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _internal(_request: Request, exc: Exception):
-        log.exception("unhandled error")
-        return JSONResponse(protocol.error_body(f"internal error: {type(exc).__name__}", "internal_error"), 500)
+    async def invalid(self, _request: Request, exc: RequestValidationError):
+        self.metrics.refused("invalid")
+        return _validation_error(exc)
 
     # -- routes ----------------------------------------------------------------------------------
-    playground_page = resources.files("specdraft.api").joinpath("playground.html").read_text(encoding="utf-8")
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def playground():
+    async def playground(self):
         """The playground: a page that streams requests through this API and shades accepted draft tokens."""
-        return HTMLResponse(playground_page)
+        return HTMLResponse(self._page)
 
-    @app.get("/health")
-    async def health():
-        if service.stopping:
+    async def health(self):
+        if self.service.stopping:
             raise ApiError(503, "the server is shutting down", "service_unavailable")
-        return {"status": "ok", "model": name, "running": engine.running, "waiting": engine.waiting}
+        return {"status": "ok", "model": self.name, "running": self.engine.running, "waiting": self.engine.waiting}
 
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.render(*service.load()), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def prometheus(self):
+        return Response(self.metrics.render(*self.service.load()), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": protocol.created(),
-                                             "owned_by": "specdraft", "max_model_len": engine.max_context,
-                                             "drafters": sorted(engine.drafters)}]}
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": protocol.created(),
+                                             "owned_by": "specdraft", "max_model_len": self.engine.max_context,
+                                             "drafters": sorted(self.engine.drafters)}]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(self, body: CompletionRequest, request: Request):
         prompt = body.prompt
         if isinstance(prompt, list) and isinstance(prompt[0], int):
-            vocab = engine.verifier.vocab_size
+            vocab = self.engine.verifier.vocab_size
             bad = next((t for t in prompt if not 0 <= t < vocab), None)
             if bad is not None:
                 raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
             prompt_ids = list(prompt)
         else:
             text = prompt[0] if isinstance(prompt, list) else prompt
-            prompt_ids = await run_in_threadpool(_encode, runtime, text, False)
-        return await _serve("completion", body, body.max_tokens, prompt_ids, request)
+            prompt_ids = await run_in_threadpool(_encode, self.runtime, text, False)
+        return await self._serve("completion", body, body.max_tokens, prompt_ids, request)
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest, request: Request):
+    async def chat(self, body: ChatRequest, request: Request):
         if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
             raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", param="max_completion_tokens")
-        prompt_ids = await run_in_threadpool(_encode, runtime, body.chat(), True)
-        return await _serve("chat", body, body.max_completion_tokens or body.max_tokens, prompt_ids, request)
+        prompt_ids = await run_in_threadpool(_encode, self.runtime, body.chat(), True)
+        return await self._serve("chat", body, body.max_completion_tokens or body.max_tokens, prompt_ids, request)
 
-    async def _serve(kind: str, body, max_tokens: int | None, prompt_ids: list[int], request: Request):
-        if body.model is not None and body.model != name:
-            raise ApiError(404, f"the model {body.model!r} does not exist here; this server serves {name!r}",
+    # -- serving a request -----------------------------------------------------------------------
+    async def _serve(self, kind: str, body, max_tokens: int | None, prompt_ids: list[int], request: Request):
+        engine = self.engine
+        if body.model is not None and body.model != self.name:
+            raise ApiError(404, f"the model {body.model!r} does not exist here; this server serves {self.name!r}",
                            "not_found_error", "model", "model_not_found")
         room = engine.max_context - len(prompt_ids)
         if room < 1:
@@ -171,29 +188,30 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
             params = body.sampling_params(max_tokens)
             speculation = await run_in_threadpool(engine.validate, prompt_ids, body.speculation_params(), params)
         except (RequestError, ValueError) as exc:
-            raise ApiError(400, str(exc), param=_param_of(str(exc))) from None
+            raise ApiError(400, str(exc), param=exc.param if isinstance(exc, RequestError) else None) from None
         try:
-            request_id, queue = service.submit(prompt_ids, params, speculation)
+            request_id, queue = self.service.submit(prompt_ids, params, speculation)
         except Overloaded as exc:
-            metrics.refused("overloaded")
+            self.metrics.refused("overloaded")
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded") from None
         except ShuttingDown as exc:
-            metrics.refused("shutting_down")
+            self.metrics.refused("shutting_down")
             raise ApiError(503, str(exc), "service_unavailable") from None
         response_id = protocol.new_id("chatcmpl" if kind == "chat" else "cmpl")
         if body.stream:
-            return EventSourceResponse(_stream(kind, body, response_id, request_id, queue, len(prompt_ids)), ping=15,
-                                      sep="\n")
-        return await _whole(kind, response_id, request_id, queue, len(prompt_ids), request)
+            return EventSourceResponse(self._stream(kind, body, response_id, request_id, queue, len(prompt_ids)), ping=15,
+                                       sep="\n")
+        return await self._whole(kind, response_id, request_id, queue, len(prompt_ids), request)
 
-    async def _whole(kind: str, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int, request: Request):
+    async def _whole(self, kind: str, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int,
+                     request: Request):
         text = []
         while True:
             try:
                 event = await asyncio.wait_for(queue.get(), POLL_DISCONNECT)
             except TimeoutError:
                 if await request.is_disconnected():
-                    service.cancel(request_id)
+                    self.service.cancel(request_id)
                     return Response(status_code=499)
                 continue
             if isinstance(event, Delta):
@@ -211,46 +229,29 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
         if structured is not None:
             choice["structured_output"] = structured
         return {"id": response_id, "object": "chat.completion" if kind == "chat" else "text_completion",
-                "created": protocol.created(), "model": name, "choices": [choice],
+                "created": protocol.created(), "model": self.name, "choices": [choice],
                 "usage": protocol.usage(prompt_tokens, len(completion.token_ids), completion.metrics)}
 
-    async def _stream(kind: str, body, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int):
-        created = protocol.created()
+    async def _stream(self, kind: str, body, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int):
         base = {"id": response_id, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-                "created": created, "model": name}
-
-        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, drafted: str | None = None,
-                  structured: dict | None = None) -> dict:
-            if kind == "chat":
-                delta = {} if text is None else {"content": text}
-                if role:
-                    delta = {"role": "assistant", "content": ""}
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-            if drafted is not None:
-                choice["speculation"] = {"drafted_text": drafted}
-            if structured is not None:
-                choice["structured_output"] = structured
-            return {"data": json.dumps({**base, "choices": [choice]}, ensure_ascii=False)}
-
+                "created": protocol.created(), "model": self.name}
         finished = False
         try:
             if kind == "chat":
-                yield chunk(None, role=True)
+                yield _chunk(kind, base, None, role=True)
             while True:
                 event = await queue.get()
                 if isinstance(event, Delta):
                     if event.text:
-                        yield chunk(event.text, drafted=event.drafted_text if body.annotate else None)
+                        yield _chunk(kind, base, event.text, drafted=event.drafted_text if body.annotate else None)
                     continue
                 finished = True
                 if isinstance(event, Failed) or event.finish_reason == "error":
                     message = event.message if isinstance(event, Failed) else event.error
                     yield {"data": json.dumps(protocol.error_body(f"generation failed: {message}", "internal_error"))}
                     break
-                yield chunk(None, finish_reason=event.finish_reason,
-                            structured=protocol.structured_output(event.metrics, event.finish_reason))
+                yield _chunk(kind, base, None, finish_reason=event.finish_reason,
+                             structured=protocol.structured_output(event.metrics, event.finish_reason))
                 if body.include_usage:
                     usage = protocol.usage(prompt_tokens, len(event.token_ids), event.metrics)
                     yield {"data": json.dumps({**base, "choices": [], "usage": usage})}
@@ -258,16 +259,24 @@ def create_app(runtime: Runtime, max_queued: int = 64, memory_path: str | None =
             yield {"data": "[DONE]"}
         finally:
             if not finished:  # the client went away mid-stream
-                service.cancel(request_id)
-
-    return app
+                self.service.cancel(request_id)
 
 
-def _param_of(message: str) -> str | None:
-    """The request field a validation message is about."""
-    if "response_format" in message:
-        return "response_format"
-    return "speculation" if any(word in message for word in ("drafter", "speculative", "policy")) else None
+def _chunk(kind: str, base: dict, text: str | None, finish_reason: str | None = None, role: bool = False,
+           drafted: str | None = None, structured: dict | None = None) -> dict:
+    """One server-sent event of a streamed response."""
+    if kind == "chat":
+        delta = {} if text is None else {"content": text}
+        if role:
+            delta = {"role": "assistant", "content": ""}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    if drafted is not None:
+        choice["speculation"] = {"drafted_text": drafted}
+    if structured is not None:
+        choice["structured_output"] = structured
+    return {"data": json.dumps({**base, "choices": [choice]}, ensure_ascii=False)}
 
 
 def _encode(runtime: Runtime, prompt, chat: bool) -> list[int]:

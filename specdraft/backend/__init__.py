@@ -1,7 +1,11 @@
-"""The model backend, shared by the verifier (the target) and the model drafter (the draft model):
-`RowModel`, a causal LM with one KV-cache row per request; `RowKVCache`, its storage; the own
-Llama-family forward it runs where it can; and the linear layers models are loaded with."""
+"""The model backend, shared by the verifier (the target) and the model drafter (the draft model).
+Start at `rowmodel.py` (`RowModel`: a causal LM with one KV-cache row per request, and its static
+shapes for CUDA graphs); `cache.py` holds its storage (`RowKVCache`); `llama.py` the own Llama-family
+forward it runs where it can, which runs a pass's layers one of the ways in `layers.py` (eager
+modules, `numba_layers.py`'s kernels, `inductor.py`'s compiled parts), reading their weights as
+`weights.py` gives them; `linear.py` the linear layers models are loaded with."""
 
 from specdraft.backend.rowmodel import PREFILL_CHUNK, RowModel, StaticShapes
+from specdraft.backend.weights import worth_compiling
 
-__all__ = ["PREFILL_CHUNK", "RowModel", "StaticShapes"]
+__all__ = ["PREFILL_CHUNK", "RowModel", "StaticShapes", "worth_compiling"]

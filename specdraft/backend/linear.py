@@ -5,11 +5,10 @@
 
 A decode step multiplies 1 row by every weight matrix, a verify step k + 1 rows per request. On CPU,
 torch's `F.linear` (x @ W.T) sends such skinny products down BLAS paths that read the weights far
-slower than memory allows, while the same products written as (W @ x.T).T run near memory speed:
-all 30 layers' linears of the embedded SmolLM2-135M, weights cold in cache, 2 threads: 54 ms vs 15 ms
-at 2 rows, 37 ms vs 31 ms at 6 rows, and 37 ms vs 18-29 ms at 1 row doubled to 2 (a single row would
-take a matrix-vector path as slow as F.linear's). Same products, summed in another order, so the
-results agree to float rounding. Larger inputs (prefill) and other devices use `F.linear` unchanged.
+slower than memory allows, while the same products written as (W @ x.T).T run near memory speed
+(a single row is doubled: alone it would take a matrix-vector path as slow as F.linear's; see
+`benchmarks/results/verify_cost.md`). Same products, summed in another order, so the results agree
+to float rounding. Larger inputs (prefill) and other devices use `F.linear` unchanged.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ the padded layout. A verify step whose rows draft different lengths then costs i
 batch x the longest draft. Its logits equal the stock model's (`tests/test_backend.py`). Other
 architectures run the stock forward (`RowModel` decides).
 
-On CPU (`fused`), passes of a few tokens run compiled: float32 layers and int8 draft copies (float32
-activations) as numba kernels, the whole layer stack with attention and cache writes in one call
-(`numba_layers.NumbaLayers`); other dtypes as inductor's compiled parts around torch's attention
-(`fused.FusedLayers`).
+How it runs a pass's layers and head (`layers.py`): on CPU (`compiled`), passes of a few tokens
+run compiled where they apply: numba's kernels for float32 activations (`numba_layers.NumbaLayers`:
+float32 layers and int8 draft copies), inductor's parts for other dtypes
+(`inductor.InductorLayers`); longer passes, and every pass otherwise, run the model's own modules
+(`layers.EagerLayers`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from specdraft.backend.fused import FusedLayers
+from specdraft.backend.inductor import InductorLayers
+from specdraft.backend.layers import EagerLayers, Pass
 from specdraft.backend.numba_layers import NumbaLayers
 
 _FAMILY = ("llama",)
@@ -49,10 +49,11 @@ def supports(model: torch.nn.Module) -> bool:
 
 class LlamaForward:
     """model: a Llama-family causal LM; layers: indices of the decoder layers to run (default all);
-    dtype: the activations' dtype (default the model's)."""
+    dtype: the activations' dtype (default the model's); compiled: on CPU, run passes of a few tokens
+    compiled where that applies."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 fused: bool = False) -> None:
+                 compiled: bool = False) -> None:
         assert supports(model), type(model).__name__
         config = model.config
         self.model = model
@@ -62,13 +63,19 @@ class LlamaForward:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # fused: the per-token parts of decode and verify passes compiled for CPU, where they apply:
-        # numba's kernels for float32 activations (float32 or int8 weights), inductor's for the others (bf16).
-        self.fused: NumbaLayers | FusedLayers | None = None
-        if fused and NumbaLayers.applies(model, self.layers, self.dtype):
-            self.fused = NumbaLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
-        elif fused and FusedLayers.applies(model, self.layers, self.dtype):
-            self.fused = FusedLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads, self.num_kv_heads)
+        shape = (self.num_heads, self.num_kv_heads, self.head_dim)
+        self.eager = EagerLayers(model, self.layers, self.dtype, *shape)
+        self.compiled: NumbaLayers | InductorLayers | None = None
+        if compiled and NumbaLayers.applies(model, self.layers, self.dtype):
+            self.compiled = NumbaLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
+        elif compiled and InductorLayers.applies(model, self.layers, self.dtype):
+            self.compiled = InductorLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads,
+                                           self.num_kv_heads)
+
+    @property
+    def compiled_tokens(self) -> int:
+        """The longest pass the compiled layers run (0: none are; longer passes run the eager layers)."""
+        return 0 if self.compiled is None else self.compiled.max_tokens
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
                  logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
@@ -84,59 +91,14 @@ class LlamaForward:
         ids = input_ids.reshape(-1) if real is None else input_ids.reshape(-1)[real]
         x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
         cos, sin = self.model.model.rotary_emb(x, positions)
-        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
-        # Once compiling has failed (no compiler here), the eager layers, not the fused functions run eagerly.
-        fused = self.fused if self.fused is not None and not self.fused.failed and self.fused.takes(len(ids)) else None
-        if fused is not None:  # rotary embedding inside the fused layers, on the computed tokens' rows
-            cos, sin = (c.reshape(batch * steps, -1) if real is None else c.reshape(batch * steps, -1)[real]
-                        for c in (cos, sin))
-        if isinstance(fused, NumbaLayers):  # every layer in one call, attention and cache writes included
-            flat = torch.arange(batch * steps) if real is None else real  # [N] into [batch * T]
-            x = fused.stack(x, cos, sin, flat // steps, positions.reshape(-1)[flat],
-                            mask[:, 0].reshape(batch * steps, -1)[flat], cache)
-        else:
-            x = self._layers(x, cos, sin, mask, cache, real, batch, steps, fused)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)  # [batch, T, head_dim]
+        layers = self.compiled if self.compiled is not None and self.compiled.takes(len(ids)) else self.eager
+        x = layers.stack(Pass(x, cos, sin, positions, mask, cache, real, batch, steps))
         if logits_at is not None:
             x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)
-        logits = (fused.head(x) if fused is not None
-                  else self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float())  # [N or batch, vocab]
+        logits = layers.head(x)  # [N or batch, vocab]
         if logits_at is not None:
             return logits.view(batch, 1, -1)
         if real is not None:
             logits = logits.new_zeros(batch * steps, logits.shape[-1]).index_copy_(0, real, logits)
         return logits.view(batch, steps, -1)
-
-    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, cache,
-                real: torch.Tensor | None, batch: int, steps: int, fused: FusedLayers | None) -> torch.Tensor:
-        """The decoder layers layer by layer: attention by torch, the rest fused (inductor's parts) or eager."""
-        qkv = None if fused is None else fused.before_attention(0, x, cos, sin)  # then one call between attentions
-        for i, layer in enumerate(self.layers):
-            attention = layer.self_attn
-            if fused is not None:
-                q, k, v = (self._heads(y, real, batch, steps, n)
-                           for y, n in zip(qkv, (self.num_heads, self.num_kv_heads, self.num_kv_heads)))
-            else:
-                h = layer.input_layernorm(x).to(self.dtype)
-                q = self._heads(attention.q_proj(h), real, batch, steps, self.num_heads)
-                k = self._heads(attention.k_proj(h), real, batch, steps, self.num_kv_heads)
-                v = self._heads(attention.v_proj(h), real, batch, steps, self.num_kv_heads)
-                q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [batch, heads, T, head_dim]
-            keys, values = cache.update(k, v, i)  # [batch, kv_heads, kv, head_dim]
-            out = F.scaled_dot_product_attention(q, keys.to(self.dtype), values.to(self.dtype), attn_mask=mask,
-                                                 enable_gqa=self.num_kv_heads != self.num_heads)
-            out = out.transpose(1, 2).reshape(batch * steps, -1)  # [batch * T, heads * head_dim]
-            out = out if real is None else out[real]
-            if fused is not None and i + 1 < len(self.layers):
-                x, *qkv = fused.between(i, x, out, cos, sin)
-            elif fused is not None:
-                x = fused.after_attention(i, x, out)
-            else:
-                x = x + attention.o_proj(out).to(self.dtype)
-                x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
-        return x
-
-    def _heads(self, y: torch.Tensor, real: torch.Tensor | None, batch: int, steps: int, heads: int) -> torch.Tensor:
-        """[N, heads * head_dim] projections -> [batch, heads, T, head_dim], zeros at padding."""
-        if real is not None:
-            y = y.new_zeros(batch * steps, y.shape[-1]).index_copy_(0, real, y)
-        return y.view(batch, steps, heads, self.head_dim).transpose(1, 2).to(self.dtype)

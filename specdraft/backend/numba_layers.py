@@ -1,10 +1,11 @@
 """`NumbaLayers`: a Llama layer's per-token work on CPU as numba kernels, for float32 or int8 weights.
+One of the ways to run a pass's layers (`specdraft.backend.layers`), the one the CPU step runs.
 
 A CPU decode step is bound by reading the weights, so what matters is how fast a projection of a
-few tokens streams its weight rows. Inductor's reduction (`fused.FusedLayers`) sums each row in
-one vector accumulator, a chain of dependent adds, and puts a barrier between its many loops: all
-of a layer's weights read at ~20 GB/s. Here each projection is one parallel loop over blocks of
-weight rows (`_project`): two rows at a time, each pair loaded once for up to three tokens, the
+few tokens streams its weight rows. Inductor's reduction (`inductor.InductorLayers`) sums each row
+in one vector accumulator, a chain of dependent adds, and puts a barrier between its many loops,
+well below the memory's rate. Here each projection is one parallel loop over blocks of weight rows
+(`project`): two rows at a time, each pair loaded once for up to three tokens, the
 sums spread over vector lanes (numba's `reassoc`), the rows further on prefetched when a pass has
 several tokens or int8 weights. The weights are moved once onto 2 MB pages in
 the order a step reads them (`_on_huge_pages`: no page walk every 4 KB). A layer is five parallel
@@ -12,8 +13,8 @@ loops: q/k/v; attention (the new keys and values written first; one token's cach
 among the threads and joined after); the output projection with its residual; gate and up; down
 with its residual. Norms, the rotary embedding and SiLU run between them on the calling thread,
 and the whole layer stack is one call from Python. Between the loops the worker thread spins
-briefly (`specdraft.threads`): a sleeping one takes 30-70 us to wake, ~150 times a step.
-Where the time goes: `benchmarks/results/cpu_profile.md`.
+briefly (`specdraft.threads`): a sleeping one takes tens of microseconds to wake, and a step has
+~150 loops. Where the time goes: `benchmarks/results/cpu_profile.md`.
 
 Same arithmetic as the eager layer, summed in another order: logits agree to float rounding
 (`tests/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and
@@ -37,13 +38,14 @@ from numba.extending import intrinsic
 from numba.typed import List
 
 from specdraft.backend.cache import RowKVCache
-from specdraft.backend.fused import joined_projection, layer_linears, norm_eps, projection, silu_mlp
+from specdraft.backend.layers import Pass
 from specdraft.backend.linear import FewRowsLinear, Int8Linear
+from specdraft.backend.weights import joined_projection, layer_linears, norm_eps, projection, projections, silu_mlp
 
 MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
 _BLOCK = 16  # weight rows per parallel work item
 _SUM = {"reassoc", "contract"}  # sums spread over vector lanes, multiply-adds fused; no other liberty
-_AHEAD = 4  # weight rows a thread asks the memory for before it reads them (where `_project` prefetches)
+_AHEAD = 4  # weight rows a thread asks the memory for before it reads them (where `project` prefetches)
 _LINE = 64  # bytes in a cache line
 
 
@@ -139,20 +141,21 @@ def _rows(w, scales, b, x, y, residual, r, s):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def _project(weights, x, y, residual):  # pragma: no cover - compiled
+def project(weights, x, y, residual):  # pragma: no cover - compiled
     """y[t, r] = (w[r] . x[t]) * scales[r] + b[r] (+ residual[t, r] if residual has rows).
     weights: (w [out, in] float32 or int8, scales [out] (int8) or [0] (float32), b [out]); x [N, in].
     Rows two at a time (two weight streams per thread keep more loads in flight than one), each
     pair's reads preceded by prefetches of the rows `_AHEAD` further on: the hardware alone keeps too
     few lines in flight once the arithmetic per byte grows (several tokens, int8 weights converted
     as read), and memory and arithmetic take turns instead of overlapping (`cpu_profile.md`). Not
-    for one token of float32 weights, where the hardware keeps up and prefetching cost ~10%."""
+    for one token of float32 weights, where the hardware keeps up and prefetching only costs.
+    (`step_weights` gives a model's weights in this form, in the order a step reads them.)"""
     w, scales, b = weights
     out, width = w.shape
     for block in prange((out + _BLOCK - 1) // _BLOCK):
         start, end = block * _BLOCK, min(out, block * _BLOCK + _BLOCK)
         paired = end - (end - start) % 2
-        if x.shape[0] == 1 and w.itemsize == 4:  # its own loop: prefetching (or testing for it) cost ~10% here
+        if x.shape[0] == 1 and w.itemsize == 4:  # its own loop: prefetching (or testing for it) only costs here
             for r in range(start, paired, 2):
                 _rows(w, scales, b, x, y, residual, r, r + 1)
         else:
@@ -174,7 +177,7 @@ def _exp(x, out, scale):  # pragma: no cover - compiled
     """out = exp(x) for float32 rows x [n], as two loops that vectorise (a libm call per element does
     not, and at a few tokens the attention's and SiLU's exponentials cost a third of a step):
     exp(x) = 2^m * p(r), m = round(x / ln 2), r = x - m ln 2 in [-ln2/2, ln2/2], p its Taylor
-    polynomial to r^7 (relative error ~1e-7, float32 rounding). x is clamped to [-87, 88], where
+    polynomial to r^7 (float32 rounding). x is clamped to [-87, 88], where
     float32's exponential stays normal. scale: int32 scratch [n]."""
     for i in range(x.shape[0]):
         v = min(max(x[i], np.float32(-87.0)), np.float32(88.0))
@@ -237,7 +240,7 @@ def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
     qkv = np.empty((x.shape[0], qkv_weights[0].shape[0]), np.float32)
-    _project(qkv_weights, h, qkv, _NONE)
+    project(qkv_weights, h, qkv, _NONE)
     _rotate(qkv, 0, heads, head_dim, cos, sin)
     _rotate(qkv, heads * head_dim, kv_heads, head_dim, cos, sin)
     return qkv
@@ -247,15 +250,15 @@ def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head
 def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_weights):  # pragma: no cover
     """The residual stream x [N, hidden] after the attention output [N, heads * head_dim] and the MLP."""
     y = np.empty_like(x)
-    _project(out_weights, attended, y, x)
+    project(out_weights, attended, y, x)
     h = np.empty_like(x)
     _rms_norm(y, norm, eps, h)
     gate_up = np.empty((x.shape[0], gate_up_weights[0].shape[0]), np.float32)
-    _project(gate_up_weights, h, gate_up, _NONE)
+    project(gate_up_weights, h, gate_up, _NONE)
     act = np.empty((x.shape[0], gate_up.shape[1] // 2), np.float32)
     _silu_gate(gate_up, act)
     out = np.empty_like(x)
-    _project(down_weights, act, out, y)
+    project(down_weights, act, out, y)
     return out
 
 
@@ -265,7 +268,7 @@ def _head(x, norm, eps, weights):  # pragma: no cover - compiled
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
     logits = np.empty((x.shape[0], weights[0].shape[0]), np.float32)
-    _project(weights, h, logits, _NONE)
+    project(weights, h, logits, _NONE)
     return logits
 
 
@@ -387,7 +390,7 @@ def _array(t: torch.Tensor) -> np.ndarray:
 
 
 def _weights(linear: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(weight, bias or None, scales or None), as `fused.projection` gives it -> `_project`'s
+    """(weight, bias or None, scales or None), as `weights.projection` gives it -> `project`'s
     (weight (a view), float32 scales (none: [0]), bias (none: zeros))."""
     weight, bias, scales = linear
     return (_array(weight), np.zeros(0, np.float32) if scales is None else _array(scales.float()),
@@ -400,9 +403,8 @@ _HUGE_PAGE = 2 << 20
 def huge_page_buffer(nbytes: int) -> np.ndarray:
     """A zeroed uint8 buffer of `nbytes` in anonymous memory, 2 MB aligned, that the kernel is asked
     to back with 2 MB pages (`MADV_HUGEPAGE`, before any page is touched; where it does not, plain
-    pages). Streaming the weights from 4 KB pages costs a page walk every 4 KB: gate/up weights read
-    ~14% faster from such a buffer than from the loader's pages of a mapped safetensors file
-    (`benchmarks/results/cpu_profile.md`)."""
+    pages). Streaming the weights from 4 KB pages costs a page walk every 4 KB, which 2 MB pages
+    spare (`benchmarks/results/cpu_profile.md`)."""
     area = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
@@ -446,10 +448,11 @@ def _on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) 
             offset += size
 
 
-def _projections(layer: torch.nn.Module) -> tuple[list, list, list, list]:
-    """A decoder layer's linears as a step reads them: q/k/v (joined), output, gate/up (joined), down."""
-    a, mlp = layer.self_attn, layer.mlp
-    return [a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]
+def step_weights(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list[tuple]:
+    """`project`'s weights of every projection of `layers` and of the output layer, in the order a
+    step reads them (q/k/v joined, output, gate/up joined, down; per layer)."""
+    return [_weights(joined_projection(g)) for layer in layers for g in projections(layer)] + \
+        [_weights(projection(model.lm_head))]
 
 
 class NumbaLayers:
@@ -458,19 +461,21 @@ class NumbaLayers:
     layers are built, onto 2 MB pages in the order a step reads them, q/k/v and gate/up adjacent (one
     buffer each); the model's modules keep using them (views, nothing kept twice)."""
 
+    max_tokens = MAX_TOKENS
+
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], head_dim: int, heads: int,
                  kv_heads: int) -> None:
         self._shape = (heads, kv_heads, head_dim)
-        _on_huge_pages(model, [g for layer in layers for g in _projections(layer)] + [[model.lm_head]])
+        _on_huge_pages(model, [g for layer in layers for g in projections(layer)] + [[model.lm_head]])
+        weights = step_weights(model, layers)
         before, after, eps = List(), List(), []
-        for layer in layers:
-            qkv, out, gate_up, down = (_weights(joined_projection(g)) for g in _projections(layer))
+        for i, layer in enumerate(layers):
+            qkv, out, gate_up, down = weights[4 * i : 4 * i + 4]
             before.append((_array(layer.input_layernorm.weight), qkv))
             after.append((out, _array(layer.post_attention_layernorm.weight), gate_up, down))
             eps.append((norm_eps(layer.input_layernorm), norm_eps(layer.post_attention_layernorm)))
         self._before, self._after, self._eps = before, after, np.array(eps, dtype=np.float64)  # eps [layers, 2]
-        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), _weights(projection(model.lm_head)))
-        self.failed: str | None = None  # as `FusedLayers`'s: numba's kernels, once compiled, do not fail later
+        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), weights[-1])
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
 
@@ -482,16 +487,9 @@ class NumbaLayers:
         cache.prepare(slice(0, 1), torch.zeros(1, 1, dtype=torch.int64), 1)
         x = torch.zeros(1, hidden)
         rotary = torch.zeros(1, head_dim)
-        self.head(self.stack(x, rotary, rotary, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
-                             torch.ones(1, 1, dtype=torch.bool), cache))
+        self.head(self._run(x, rotary, rotary, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+                            torch.ones(1, 1, dtype=torch.bool), cache))
         self._buffers = (None, None, None)  # hold no reference to the warm-up cache
-
-    def projections(self) -> list[tuple]:
-        """`_project`'s weights of every projection and the output layer, in the order a step reads
-        them (for `benchmarks.projections`)."""
-        layers = [w for (_, qkv), (out, _, gate_up, down) in zip(self._before, self._after)
-                  for w in (qkv, out, gate_up, down)]
-        return layers + [self._head[2]]
 
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
@@ -507,6 +505,12 @@ class NumbaLayers:
     def takes(tokens: int) -> bool:
         """Whether a pass of this many tokens runs here (larger ones run the eager layers)."""
         return tokens <= MAX_TOKENS
+
+    def stack(self, p: Pass) -> torch.Tensor:
+        """Every layer on the pass's tokens, attention and cache writes included, in one call."""
+        flat = torch.arange(p.batch * p.steps) if p.real is None else p.real  # [N] into [batch * T]
+        return self._run(p.x, p.flat(p.cos), p.flat(p.sin), flat // p.steps, p.positions.reshape(-1)[flat],
+                         p.mask[:, 0].reshape(p.batch * p.steps, -1)[flat], p.cache)
 
     @staticmethod
     def use_torch_threads() -> None:
@@ -526,8 +530,8 @@ class NumbaLayers:
             self._buffers = (cache, now, buffers)
         return buffers
 
-    def stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-              visible: torch.Tensor, cache: RowKVCache) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+             visible: torch.Tensor, cache: RowKVCache) -> torch.Tensor:
         """Every layer on the tokens x [N, hidden]: cos, sin [N, head_dim]; rows, positions [N] (each
         token's row in the cache's prepared window, its position); visible [N, kv] bool (which cache
         entries each token sees). Writes the tokens' keys and values; returns the stream [N, hidden]."""

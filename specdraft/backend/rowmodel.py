@@ -65,16 +65,16 @@ class _Shape:
 class RowModel:
     """model: a transformers causal LM (eval mode); layers: run only these decoder layers (a draft that
     skips layers; Llama family only); dtype: the activations' dtype for the own forward (default the
-    model's); static: run batched passes at static shapes (`StaticShapes`; Llama family only); fused:
-    on CPU, compile the per-token parts of decode and verify passes (`fused.FusedLayers`)."""
+    model's); static: run batched passes at static shapes (`StaticShapes`; Llama family only); compiled:
+    on CPU, run passes of a few tokens compiled (`llama.LlamaForward`)."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None, fused: bool = False) -> None:
+                 static: StaticShapes | None = None, compiled: bool = False) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         config = model.config
         if llama.supports(model):
-            self._own = llama.LlamaForward(model, layers, dtype, fused=fused)
+            self._own = llama.LlamaForward(model, layers, dtype, compiled=compiled)
             num_layers, kv_heads, head_dim, cache_dtype = (len(self._own.layers), self._own.num_kv_heads,
                                                            self._own.head_dim, self._own.dtype)
         else:
@@ -194,6 +194,11 @@ class RowModel:
         return slice(slot, slot + 1)
 
     # -- one forward pass ----------------------------------------------------------------------
+    @property
+    def compiled_tokens(self) -> int:
+        """The longest pass that runs compiled (0: none does)."""
+        return 0 if self._own is None else self._own.compiled_tokens
+
     @property
     def packs(self) -> bool:
         """Whether a batched pass given each row's token count (`forward(counts=...)`) computes only

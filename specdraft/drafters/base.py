@@ -20,12 +20,16 @@ ever asked of it:
   target's do, so it takes the target's for context it has not computed instead of catching up on
   it (`SharesTargetCache`; the engine hands it the target's rows once).
 `parts_of` is the one place a drafter's declaration is read.
+
+What one runtime's drafters share (a draft model loaded once, one cross-request memory, how models
+run there) reaches a factory that declares a `resources` parameter (`Resources`; the registry,
+`specdraft.drafters.registry`, hands it over).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -34,7 +38,9 @@ from specdraft.params import SamplingParams
 if TYPE_CHECKING:  # the protocol module stays light: listing drafters must not import torch
     import torch
 
-    from specdraft.backend import RowModel
+    from specdraft.backend import RowModel, StaticShapes
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,17 @@ class Draft:
         if n <= 0:
             return EMPTY_DRAFT
         return Draft(self.token_ids[:n], None if self.probs is None else self.probs[:n], self.kind)
+
+    def problem(self, vocab_size: int) -> str | None:
+        """Why a target with this vocabulary cannot check the draft (None: it can)."""
+        if not len(self):
+            return None
+        low, high = int(self.token_ids.min()), int(self.token_ids.max())
+        if low < 0 or high >= vocab_size:
+            return f"draft token id {low if low < 0 else high} is outside the vocabulary (0..{vocab_size - 1})"
+        if self.probs is not None and tuple(self.probs.shape) != (len(self), vocab_size):
+            return f"draft probabilities have shape {tuple(self.probs.shape)}, expected ({len(self)}, {vocab_size})"
+        return None
 
 
 EMPTY_DRAFT = Draft()
@@ -160,6 +177,15 @@ class Parts:
         assert self.free_cost in ("free", "measured"), self.free_cost
         assert not self.target_cache or self.costly is not None, "only a costly part shares the target's cache"
 
+    def source(self, drafter: str, draft: Draft | None = None) -> str:
+        """Where a draft of the drafter named `drafter` comes from, as the cost-aware policy keeps its
+        estimates and costs apart: the free part's `draft` is `drafter`, or `drafter:kind` for a draft
+        of a kind; the costly part's (no draft yet) is `drafter`, or `drafter/costly_name` beside a
+        free part."""
+        if draft is None:
+            return drafter if self.free is None else f"{drafter}/{self.costly_name}"
+        return f"{drafter}:{draft.kind}" if draft.kind else drafter
+
 
 @runtime_checkable
 class DeclaresParts(Protocol):
@@ -173,3 +199,33 @@ def parts_of(drafter: Drafter) -> Parts:
     if isinstance(drafter, DeclaresParts):
         return drafter.parts
     return Parts(free=drafter, free_cost="measured")
+
+
+class Resources:
+    """What the drafters one runtime builds share: one of each thing they ask for by key (`shared`: a
+    draft model loaded once for `model` and `hybrid`'s model part, one cross-request n-gram memory),
+    how the runtime runs models (`static_shapes`: CUDA graphs' shapes, None off CUDA; `compiled`: the
+    compiled CPU step where it pays), and what must be saved before the runtime stops (`on_save`)."""
+
+    def __init__(self, static_shapes: StaticShapes | None = None, compiled: bool = False) -> None:
+        self.static_shapes, self.compiled = static_shapes, compiled
+        self._shared: dict[Hashable, Any] = {}
+        self._saves: list[Callable[[], None]] = []
+
+    def shared(self, key: Hashable, make: Callable[[], T]) -> T:
+        """The one value kept under `key`, made by `make` the first time it is asked for."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
+
+    def on_save(self, save: Callable[[], None]) -> None:
+        """Call `save` whenever the runtime saves its drafters' state (periodically, and as it stops)."""
+        self._saves.append(save)
+
+    @property
+    def saves(self) -> bool:
+        return bool(self._saves)
+
+    def save(self) -> None:
+        for save in self._saves:
+            save()

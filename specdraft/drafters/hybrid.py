@@ -17,20 +17,19 @@ first and the model only for the rows left without a draft, once the cost-aware 
 free drafts and decided whether the model's drafts pay this step; the policy learns their acceptance
 apart (sources `hybrid` and `hybrid/model`). Default `min_match` 0: when the model does not pay (an
 int8 self-draft on CPU), the hybrid drafts exactly like `ngram`; with a strong draft model
-(Llama-3.2-1B for 3B on a GPU) `min_match=3` hands short matches to it. The n-gram part takes the
-`ngram` drafter's options (`ngram=`), so cross-request memory reaches it as it reaches `ngram`.
+(Llama-3.2-1B for 3B on a GPU) `min_match=3` hands short matches to it. Its parts are declared to
+the registry (`Part`), which builds them as the `ngram` and `model` drafters with those drafters'
+options: cross-request memory and the draft model reach them as they reach `ngram` and `model`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
-from specdraft.backend import StaticShapes
-from specdraft.drafters import create_drafter, register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.ngram import NgramDrafter
-from specdraft.models import LoadedModel
+from specdraft.drafters.registry import Part, register
 from specdraft.params import SamplingParams
 
 
@@ -78,13 +77,8 @@ class HybridDrafter:
 
 
 @register("hybrid")
-def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, min_match: int = 0,
-            dtype: str = "auto", static_shapes: StaticShapes | None = None,
-            ngram: Mapping[str, Any] | None = None, fused: bool = False) -> HybridDrafter:
-    """`draft_model`, `dtype`, `static_shapes`, `fused`: as for the `model` drafter; `min_match`: the shortest
-    suffix match whose copy the n-gram drafter drafts instead of the model (0: any n-gram draft);
-    `ngram`: the options of the n-gram part, as for the `ngram` drafter (a runtime gives it those of
-    its `ngram` drafter)."""
-    model = create_drafter("model", k=k, target=target, draft_model=draft_model, dtype=dtype,
-                           static_shapes=static_shapes, fused=fused)
-    return HybridDrafter(create_drafter("ngram", k=k, target=target, **(ngram or {})), model, min_match=min_match)
+def _create(ngram: NgramDrafter = Part("ngram"), model: ModelDrafter = Part("model"), min_match: int = 0) -> HybridDrafter:
+    """`ngram`, `model`: its parts, built as those drafters (options under their names are theirs);
+    `min_match`: the shortest suffix match whose copy the n-gram part drafts instead of the model (0:
+    any n-gram draft)."""
+    return HybridDrafter(ngram, model, min_match=min_match)

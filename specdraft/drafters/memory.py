@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from specdraft.drafters.ngram_table import gram_hash, mix
+from specdraft.drafters.ngram_table import gram_hash
+from specdraft.splitmix import mix_kernel
 
 COUNT = 0
 BEST = 1
@@ -39,7 +40,7 @@ _SEED = np.uint64(0xD6E8FEB86659FD93)
 @njit(cache=True, nogil=True)
 def gram_key(tokens: np.ndarray, start: int, n: int, kind: int) -> np.int64:
     """Nonzero 62-bit key of (kind, n, tokens[start : start + n]); 0 marks an empty slot."""
-    h = gram_hash(tokens, start, n, mix(_SEED ^ np.uint64(2 * n + kind)))
+    h = gram_hash(tokens, start, n, mix_kernel(_SEED ^ np.uint64(2 * n + kind)))
     return np.int64(h >> np.uint64(2)) + 1
 
 

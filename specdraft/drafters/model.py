@@ -31,12 +31,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdraft.backend import PREFILL_CHUNK, RowModel, StaticShapes
-from specdraft.drafters import register
-from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, Parts
+from specdraft.backend import PREFILL_CHUNK, RowModel, StaticShapes, worth_compiling
+from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, Parts, Resources
+from specdraft.drafters.registry import register
 from specdraft.models import LoadedModel, load_draft_model
 from specdraft.params import SamplingParams
-from specdraft.sampling import DRAFT, SAMPLE, distribution, inverse_cdf, keyed_uniforms
+from specdraft.sampling import DRAFT, SAMPLE, distribution, inverse_cdf, keyed_uniforms, request_seed
 
 
 
@@ -53,7 +53,7 @@ class _Request:
 
 class ModelDrafter:
     """model: the draft causal LM (eval mode, on the target's device); k: the longest draft;
-    eos_token_ids: a draft ends after one; layers, dtype, static: see `RowModel`.
+    eos_token_ids: a draft ends after one; layers, dtype, static, compiled: see `RowModel`.
 
     One costly part (`specdraft.drafters.base.Parts`): each draft position is a forward pass, so the
     engine asks it after the step's lengths are chosen, and it returns the time of one drafting pass
@@ -62,10 +62,10 @@ class ModelDrafter:
 
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
                  layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None, fused: bool = False, target_copy: bool = False) -> None:
+                 static: StaticShapes | None = None, compiled: bool = False, target_copy: bool = False) -> None:
         """target_copy: `model` is built from the target's own layers (`LoadedModel.target_copy`), so
         it may take the target's keys and values (`share_target`)."""
-        self.rows = RowModel(model, layers=layers, dtype=dtype, static=static, fused=fused)
+        self.rows = RowModel(model, layers=layers, dtype=dtype, static=static, compiled=compiled)
         self.k = k
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.device = self.rows.device
@@ -85,9 +85,8 @@ class ModelDrafter:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         stream = SAMPLE if params.seed is not None else DRAFT
-        self._requests[request_id] = _Request(params, seed, stream, [int(t) for t in prompt_ids])
+        self._requests[request_id] = _Request(params, request_seed(params), stream, [int(t) for t in prompt_ids])
         self.rows.add(request_id, active=True)
 
     def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
@@ -231,11 +230,14 @@ class ModelDrafter:
 
 
 @register("model")
-def _create(k: int, target: Any, draft_model: str | LoadedModel | None = None, dtype: str = "auto",
-            static_shapes: StaticShapes | None = None, fused: bool = False) -> ModelDrafter:
-    """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target); `dtype` for
-    loading it (auto: the target's device default); `static_shapes`: as the verifier's (CUDA graphs);
-    `fused`: on CPU, the compiled draft step (`RowModel`; a runtime sets it where it pays)."""
-    draft = load_draft_model(draft_model, target, dtype)
+def _create(k: int, target: Any, resources: Resources | None = None, draft_model: str | LoadedModel | None = None,
+            dtype: str = "auto") -> ModelDrafter:
+    """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target), loaded once per
+    runtime whichever drafters draft with it (`resources`, which also says how models run there);
+    `dtype` for loading it (auto: the target's device default)."""
+    resources = resources if resources is not None else Resources()
+    key = ("draft model", draft_model if draft_model is None or isinstance(draft_model, str) else id(draft_model), dtype)
+    draft = resources.shared(key, lambda: load_draft_model(draft_model, target, dtype))
     return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
-                        static=static_shapes, fused=fused, target_copy=draft.target_copy)
+                        static=resources.static_shapes, compiled=resources.compiled and worth_compiling(draft.model),
+                        target_copy=draft.target_copy)

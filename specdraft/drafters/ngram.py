@@ -14,15 +14,14 @@ A draft of at most d = min(max_length, k) tokens (or fewer by the adaptive rule 
    ignores EOS.
 
 Adaptive draft length, per request (off by default: in the engine the cost-aware policy of
-`specdraft.policy` owns draft lengths; the rule suits hosts without one): k_cur starts at k. After a step whose draft had d >= 1 tokens
+`specdraft.policy` owns draft lengths; the rule suits hosts without one, such as vLLM): k_cur
+starts at k. After a step whose draft had d >= 1 tokens
 of which a were accepted (read off the tokens passed to `accept`), a == 0 halves k_cur (to no less
 than 1), a == d >= k_cur raises it by 2 (to no more than k), anything else leaves it. k_cur caps a
 draft only in steps that draft for at least `adapt_from_batch` requests (default 1: always), and
 not when the copy comes from a match of at least `strong_copy_n` tokens (a copy in progress).
 Why: on CPU each verified draft token costs a good share of a step (benchmarks/results/verify_cost.md),
-so drafts that keep failing should shrink. Measured (benchmarks/results/adaptive.md, 16 prompts):
-the rule verifies 45% fewer draft tokens (1.69 vs 3.08 per step) for nearly the same accepted tokens
-(0.75 vs 0.80 per step); throughput is within noise of drafting up to k (0.96x-1.06x at batch 1-16).
+so drafts that keep failing should shrink (what it gains: benchmarks/results/adaptive.md).
 """
 
 from __future__ import annotations
@@ -34,13 +33,14 @@ import numpy as np
 from numba import njit, types
 from numba.typed import List
 
-from specdraft.drafters import register
 from specdraft.drafters import memory as mem
-from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
+from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts, Resources
+from specdraft.drafters.buffers import grown
 from specdraft.drafters.memory import NgramMemory
+from specdraft.drafters.registry import register
 from specdraft.drafters.ngram_table import BEST, BEST_COUNT, COUNT, FIELDS, extend, find, longest_match, new_table
 from specdraft.drafters.ngram_table import rehash, slots_for, warm_up
-from specdraft.params import SamplingParams
+from specdraft.params import DEFAULT_NUM_SPECULATIVE_TOKENS, SamplingParams
 
 # Per-request state: one int64 row of `meta` per slot.
 LENGTH = 0  # tokens in the context
@@ -187,23 +187,23 @@ class NgramDrafter:
     Cheap: a draft costs microseconds, so the engine asks for full-length drafts before it chooses
     the step's draft length and trims them.
 
-    k: longest draft; max_n: longest n-gram indexed (contexts are up to max_n - 1 tokens);
-    copy_min_n: shortest suffix match that is copied (above max_n: never copy);
-    min_confidence: stop the model's chain below this count share;
-    adaptive, adapt_from_batch, strong_copy_n: the k_cur rule above (adaptive=False: drafts up to k);
-    eos_token_ids: where drafts end; memory: shared across requests (None: off).
+    k: longest draft; eos_token_ids: where drafts end; max_n: longest n-gram indexed (contexts are
+    up to max_n - 1 tokens); copy_min_n: shortest suffix match that is copied (above max_n: never
+    copy); min_confidence: stop the model's chain below this count share; adaptive,
+    adapt_from_batch, strong_copy_n: the k_cur rule above (adaptive=False: drafts up to k); memory:
+    shared across requests (None: off).
     """
 
     def __init__(
         self,
-        k: int = 5,
+        k: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+        eos_token_ids: Sequence[int] = (),
         max_n: int = 4,
         copy_min_n: int = 1,
         min_confidence: float = 0.5,
         adaptive: bool = False,
         adapt_from_batch: int = 1,
         strong_copy_n: int = 3,
-        eos_token_ids: Sequence[int] = (),
         memory: NgramMemory | None = None,
     ) -> None:
         assert k >= 0, k  # checked where requests and drafters are built (`specdraft.params`)
@@ -270,13 +270,11 @@ class NgramDrafter:
 
     def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
         batch = len(request_ids)
-        if batch > len(self._out):
-            self._out = np.empty((2 * batch, self.k), dtype=np.int32)
-            self._lengths = np.empty(2 * batch, dtype=np.int64)
+        self._out, self._lengths = grown(self._out, batch, keep=0), grown(self._lengths, batch, keep=0)
         out = self._out[:batch]
         adapt = self.adaptive and batch >= self.adapt_from_batch
         settings = (adapt, self.copy_min_n, self.strong_copy_n, self.min_confidence, self.eos, *self._memory_arrays)
-        if batch == 1:  # the same kernel without the typed lists, whose unboxing costs ~2 us a call
+        if batch == 1:  # the same kernel without the typed lists, whose unboxing costs microseconds a call
             slot = self._slot_of[request_ids[0]]
             limit = int(max_lengths[0])
             n = draft_one(self._tokens[slot], self._tables[slot], self._meta, slot, limit, *settings, out[0])
@@ -325,10 +323,7 @@ class NgramDrafter:
             self._tokens.append(np.empty(0, dtype=np.int32))
             self._tables.append(np.zeros((self.max_n, 1, FIELDS), dtype=np.int32))
             self._set_arrays(slot, self._tokens[slot], self._tables[slot])
-            if slot >= len(self._meta):
-                grown = np.zeros((max(8, 2 * len(self._meta)), META_FIELDS), dtype=np.int64)
-                grown[: len(self._meta)] = self._meta
-                self._meta = grown
+            self._meta = grown(self._meta, slot + 1)  # a slot's row is set when a request takes it
             return slot
         return self._free.pop()
 
@@ -339,11 +334,8 @@ class NgramDrafter:
 
     def _grow(self, slot: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Room for a context of `end` tokens plus a draft: doubling, so amortised O(1) per token."""
-        tokens, table = self._tokens[slot], self._tables[slot]
-        if end + self.k > len(tokens):
-            grown = np.empty(2 * (end + self.k), dtype=np.int32)
-            grown[: len(tokens)] = tokens  # the scratch too: `accept` compares the last draft with it
-            tokens = grown
+        # The scratch is kept too: `accept` compares the last draft with it.
+        tokens, table = grown(self._tokens[slot], end + self.k), self._tables[slot]
         if 2 * end > table.shape[1]:
             table = rehash(tokens, table, slots_for(end))
         self._set_arrays(slot, tokens, table)
@@ -360,24 +352,24 @@ def open_memory(memory: bool, memory_path: str | None, capacity: int) -> NgramMe
     return None
 
 
-@register("ngram")
-def _create(
-    k: int,
-    target: Any = None,
-    eos_token_ids: Sequence[int] | None = None,
-    max_n: int = 4,
-    copy_min_n: int = 1,
-    min_confidence: float = 0.5,
-    adaptive: bool = False,
-    memory: bool | NgramMemory = False,
-    memory_path: str | None = None,
-    memory_capacity: int = mem.DEFAULT_CAPACITY,
-) -> NgramDrafter:
-    """`eos_token_ids` default to the target's; `memory` (or a `memory_path` to load from) turns on
-    the cross-request memory (an `NgramMemory` given as `memory` is shared: a runtime gives `ngram`
-    and `hybrid`'s n-gram part one). The other options are `NgramDrafter`'s."""
+@register("ngram", options=NgramDrafter)
+def _create(k: int, target: Any = None, resources: Resources | None = None, eos_token_ids: Sequence[int] | None = None,
+            memory: bool = False, memory_path: str | None = None, memory_capacity: int = mem.DEFAULT_CAPACITY,
+            **options: Any) -> NgramDrafter:
+    """`eos_token_ids` default to the target's; `memory` (or a `memory_path` to load it from and save
+    it to) turns on the cross-request memory: one per runtime and path (`resources`: `ngram` and
+    `hybrid`'s n-gram part share it). The other options are `NgramDrafter`'s."""
     if eos_token_ids is None:
         eos_token_ids = () if target is None else target.eos_token_ids
-    shared = memory if isinstance(memory, NgramMemory) else open_memory(memory, memory_path, memory_capacity)
-    return NgramDrafter(k=k, max_n=max_n, copy_min_n=copy_min_n, min_confidence=min_confidence, adaptive=adaptive,
-                        eos_token_ids=eos_token_ids, memory=shared)
+    shared = None
+    if memory or memory_path is not None:
+        resources = resources if resources is not None else Resources()
+
+        def make() -> NgramMemory:
+            opened = open_memory(memory, memory_path, memory_capacity)
+            if memory_path is not None:
+                resources.on_save(lambda: opened.save(memory_path))
+            return opened
+
+        shared = resources.shared(("ngram memory", memory_path, memory_capacity), make)
+    return NgramDrafter(k=k, eos_token_ids=eos_token_ids, memory=shared, **options)

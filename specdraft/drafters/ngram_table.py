@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from specdraft.splitmix import mix_kernel
+
 # Fields of a slot.
 LAST = 0  # end (exclusive) of the most recent occurrence; 0 marks an empty slot (ends are >= 1)
 COUNT = 1  # occurrences with a follower
@@ -33,8 +35,6 @@ FIELDS = 4
 MIN_SLOTS = 64
 
 _SEED = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 
 
 def slots_for(length: int) -> int:
@@ -50,21 +50,11 @@ def new_table(max_n: int, length: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def mix(h: np.uint64) -> np.uint64:
-    """splitmix64's finaliser: every input bit reaches the low bits that pick the slot."""
-    h ^= h >> np.uint64(30)
-    h *= _M1
-    h ^= h >> np.uint64(27)
-    h *= _M2
-    h ^= h >> np.uint64(31)
-    return h
-
-
-@njit(cache=True, nogil=True)
 def gram_hash(tokens: np.ndarray, start: int, n: int, seed: np.uint64) -> np.uint64:
+    """The tokens' hash: every token's bits reach the low bits that pick the slot (`splitmix.mix`)."""
     h = seed
     for j in range(n):
-        h = mix(h ^ np.uint64(tokens[start + j]))
+        h = mix_kernel(h ^ np.uint64(tokens[start + j]))
     return h
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdraft.drafters import register
+from specdraft.drafters.registry import register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.params import SamplingParams
 

@@ -12,8 +12,9 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-from specdraft.drafters import register
+from specdraft.drafters.registry import register
 from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.drafters.buffers import TokenBuffer
 from specdraft.params import SamplingParams
 
 
@@ -37,24 +38,6 @@ def scan_lookup(tokens: np.ndarray, length: int, min_n: int, max_n: int, k: int,
                     out[j] = tokens[start + n + j]
                 return count
     return 0
-
-
-class TokenBuffer:
-    """An int32 token array that grows by doubling, so appends are amortised O(1)."""
-
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self.length = len(tokens)
-        self.data = np.empty(max(16, 2 * self.length), dtype=np.int32)
-        self.data[: self.length] = np.asarray(tokens, dtype=np.int32)
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        end = self.length + len(tokens)
-        if end > len(self.data):
-            grown = np.empty(2 * end, dtype=np.int32)
-            grown[: self.length] = self.data[: self.length]
-            self.data = grown
-        self.data[self.length : end] = np.asarray(tokens, dtype=np.int32)
-        self.length = end
 
 
 class ScanPromptLookupDrafter:

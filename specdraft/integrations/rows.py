@@ -43,6 +43,7 @@ import numpy as np
 from numba import njit
 
 from specdraft.drafters.base import Drafter
+from specdraft.drafters.buffers import TokenBuffer
 from specdraft.params import SamplingParams
 
 TAIL = 8
@@ -85,30 +86,26 @@ def holds(row, n, new, tokens, length, draft, cursor, same_row) -> bool:
 class _Request:
     """One drafter request as the tracker knows it: its id and a copy of its context (for the probes)."""
 
-    __slots__ = ("id", "tokens", "length", "draft", "cursor", "absent_since")
+    __slots__ = ("id", "context", "draft", "cursor", "absent_since")
 
     def __init__(self, request_id: str, context: np.ndarray) -> None:
         self.id = request_id
-        self.length = len(context)
-        self.tokens = np.empty(max(64, 2 * self.length), dtype=np.int32)
-        self.tokens[: self.length] = context
+        self.context = TokenBuffer(context)
         self.draft = _NO_TOKENS  # the last draft proposed for it
         self.cursor = 0  # where the moving window starts; it moves on only when a row is claimed
         self.absent_since = -1  # the step since which no row holds it (-1: held)
 
+    @property
+    def length(self) -> int:
+        return self.context.length
+
     def extend(self, new: np.ndarray) -> None:
         """Append the tokens that joined the context, and move the window on."""
         self.cursor = (self.cursor + WINDOW) % max(1, self.length)
-        end = self.length + len(new)
-        if end > len(self.tokens):  # doubling: amortised O(1) per token
-            grown = np.empty(2 * end, dtype=np.int32)
-            grown[: self.length] = self.tokens[: self.length]
-            self.tokens = grown
-        self.tokens[self.length : end] = new
-        self.length = end
+        self.context.extend(new)
 
     def key(self) -> tuple[int, bytes]:
-        return self.length, self.tokens[max(0, self.length - TAIL) : self.length].tobytes()
+        return self.length, self.context.data[max(0, self.length - TAIL) : self.length].tobytes()
 
 
 def _row_key(row: np.ndarray, length: int) -> tuple[int, bytes]:
@@ -182,7 +179,7 @@ class RowTracker:
     def _follow(self, request: _Request, row: np.ndarray, n: int, new: np.ndarray, same_row: bool) -> bool:
         """Whether `request` holds this row (checks 1-3); if so, accept the tokens that joined it."""
         length = request.length
-        if not holds(row, n, new, request.tokens, length, request.draft, request.cursor, same_row):
+        if not holds(row, n, new, request.context.data, length, request.draft, request.cursor, same_row):
             return False
         joined = new if length + len(new) == n else np.array(row[length:n], dtype=np.int32)
         if len(joined):

@@ -13,9 +13,9 @@ draft, so its output is the same as without speculation.
 Choosing the drafter: `additional_config={"specdraft": {"drafter": NAME, "options": {...}}}` (for
 `vllm serve`: `--additional-config '{"specdraft": {...}}'`) or, when that key is absent, the
 environment variables SPECDRAFT_VLLM_DRAFTER (a name) and SPECDRAFT_VLLM_DRAFTER_OPTIONS (a JSON
-object of the drafter's options). Default: `ngram` with its default options. Any registered drafter
-that needs no second model runs (`none`, `ngram`, `prompt-lookup-scan`); those built from a loaded
-target model (`model`, `hybrid`) are refused. The drafter's `k` is `num_speculative_tokens`; the
+object of the drafter's options). Default: the registry's `DEFAULT_DRAFTER` (`ngram`) with its
+default options. Any registered drafter that needs no second model runs (`none`, `ngram`,
+`prompt-lookup-scan`); those built from a loaded target model (`model`, `hybrid`) are refused. The drafter's `k` is `num_speculative_tokens`; the
 `ngram` drafter's EOS ids default to the model config's.
 
 Rows are not requests: vLLM passes batch rows, which move as requests finish and arrive. Its model
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from specdraft.drafters import Drafter, create_drafter, drafter_names, drafter_options, needs_target
+from specdraft.drafters import DEFAULT_DRAFTER, Drafter, create_drafter, drafter_names, drafter_options, needs_target
 from specdraft.integrations.rows import RowTracker
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 CONFIG_KEY = "specdraft"
 ENV_DRAFTER = "SPECDRAFT_VLLM_DRAFTER"
 ENV_OPTIONS = "SPECDRAFT_VLLM_DRAFTER_OPTIONS"
-DEFAULT_DRAFTER = "ngram"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,6 @@ the target's (Leviathan et al. 2023, Theorem 1). With deterministic drafters (`n
 seeded sampled row emits exactly the tokens plain sampling with the same seed emits, in any batch.
 """
 
-from specdraft.verifier.verifier import GrammarFailedError, InvalidDraftError, StepResult, Verifier
+from specdraft.verifier.verifier import InvalidDraftError, StepResult, Verifier
 
-__all__ = ["GrammarFailedError", "InvalidDraftError", "StepResult", "Verifier"]
+__all__ = ["InvalidDraftError", "StepResult", "Verifier"]

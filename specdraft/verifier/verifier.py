@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from specdraft.backend import RowModel, StaticShapes
-from specdraft.drafters.base import Draft
+from specdraft.drafters.base import EMPTY_DRAFT, Draft
 from specdraft.grammar import GrammarError, RowGrammar, mask_words, unpack
 from specdraft.params import SamplingParams
-from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms
+from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms, request_seed
 from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
 
 
@@ -26,30 +26,24 @@ class InvalidDraftError(ValueError):
         self.row_id = row_id
 
 
-class GrammarFailedError(ValueError):
-    """A row's grammar failed (it cannot give the next position's legal tokens); that row ends."""
-
-    def __init__(self, row_id: str, message: str) -> None:
-        super().__init__(f"request {row_id}: {message}")
-        self.row_id = row_id
-
-
 @dataclass(frozen=True)
 class StepResult:
     tokens: list[int]  # accepted draft tokens, then the recovered or bonus token
     accepted: int
     grammar_seconds: float = 0.0  # spent on the row's grammar: its masks and advancing it
-    error: str | None = None  # the row's grammar failed advancing over its tokens: the row must end
+    error: str | None = None  # the row's grammar failed (its tokens, if any, are not to be used): the row must end
 
 
 @dataclass(frozen=True)
 class _Masks:
     """A pass's masks: the constrained rows (batch index, grammar), their masks int32
-    [rows, k + 1, words], and the seconds spent on each row's grammar (by batch index)."""
+    [rows, k + 1, words], the seconds spent on each row's grammar and the rows whose grammar failed
+    to give a mask (by batch index)."""
 
     grammars: list[tuple[int, RowGrammar]]
     bits: torch.Tensor
     seconds: list[float]
+    errors: dict[int, str]
 
 
 @dataclass
@@ -61,10 +55,10 @@ class _Row:
 
 class Verifier:
     """model: the target; static: run steps at static shapes (`StaticShapes`, CUDA graphs on CUDA);
-    fused: on CPU, compiled decode and verify passes (`RowModel`)."""
+    compiled: on CPU, compiled decode and verify passes (`RowModel`)."""
 
-    def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, fused: bool = False) -> None:
-        self.rows = RowModel(model, static=static, fused=fused)
+    def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, compiled: bool = False) -> None:
+        self.rows = RowModel(model, static=static, compiled=compiled)
         self.device = self.rows.device
         self.vocab_size = self.rows.vocab_size
         self._params: dict[str, _Row] = {}
@@ -74,30 +68,29 @@ class Verifier:
         """A new row, waiting to be prefilled (it takes no part in steps until its prefill ends).
         grammar: the row's grammar state (`specdraft.grammar`); its tokens are then chosen among the
         legal ones only, and the verifier advances it by every token the row emits."""
-        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
-        self._params[row_id] = _Row(params, seed, grammar)
+        self._params[row_id] = _Row(params, request_seed(params), grammar)
         self.rows.add(row_id)
 
-    def prefill(self, row_id: str, token_ids: Sequence[int], last: bool) -> int | None:
+    def prefill(self, row_id: str, token_ids: Sequence[int], last: bool) -> StepResult | None:
         """Feed the next part of a row's prompt. After the last part the row joins the steps and its
-        first generated token is returned."""
+        first generated token is returned (a result of one token, or the error of a grammar that failed)."""
         assert len(token_ids) > 0
-        masks = self._masks([row_id], [None], 1) if last else None
+        masks = self._masks([row_id], [EMPTY_DRAFT], 1) if last else None
+        if masks is not None and masks.errors:
+            return StepResult([], 0, masks.seconds[0], masks.errors[0])
         logits = self.rows.prefill(row_id, token_ids)  # [vocab]
         if not last:
             return None
         self.rows.activate(row_id)
         no_draft = torch.empty((1, 0), dtype=torch.int64, device=self.device)
         first_position = np.array([self.rows.length(row_id)])
-        tokens, _, _, errors = self._decide([row_id], logits[None, None], no_draft, [None], first_position, masks)
-        if errors:
-            raise GrammarFailedError(row_id, errors[0])
-        return int(tokens[0, 0])
+        tokens, _, seconds, errors = self._decide([row_id], logits[None, None], no_draft, [None], first_position, masks)
+        return StepResult([int(tokens[0, 0])], 0, seconds[0], errors.get(0))
 
     def admit(self, row_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
         """`add` and prefill a whole prompt; return the first generated token."""
         self.add(row_id, params)
-        return self.prefill(row_id, prompt_ids, last=True)
+        return self.prefill(row_id, prompt_ids, last=True).tokens[0]
 
     def remove(self, row_id: str) -> None:
         self.rows.remove(row_id)
@@ -122,62 +115,75 @@ class Verifier:
         return self.rows.packs
 
     @property
+    def compiled_tokens(self) -> int:
+        """The longest pass the compiled step runs (0: none; a longer pass runs slower layers)."""
+        return self.rows.compiled_tokens
+
+    @property
     def forward_seconds(self) -> float:
         return self.rows.forward_seconds
 
     # -- one step ------------------------------------------------------------------------
     def step(self, last_tokens: dict[str, int], drafts: dict[str, Draft]) -> dict[str, StepResult]:
-        """Verify every active row's draft in one forward pass (rows without a draft take one token)."""
+        """Verify the drafts of the rows in `last_tokens` (each row's last token) in one forward pass; a
+        row without a draft takes one token. Active rows not in `last_tokens` sit the pass out: they
+        are fed nothing and keep their cache as it is. A row whose grammar fails gets its error and
+        keeps nothing of the pass."""
         order = self.rows.active_ids
-        assert set(last_tokens) == set(order), "every active row takes part in each step"
+        assert set(last_tokens) <= set(order), "only active rows take part in a step"
         for row_id, d in drafts.items():
             self._check_draft(row_id, d)
-        k = max((len(drafts[r]) for r in order if r in drafts), default=0)
+        k = max((len(d) for r, d in drafts.items() if r in last_tokens), default=0)
+        masks = self._masks(order, [drafts.get(r, EMPTY_DRAFT) if r in last_tokens else None for r in order], k + 1)
+        failed = {} if masks is None else masks.errors
+        taking = np.array([r in last_tokens and b not in failed for b, r in enumerate(order)], dtype=bool)  # [batch]
+        if not taking.any():  # every row that was to take part failed: no pass
+            return {r: StepResult([], 0, masks.seconds[b], failed[b]) for b, r in enumerate(order) if r in last_tokens}
         draft = np.full((len(order), k), PAD, dtype=np.int64)  # [batch, k]
         for b, row_id in enumerate(order):
-            if row_id in drafts and len(drafts[row_id]):
+            if taking[b] and row_id in drafts and len(drafts[row_id]):
                 draft[b, : len(drafts[row_id])] = drafts[row_id].token_ids
-        inputs = np.concatenate([np.array([[last_tokens[r]] for r in order], dtype=np.int64), np.maximum(draft, 0)], 1)
+        inputs = np.concatenate([np.array([[last_tokens.get(r, 0)] for r in order], dtype=np.int64),
+                                 np.maximum(draft, 0)], 1)
         window = self.rows.active_window
         # Row b's last token sits at position lengths[b]; its logits decide the token after it.
         first_position = np.asarray(self.rows.lengths(window), dtype=np.int64) + 1  # [batch]
-        counts = [1 + len(drafts[r]) if r in drafts else 1 for r in order]
-        masks = self._masks(order, [drafts.get(r) for r in order], k + 1)
-        logits = self.rows.forward(window, inputs, counts=counts)  # [batch, k + 1, vocab]; zeros past a row's draft
+        counts = [(1 + len(drafts.get(r, EMPTY_DRAFT))) * int(taking[b]) for b, r in enumerate(order)]
+        logits = self.rows.forward(window, inputs, counts=counts)  # [batch, k + 1, vocab]; zeros past a row's tokens
         draft_t = torch.as_tensor(draft, device=self.device)
-        tokens, accepted, grammar_seconds, errors = self._decide(order, logits, draft_t, [drafts.get(r) for r in order],
-                                                                 first_position, masks)
-        self.rows.commit(window, accepted + 1)  # the last token and the accepted draft; the rest is rolled back
-        return {row_id: StepResult(tokens[b, : int(accepted[b]) + 1].tolist(), int(accepted[b]), grammar_seconds[b],
-                                   errors.get(b)) for b, row_id in enumerate(order)}
+        kept = [drafts.get(r) if taking[b] else None for b, r in enumerate(order)]
+        tokens, accepted, grammar_seconds, errors = self._decide(order, logits, draft_t, kept, first_position, masks)
+        # A row keeps its last token and its accepted draft (the rest is rolled back); a row sitting out, nothing.
+        self.rows.commit(window, np.where(taking, accepted + 1, 0))
+        errors = {**failed, **errors}
+        return {row_id: StepResult([] if b in errors else tokens[b, : int(accepted[b]) + 1].tolist(),
+                                   0 if b in errors else int(accepted[b]), grammar_seconds[b], errors.get(b))
+                for b, row_id in enumerate(order) if row_id in last_tokens}
 
     def _check_draft(self, row_id: str, draft: Draft) -> None:
-        if not len(draft):
-            return
-        low, high = int(draft.token_ids.min()), int(draft.token_ids.max())
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            raise InvalidDraftError(row_id, f"draft token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        if draft.probs is not None and tuple(draft.probs.shape) != (len(draft), self.vocab_size):
-            raise InvalidDraftError(
-                row_id, f"draft probabilities have shape {tuple(draft.probs.shape)}, expected ({len(draft)}, {self.vocab_size})")
+        problem = draft.problem(self.vocab_size)
+        if problem is not None:
+            raise InvalidDraftError(row_id, problem)
 
     def _masks(self, order: Sequence[str], drafts: Sequence[Draft | None], width: int) -> _Masks | None:
         """The constrained rows' masks for a pass deciding `width` positions per row (before the pass:
-        a grammar that fails ends its row before any work is done for it)."""
-        grammars = [(b, self._params[r].grammar) for b, r in enumerate(order) if self._params[r].grammar is not None]
+        a grammar that fails ends its row before any work is done for it). drafts[b] None: row b sits
+        the pass out."""
+        grammars = [(b, self._params[r].grammar) for b, r in enumerate(order)
+                    if self._params[r].grammar is not None and drafts[b] is not None]
         if not grammars:
             return None
-        seconds = [0.0] * len(order)
+        seconds, errors = [0.0] * len(order), {}
         bits = torch.full((len(grammars), width, mask_words(self.vocab_size)), -1, dtype=torch.int32)  # [rows, k + 1, words]
         for i, (b, grammar) in enumerate(grammars):
             start = time.perf_counter()
             try:
-                grammar.masks(drafts[b].token_ids if drafts[b] is not None else (), bits[i])
+                grammar.masks(drafts[b].token_ids, bits[i])
             except GrammarError as exc:
-                raise GrammarFailedError(order[b], str(exc)) from None
+                errors[b] = str(exc)
             seconds[b] += time.perf_counter() - start
-        return _Masks(grammars, bits, seconds)
+        kept = [i for i, (b, _) in enumerate(grammars) if b not in errors]
+        return _Masks([grammars[i] for i in kept], bits[kept], seconds, errors)
 
     def _decide(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
                 first_position: np.ndarray, masks: _Masks | None):
@@ -185,8 +191,9 @@ class Verifier:
         constrained rows' grammars by what they emit. Returns host arrays tokens [batch, k + 1] and
         accepted [batch], the seconds each row's grammar took, and the rows whose grammar failed to
         advance (batch index -> why)."""
-        if masks is None:
-            return (*self._accept(order, logits, draft, drafts, first_position), [0.0] * len(order), {})
+        if masks is None or not masks.grammars:
+            seconds = [0.0] * len(order) if masks is None else masks.seconds
+            return (*self._accept(order, logits, draft, drafts, first_position), seconds, {})
         # Tokens a row's grammar forbids get -inf before temperature, top-k and top-p (which then see
         # legal tokens only). A copy: the forward's output buffer is the model's to reuse.
         index = torch.tensor([b for b, _ in masks.grammars], device=logits.device)

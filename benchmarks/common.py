@@ -1,9 +1,12 @@
-"""Start `specdraft serve` as a real process on a free loopback port, and a tiny model directory to
-serve fast (a random 2-layer Llama with the embedded model's tokenizer and chat template)."""
+"""What every benchmark shares: where results go, the machine they ran on, writing a report
+(`name`.json with every figure, `name`.md with the tables), and a `specdraft serve` process to
+measure through (loopback only)."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -12,7 +15,33 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> str:
+    """The CPU's model name, its cores, and the accelerator (or the CPU threads torch uses)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU only, {torch.get_num_threads()} threads"
+    return f"{cpu}; {os.cpu_count()} cores; {device}"
+
+
+def write_results(out_dir: Path, name: str, results: dict, markdown: str, markdown_name: str | None = None) -> None:
+    """A benchmark's report: `name`.json (every figure) and `name`.md (the tables; `markdown_name`.md
+    where a hand-written `name`.md exists beside it), and the tables on stdout."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / f"{markdown_name or name}.md").write_text(markdown if markdown.endswith("\n") else markdown + "\n")
+    print(markdown)
 
 
 def free_port() -> int:
@@ -23,7 +52,10 @@ def free_port() -> int:
 
 @contextmanager
 def live_server(*args: str, startup_timeout: float = 300.0, log: Path | None = None):
-    """Yield the base URL of a `specdraft serve ARGS` process; stop it (SIGINT: a graceful shutdown) after."""
+    """Yield the base URL of a `specdraft serve ARGS` process on a free loopback port; stop it (SIGINT:
+    a graceful shutdown) after."""
+    import httpx
+
     port = free_port()
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
     out = open(log, "wb") if log else subprocess.DEVNULL
@@ -54,24 +86,3 @@ def live_server(*args: str, startup_timeout: float = 300.0, log: Path | None = N
                 proc.kill()
         if log:
             out.close()
-
-
-def tiny_model_dir(path: Path) -> Path:
-    """A random 2-layer Llama at the embedded model's vocabulary, with its tokenizer: served in
-    milliseconds per token, for tests that exercise the API rather than the model."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from specdraft.models import convert_gguf, embedded_gguf
-
-    source = convert_gguf(embedded_gguf())
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True)
-    model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(path)
-    GenerationConfig(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path

@@ -1,13 +1,15 @@
-"""`FusedLayers`: a decoder layer's per-token work compiled into a few CPU kernels (Llama family).
+"""`InductorLayers`: a decoder layer's per-token work compiled into a few CPU kernels by inductor
+(Llama family), for activations numba's kernels do not take (bf16; int8 draft copies computing in
+bf16). One of the ways to run a pass's layers (`specdraft.backend.layers`).
 
-On CPU a decode step is bound by reading the weights, and the eager layer spends about half of it
+On CPU a decode step is bound by reading the weights, and the eager layer spends much of it
 elsewhere: dozens of small ops per layer (norms, rotary embedding, activation, residual adds, views)
-each paying Python and dispatch, and BLAS matrix-vector paths that read the weights at about half
-the rate memory allows (`benchmarks/results/cpu_profile.md`). Here a layer's per-token work is
+each paying Python and dispatch, and BLAS matrix-vector paths that read the weights well below the
+rate memory allows (`benchmarks/results/cpu_profile.md`). Here a layer's per-token work is
 compiled by inductor's CPU backend: norm, q/k/v projections (one joined weight) and rotary
 embedding before attention; output projection, residual, norm, MLP (gate/up joined) and residual
 after it. Layer i's end and layer i + 1's start are one call; the final norm and output layer
-another. Attention and the cache writes stay as they are (`llama.LlamaForward`).
+another. Attention and the cache writes are torch's, as the eager layers run them (`layers.attend`).
 
 A projection is written as one reduction over each weight row per token (`(W * x[i]).sum(-1)`):
 inductor fuses a pass's reductions into one vectorised loop that reads the weights once for all its
@@ -18,9 +20,9 @@ benchmark prompt.
 
 The weights are arguments, not captured constants, so the layers of a model share one graph per
 token count (1 to `MAX_TOKENS`; larger passes run the eager layers, where BLAS products win). All
-are compiled when the layers are built: ~6 s with inductor's disk cache warm, ~1 min the first time
-on a machine. If compiling fails, that call runs the same functions eagerly, with a warning, and
-`LlamaForward` runs its eager layers from then on.
+are compiled when the layers are built (seconds with inductor's disk cache warm, a minute the first
+time on a machine). If compiling fails, that call runs the same functions eagerly, with a warning,
+and the layers take no pass from then on (`LlamaForward` runs its eager layers).
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from specdraft.backend.linear import FewRowsLinear, Int8Linear
+from specdraft.backend.layers import Pass, attend
+from specdraft.backend.linear import Int8Linear
+from specdraft.backend.weights import joined_projection, layer_linears, norm_eps, plain_linear, projection, silu_mlp
 
-
-MIN_WEIGHT_BYTES = 64 << 20  # smaller models stay eager by default (`FusedLayers.pays`)
 MAX_TOKENS = 8  # passes of up to this many tokens run here (a graph per count)
 
 
@@ -65,7 +67,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 # Each part also returns the inputs of its projections (normed rows, the MLP's activations): as
 # outputs they are stored once, where inductor would otherwise recompute them inside every weight
-# row's reduction (3x slower at 4 tokens, 3.5x at 8). The callers keep only the first outputs.
+# row's reduction (several times slower at a few tokens). The callers keep only the first outputs.
 
 def _before_attention(x, cos, sin, norm, eps: float, qkv: tuple, head_dim: int, heads: int, kv_heads: int):
     """x [N, hidden] -> q [N, heads * head_dim], k, v [N, kv_heads * head_dim] (q, k rotated), normed x."""
@@ -102,68 +104,16 @@ def _head(x, norm, eps: float, projection: tuple):
     return _linear(h, projection).float(), h
 
 
-def _plain_linear(module: torch.nn.Module) -> bool:
-    """A float linear layer, or an int8 one (`Int8Linear`: its own kernel, called from the compiled
-    part; as a reduction, inductor's int8 loads ran 10x slower than it)."""
-    return type(module) in (torch.nn.Linear, FewRowsLinear, Int8Linear)
-
-
-def layer_linears(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list:
-    """The output layer and every projection of `layers` (None where a layer lacks one)."""
-    linears = [model.lm_head] + [getattr(layer.self_attn, n, None) for layer in layers
-                                 for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    return linears + [getattr(layer.mlp, n, None) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
-
-
-def projection(module: torch.nn.Module) -> tuple:
-    """(weight, bias or None, scales of int8 weights or None) of a linear layer."""
-    return module.weight, module.bias, getattr(module, "scales", None)
-
-
-def silu_mlp(mlp: torch.nn.Module) -> bool:
-    act = getattr(getattr(mlp, "config", None), "hidden_act", None) or getattr(mlp, "hidden_act", None)
-    return act in ("silu", "swish")
-
-
-def joined_projection(modules: list[torch.nn.Module]) -> tuple:
-    """One projection (weight [sum of outs, in], bias, scales) whose row blocks are these linears':
-    the layer's q/k/v (gate/up) projections become one reduction over one buffer. The modules'
-    weights are made views of it (same values, nothing copied twice); joined already, it is reused."""
-    weights = [m.weight for m in modules]
-    rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
-    adjacent = all(w.is_contiguous() and w.untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr()
-                   and w.storage_offset() == weights[0].storage_offset() + sum(v.numel() for v in weights[:i])
-                   for i, w in enumerate(weights))
-    with torch.no_grad():
-        if adjacent:
-            joined = weights[0].new_empty(0).set_(weights[0].untyped_storage(), weights[0].storage_offset(), (rows, cols))
-        else:
-            joined = torch.cat([w.detach() for w in weights])
-            start = 0
-            for m, w in zip(modules, weights):
-                view = joined[start : start + w.shape[0]]
-                # A parameter stays a parameter; a buffer (int8 weights) stays a buffer.
-                m.weight = view if "weight" in m._buffers else torch.nn.Parameter(view, requires_grad=w.requires_grad)
-                start += w.shape[0]
-        biases = [m.bias for m in modules]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach() if b is not None else weights[0].new_zeros(m.weight.shape[0]) for m, b in zip(modules, biases)])
-        scales = [getattr(m, "scales", None) for m in modules]
-        scales = None if scales[0] is None else torch.cat(scales)
-    return joined, bias, scales
-
-
-def norm_eps(norm: torch.nn.Module) -> float:
-    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-
-
-class FusedLayers:
+class InductorLayers:
     """The compiled per-token parts of `layers` (a model's decoder layers) and of its output head."""
+
+    max_tokens = MAX_TOKENS
 
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype, head_dim: int,
                  heads: int, kv_heads: int) -> None:
         """dtype: the activations'. Joins each layer's q/k/v and gate/up weights into one buffer each
         (`joined_projection`) and compiles every token count (`_warm_up`)."""
+        self.dtype, self._shape = dtype, (heads, kv_heads, head_dim)
         self._layers = []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -202,21 +152,27 @@ class FusedLayers:
         if model.model.embed_tokens.weight.device.type != "cpu" or not dtype.is_floating_point:
             return False
         linears = layer_linears(model, layers)
-        return (all(silu_mlp(layer.mlp) for layer in layers) and all(_plain_linear(m) for m in linears)
+        return (all(silu_mlp(layer.mlp) for layer in layers) and all(plain_linear(m) for m in linears)
                 and len({type(m) is Int8Linear for m in linears}) == 1)
 
-    @staticmethod
-    def pays(model: torch.nn.Module) -> bool:
-        """Whether compiling is worth its seconds: the weights (at least `MIN_WEIGHT_BYTES`) are too
-        large for the caches, so a step is bound by reading them. Smaller models (the test suite's
-        tiny ones) keep the eager layers unless asked."""
-        tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
-        return sum(t.numel() * t.element_size() for t in tensors.values()) >= MIN_WEIGHT_BYTES
+    def takes(self, tokens: int) -> bool:
+        """Whether a pass of this many tokens runs here (larger ones, and every pass once compiling
+        has failed, run the eager layers)."""
+        return self.failed is None and tokens <= MAX_TOKENS
 
-    @staticmethod
-    def takes(tokens: int) -> bool:
-        """Whether a pass of this many tokens runs here (larger ones run the eager layers)."""
-        return tokens <= MAX_TOKENS
+    def stack(self, p: Pass) -> torch.Tensor:
+        """Every layer: the compiled parts, with torch's attention between them."""
+        heads, kv_heads, head_dim = self._shape
+        cos, sin = p.flat(p.cos), p.flat(p.sin)  # [N, head_dim]: the rotary embedding is inside the parts
+        x, qkv = p.x, self.before_attention(0, p.x, cos, sin)  # then one call between attentions
+        for i in range(len(self._layers)):
+            q, k, v = (p.heads(y, n, head_dim, self.dtype) for y, n in zip(qkv, (heads, kv_heads, kv_heads)))
+            out = attend(p, i, q, k, v, self.dtype, kv_heads != heads)
+            if i + 1 < len(self._layers):
+                x, *qkv = self.between(i, x, out, cos, sin)
+            else:
+                x = self.after_attention(i, x, out)
+        return x
 
     def _call(self, which: int, keep: int, rows: tuple[torch.Tensor, ...], *weights):
         """Run part `which` on `rows` (tensors of N rows each); return its first `keep` outputs."""

@@ -1,0 +1,91 @@
+"""The ways `LlamaForward` runs a pass's decoder layers and output head, one class each, alike to call:
+`takes(tokens)` (whether it runs a pass of that many tokens), `stack(pass) -> stream` (every layer,
+writing the pass's keys and values into the cache), `head(stream) -> logits`; `max_tokens`, the
+longest pass it runs (None: any).
+
+- `EagerLayers` (here): the model's own torch modules, layer by layer, attention by torch's SDPA.
+- `NumbaLayers` (`numba_layers.py`): on CPU, float32 or int8 weights, numba kernels for the whole
+  stack, attention included, in one call.
+- `InductorLayers` (`inductor.py`): on CPU, other float dtypes, inductor's compiled parts around
+  torch's attention (`attend`, as here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass as the layers see it: x [N, hidden], the stream of the N tokens it computes
+    (given `real`, their flat indices into the padded [batch, T] input; None: all of it); cos, sin
+    [batch, T, head_dim], the rotary embedding; positions [batch, T]; mask [batch, 1, T, kv] bool,
+    True where a query may look; cache, a `RowKVCache` prepared for the pass."""
+
+    x: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    cache: object
+    real: torch.Tensor | None
+    batch: int
+    steps: int
+
+    def flat(self, t: torch.Tensor) -> torch.Tensor:
+        """[batch, T, ...] -> the computed tokens' rows [N, ...]."""
+        rows = t.reshape(self.batch * self.steps, *t.shape[2:])
+        return rows if self.real is None else rows[self.real]
+
+    def heads(self, y: torch.Tensor, heads: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+        """[N, heads * head_dim] projections -> [batch, heads, T, head_dim], zeros at padding."""
+        if self.real is not None:
+            y = y.new_zeros(self.batch * self.steps, y.shape[-1]).index_copy_(0, self.real, y)
+        return y.view(self.batch, self.steps, heads, head_dim).transpose(1, 2).to(dtype)
+
+
+def attend(p: Pass, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
+           gqa: bool) -> torch.Tensor:
+    """Write the layer's new keys and values ([batch, kv_heads, T, head_dim]) into the cache, then
+    attention of q [batch, heads, T, head_dim] over the rows' entries: [N, heads * head_dim]."""
+    keys, values = p.cache.update(k, v, layer)  # [batch, kv_heads, kv, head_dim]
+    out = F.scaled_dot_product_attention(q, keys.to(dtype), values.to(dtype), attn_mask=p.mask, enable_gqa=gqa)
+    out = out.transpose(1, 2).reshape(p.batch * p.steps, -1)  # [batch * T, heads * head_dim]
+    return out if p.real is None else out[p.real]
+
+
+class EagerLayers:
+    """The model's decoder layers and head as its own modules, activations in `dtype`."""
+
+    max_tokens = None
+
+    def __init__(self, model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype, heads: int,
+                 kv_heads: int, head_dim: int) -> None:
+        self.model, self.layers, self.dtype = model, list(layers), dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
+
+    def takes(self, tokens: int) -> bool:
+        return True
+
+    def stack(self, p: Pass) -> torch.Tensor:
+        x = p.x
+        for i, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            h = layer.input_layernorm(x).to(self.dtype)
+            q = p.heads(attention.q_proj(h), self.num_heads, self.head_dim, self.dtype)
+            k = p.heads(attention.k_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
+            v = p.heads(attention.v_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
+            q, k = apply_rotary_pos_emb(q, k, p.cos, p.sin)  # [batch, heads, T, head_dim]
+            out = attend(p, i, q, k, v, self.dtype, self.num_kv_heads != self.num_heads)
+            x = x + attention.o_proj(out).to(self.dtype)
+            x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, hidden] -> float32 logits [N, vocab]."""
+        return self.model.lm_head(self.model.model.norm(x).to(self.dtype)).float()

@@ -1,0 +1,79 @@
+"""A decoder layer's weights as the compiled CPU steps read them (`numba_layers`, `inductor`): its
+linears, each as (weight, bias, scales), q/k/v and gate/up joined into one buffer each; and whether a
+model is large enough for compiling a step to pay."""
+
+from __future__ import annotations
+
+import torch
+
+from specdraft.backend.linear import FewRowsLinear, Int8Linear
+
+MIN_WEIGHT_BYTES = 64 << 20  # smaller models keep the eager layers by default (`worth_compiling`)
+
+
+def worth_compiling(model: torch.nn.Module) -> bool:
+    """Whether compiling a CPU step is worth its seconds: the weights (at least `MIN_WEIGHT_BYTES`)
+    outgrow the caches, so a step is bound by reading them. Smaller models (the test suite's tiny
+    ones) keep the eager layers unless asked."""
+    tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values()) >= MIN_WEIGHT_BYTES
+
+
+def plain_linear(module: torch.nn.Module) -> bool:
+    """A float linear layer, or an int8 one (`Int8Linear`)."""
+    return type(module) in (torch.nn.Linear, FewRowsLinear, Int8Linear)
+
+
+def layer_linears(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list:
+    """The output layer and every projection of `layers` (None where a layer lacks one)."""
+    linears = [model.lm_head] + [getattr(layer.self_attn, n, None) for layer in layers
+                                 for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    return linears + [getattr(layer.mlp, n, None) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
+
+
+def projections(layer: torch.nn.Module) -> tuple[list, list, list, list]:
+    """A decoder layer's linears as a step reads them: q/k/v (joined), output, gate/up (joined), down."""
+    a, mlp = layer.self_attn, layer.mlp
+    return [a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]
+
+
+def projection(module: torch.nn.Module) -> tuple:
+    """(weight, bias or None, scales of int8 weights or None) of a linear layer."""
+    return module.weight, module.bias, getattr(module, "scales", None)
+
+
+def silu_mlp(mlp: torch.nn.Module) -> bool:
+    act = getattr(getattr(mlp, "config", None), "hidden_act", None) or getattr(mlp, "hidden_act", None)
+    return act in ("silu", "swish")
+
+
+def joined_projection(modules: list[torch.nn.Module]) -> tuple:
+    """One projection (weight [sum of outs, in], bias, scales) whose row blocks are these linears':
+    the layer's q/k/v (gate/up) projections become one reduction over one buffer. The modules'
+    weights are made views of it (same values, nothing copied twice); joined already, it is reused."""
+    weights = [m.weight for m in modules]
+    rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
+    adjacent = all(w.is_contiguous() and w.untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr()
+                   and w.storage_offset() == weights[0].storage_offset() + sum(v.numel() for v in weights[:i])
+                   for i, w in enumerate(weights))
+    with torch.no_grad():
+        if adjacent:
+            joined = weights[0].new_empty(0).set_(weights[0].untyped_storage(), weights[0].storage_offset(), (rows, cols))
+        else:
+            joined = torch.cat([w.detach() for w in weights])
+            start = 0
+            for m, w in zip(modules, weights):
+                view = joined[start : start + w.shape[0]]
+                # A parameter stays a parameter; a buffer (int8 weights) stays a buffer.
+                m.weight = view if "weight" in m._buffers else torch.nn.Parameter(view, requires_grad=w.requires_grad)
+                start += w.shape[0]
+        biases = [m.bias for m in modules]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b.detach() if b is not None else weights[0].new_zeros(m.weight.shape[0]) for m, b in zip(modules, biases)])
+        scales = [getattr(m, "scales", None) for m in modules]
+        scales = None if scales[0] is None else torch.cat(scales)
+    return joined, bias, scales
+
+
+def norm_eps(norm: torch.nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))

@@ -1,0 +1,11 @@
+"""The request loop between the API and the verifier. Start reading at `engine.py` (`Engine`: admit,
+submit, cancel, the loop that prefills and steps, emitting and retiring); a decode step's stages are
+in `step.py` (they return what happened; the loop applies it), structured output's part in
+`constrain.py`, the start-up measurements in `calibrate.py`, and what a request is and reports in
+`requests.py` (`Request`, `RequestMetrics`, `Delta`, `Completion`)."""
+
+from specdraft.engine.engine import Engine
+from specdraft.engine.requests import Completion, Delta, GrammarMetrics, Request, RequestMetrics
+from specdraft.errors import RequestError
+
+__all__ = ["Completion", "Delta", "Engine", "GrammarMetrics", "Request", "RequestError", "RequestMetrics"]

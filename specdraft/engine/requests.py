@@ -1,0 +1,142 @@
+"""A request as the engine holds it (`Request`), its figures (`RequestMetrics`: typed, until the API
+edge writes them as JSON), and what the engine hands back: a `Delta` per request and step, then one
+`Completion`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdraft.grammar import RowGrammar
+from specdraft.params import SamplingParams
+from specdraft.text import IncrementalDetokenizer
+
+
+@dataclass
+class GrammarMetrics:
+    """A constrained request's grammar: whether its output is a whole JSON value (known once it
+    ends), the seconds its masks, draft cuts and forced tokens took, and the verified tokens it
+    forced after an accepted draft (how many, how many of them were accepted)."""
+
+    complete: bool | None = None
+    seconds: float = 0.0
+    forced_draft_tokens: int = 0
+    forced_accepted_tokens: int = 0
+
+
+@dataclass
+class RequestMetrics:
+    """One request's figures, kept as it runs. `drafted_at[i]` / `accepted_at[i]`: how often a
+    draft reached / was accepted at position i + 1."""
+
+    k: int
+    drafter: str = ""
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+    drafted_at: np.ndarray = None  # [k]
+    accepted_at: np.ndarray = None  # [k]
+    draft_seconds: float = 0.0
+    grammar: GrammarMetrics | None = None  # a request with a response format
+    generated: int = 0  # tokens generated
+    started: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    finished: float | None = None
+
+    def __post_init__(self) -> None:
+        self.drafted_at = np.zeros(self.k, dtype=np.int64)
+        self.accepted_at = np.zeros(self.k, dtype=np.int64)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A verify step of a `drafted`-token draft, of which `accepted` tokens were accepted."""
+        self.steps += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.accepted_per_step.append(accepted)
+        self.drafted_at[:drafted] += 1
+        self.accepted_at[:accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.accepted_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """The share of drafts reaching each position that were accepted there (positions some draft reached)."""
+        drafted = self.drafted_at[self.drafted_at > 0]
+        return (self.accepted_at[: len(drafted)] / drafted).round(4).tolist()
+
+    @property
+    def seconds(self) -> float:
+        return (self.finished or time.perf_counter()) - self.started
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return self.first_token - self.started if self.first_token else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        elapsed = self.seconds
+        return self.generated / elapsed if elapsed > 0 else 0.0
+
+
+@dataclass
+class Request:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    drafter: str
+    k: int  # longest draft per step
+    policy: str  # how each step's draft length is chosen (`specdraft.params.POLICIES`)
+    detok: IncrementalDetokenizer
+    metrics: RequestMetrics
+    generated: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    last_token: int | None = None
+    error: str | None = None  # why the request failed (finish_reason "error")
+    prefilled: int = 0  # prompt tokens in the target's cache
+    begun: bool = False  # its drafter and the policy track it
+    grammar: RowGrammar | None = None  # its response format's state (the verifier advances it)
+    stop_string: bool = False  # it ended on a stop string (its text is cut there)
+
+    def room(self, max_context: int) -> int:
+        """Tokens it may still generate: its budget, and the model's context."""
+        used = len(self.prompt_ids) + len(self.generated)
+        return min(self.params.max_tokens - len(self.generated), max_context - used)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one request after a step. `finish_reason` is set on its last delta. `accepted`
+    of `token_ids` came from the request's draft (they lead), the rest from the target itself;
+    `drafted_text` is the part of `text` that the accepted draft tokens produced (a prefix of it)."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    error: str | None = None
+    accepted: int = 0
+    drafted_text: str = ""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request: finish_reason "stop" (an EOS token or a stop string), "length"
+    (max_tokens or the model's context), "error" (`error` says why; `text` holds what came before)
+    or "cancelled"."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    error: str | None = None

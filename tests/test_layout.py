@@ -1,0 +1,111 @@
+"""The house's layout, read from the imports: no circles, no import that runs back up the floors (api
+-> runtime/service -> engine -> verifier -> drafters -> models/sampling -> backend/params/policy),
+a decode step's stages never reach back into the loop, the engine tells the policy what happened
+through one method, and no string-keyed read of a request's metrics is left."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "specdraft"
+FLOORS = {  # higher imports lower; a module's floor is its first listed prefix's
+    "specdraft.api": 7, "specdraft.llm": 7,
+    "specdraft.runtime": 6, "specdraft.service": 6, "specdraft.metrics": 6,
+    "specdraft.engine": 5,
+    "specdraft.integrations": 4, "specdraft.verifier": 4,
+    "specdraft.drafters": 3,
+    "specdraft.models": 2, "specdraft.grammar": 2, "specdraft.sampling": 2,
+    "specdraft.backend": 1, "specdraft.params": 1, "specdraft.policy": 1, "specdraft.errors": 1,
+    "specdraft.threads": 1, "specdraft.text": 1, "specdraft.splitmix": 1,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path) -> set[str]:
+    """The specdraft modules a file imports (type-checking-only imports left out); `from pkg import
+    sub` names the submodule where `sub` is one."""
+    tree = ast.parse(path.read_text())
+    skipped = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+               and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING" for node in ast.walk(block)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("specdraft")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdraft"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.add(sub if sub in MODULES else node.module)
+    return {name for name in out if name in MODULES}
+
+
+GRAPH = {name: imports(path) for name, path in MODULES.items()}
+
+
+def floor(name: str) -> int:
+    if name == "specdraft":
+        return 8
+    return next(level for prefix, level in FLOORS.items() if name == prefix or name.startswith(prefix + "."))
+
+
+def test_every_module_has_a_floor():
+    for name in MODULES:
+        floor(name)
+
+
+def test_no_import_runs_back_up():
+    upward = [(a, b) for a, targets in GRAPH.items() for b in targets if floor(b) > floor(a)]
+    assert upward == []
+
+
+def test_no_circles():
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(GRAPH[name]):
+            assert state.get(target) != 1, " -> ".join([*path, name, target])
+            if target not in state:
+                visit(target, [*path, name])
+        state[name] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [])
+
+
+def test_the_steps_stages_never_import_the_loop():
+    for name in ("specdraft.engine.step", "specdraft.engine.constrain", "specdraft.engine.calibrate",
+                 "specdraft.engine.requests"):
+        assert "specdraft.engine.engine" not in GRAPH[name] and "specdraft.engine" not in GRAPH[name], name
+
+
+def test_the_engine_asks_the_policy_and_tells_it_what_happened_once():
+    called = set()
+    for path in (PACKAGE / "engine").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+                if name == "policy":
+                    called.add(node.func.attr)
+    assert called <= {"begin", "end", "worth_calling", "choose", "record"} and "record" in called, called
+
+
+def test_no_metrics_are_read_by_string_key():
+    pattern = re.compile(r"""metrics(\.get\(|\[)["']""")
+    found = [f"{path.relative_to(ROOT)}:{i}" for directory in ("specdraft", "benchmarks")
+             for path in (ROOT / directory).rglob("*.py")
+             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []
