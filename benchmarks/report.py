@@ -111,7 +111,7 @@ def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None,
     )
 
 
-def _method_order(methods: list[str]) -> list[str]:
+def method_order(methods: list[str]) -> list[str]:
     """Ours first (none leading), then Hugging Face (plain generate leading); otherwise first-seen order."""
     seen = list(dict.fromkeys(methods))
 
@@ -124,10 +124,10 @@ def _method_order(methods: list[str]) -> list[str]:
 
 
 def summarize(results: dict) -> list[CellSummary]:
-    """One summary per cell, in domain order of first appearance and method order of `_method_order`."""
+    """One summary per cell, in domain order of first appearance and method order of `method_order`."""
     cells = results["cells"]
     domains = list(dict.fromkeys(c["domain"] for c in cells))
-    order = _method_order([c["method"] for c in cells])
+    order = method_order([c["method"] for c in cells])
     summaries = []
     for domain in domains:
         here = {c["method"]: c for c in cells if c["domain"] == domain}
@@ -189,7 +189,7 @@ def _by_source(results: dict) -> list[str]:
                 rows = [r for r in cell["prompts"] if r.get("source") == source]
                 if rows:
                     speed[(cell["method"], domain, source)] = _median_tps(rows)
-    methods = _method_order([c["method"] for c in results["cells"]])
+    methods = method_order([c["method"] for c in results["cells"]])
     body = []
     for method in methods:
         cells = []
@@ -243,7 +243,7 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
         "",
     ]
     domains = list(dict.fromkeys(s.domain for s in summaries))
-    methods = _method_order([s.method for s in summaries])
+    methods = method_order([s.method for s in summaries])
     by_key = {(s.domain, s.method): s for s in summaries}
     lines += ["## Summary: speedup vs specdraft-none (median tok/s in brackets)", ""]
     lines += _table(["method"] + domains, [
@@ -333,7 +333,7 @@ def bar_plot(path: Path, groups: list[str], series: dict[str, list[float | None]
 
 def _plot_speedup(summaries: list[CellSummary], path: Path) -> None:
     domains = list(dict.fromkeys(s.domain for s in summaries))
-    methods = _method_order([s.method for s in summaries])
+    methods = method_order([s.method for s in summaries])
     by_key = {(s.domain, s.method): s for s in summaries}
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
@@ -376,7 +376,7 @@ def write_report(results: dict, out_dir: Path) -> None:
     if summaries:
         _plot_speedup(summaries, out_dir / "speedup.png")
         plots.append("speedup.png")
-    ours = [m for m in _method_order([c["method"] for c in results["cells"]]) if not m.startswith("hf-")]
+    ours = [m for m in method_order([c["method"] for c in results["cells"]]) if not m.startswith("hf-")]
     for method in ours:
         name = f"accepted_length_{method}.png"
         if _plot_accepted(results, method, out_dir / name):

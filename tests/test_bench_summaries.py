@@ -114,3 +114,19 @@ def test_projections_report_every_kernel_and_token_count(tmp_path, monkeypatch):
                        **result}, tmp_path)
     text = (tmp_path / "projections.md").read_text()
     assert "## ours (numba)" in text and "| 3 |" in text
+
+
+def test_compare_puts_each_runs_figures_side_by_side(tmp_path):
+    from benchmarks import compare
+
+    def run(none: float, ngram: float) -> dict:
+        rows = lambda tps: [{"id": "p", "tokens": 10, "seconds": 1.0, "tokens_per_second": tps, "lossless": True}]  # noqa: E731
+        return {"cells": [{"domain": "code", "method": "specdraft-none", "prompts": rows(none)},
+                          {"domain": "code", "method": "specdraft-ngram", "prompts": rows(ngram)}]}
+
+    result = compare.compare({"before": [run(10, 12), run(10, 13)], "after": [run(20, 25)]})
+    [ngram] = [r for r in result["cells"] if r["method"] == "specdraft-ngram"]
+    assert ngram["groups"]["before"]["speedup_range"] == pytest.approx([1.2, 1.3])
+    assert ngram["groups"]["after"]["median_speedup"] == pytest.approx(1.25)
+    text = compare.render(result, "t")
+    assert "| code | specdraft-ngram | 12.0 (1.20x) / 13.0 (1.30x) | 25.0 (1.25x) | 1.25x | 1.25x | before: 1/1 1/1; after: 1/1 |" in text

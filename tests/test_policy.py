@@ -9,6 +9,7 @@ import pytest
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.policy import EXPLORE_EVERY, CostModel, DraftPolicy, RowPlan, StepReport, Verified
+from specdraft.policy.report import CallTiming
 from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 
@@ -322,3 +323,24 @@ def test_an_unseen_pass_between_two_measured_ones_is_priced_between_them():
     assert costs.verify_seconds(1, 5) == pytest.approx(0.030 + 0.010 * 4 / 7)
     assert costs.verify_seconds(1, 17) == pytest.approx(0.070 + 0.060 * 8 / 24)
     assert costs.verify_seconds(1, 40) > 0.130  # beyond the measured cells: the fit
+
+
+def test_one_empty_proposal_does_not_stop_a_measured_drafter_but_a_run_of_them_does():
+    """A copying drafter's first call after a prompt often has nothing to copy (the last token has not
+    occurred before): that alone must not skip its calls until the next exploration, when the call
+    costs more than the noise of a step; a drafter that keeps proposing nothing is skipped."""
+    policy = policy_with_costs({(2, 2): 0.010, (2, 6): 0.010, (2, 10): 0.010})
+    for request_id in ("a", "b"):
+        policy.begin(request_id, "four")
+
+    def called(proposed: int) -> None:
+        policy.record(StepReport(asked={"four": True}, calls=(CallTiming("four", {"a": proposed, "b": proposed}, 0.002),)))
+
+    called(0)
+    assert policy.worth_calling("four", ["a", "b"], [4, 4], 2)
+    for _ in range(20):
+        called(0)
+    assert not policy.worth_calling("four", ["a", "b"], [4, 4], 2)
+    for _ in range(3):
+        called(4)
+    assert policy.worth_calling("four", ["a", "b"], [4, 4], 2)

@@ -17,6 +17,7 @@ DECAY = 0.9  # weight a request's old observations keep at each new one
 POOLED_DECAY = 0.99  # weight a pooled estimate's old observations keep at each new one (many requests feed it)
 IDLE_DECAY = 0.995  # weight kept per step in which a row could not be observed
 INITIAL_ALPHA = 0.6  # a source's pooled estimate before it has any evidence (optimistic: explore first)
+PROPOSED_PRIOR_WEIGHT = 1.0  # pseudo-proposals of the request's limit in a measured drafter's expected length
 
 
 class Acceptance:
@@ -59,6 +60,24 @@ class Acceptance:
 
 
 @dataclass
+class _Proposed:
+    """A measured drafter's decayed mean draft length for one request. Its first proposals start from
+    the request's limit as PROPOSED_PRIOR_WEIGHT earlier proposals, forgotten like any other: one empty
+    draft (a copying drafter whose last token has not occurred before) says little about the next, and
+    taking it alone would skip a cheap drafter's calls until the next exploration."""
+
+    total: float = 0.0
+    weight: float = 0.0
+    prior: float = PROPOSED_PRIOR_WEIGHT
+
+    def observe(self, n: int) -> None:
+        self.total, self.weight, self.prior = DECAY * self.total + n, DECAY * self.weight + 1.0, DECAY * self.prior
+
+    def mean(self, limit: int) -> float:
+        return (self.total + self.prior * limit) / (self.weight + self.prior)
+
+
+@dataclass
 class _Shadow:
     tokens: list[int]
     source: str
@@ -72,7 +91,7 @@ class _Request:
     shadow: _Shadow | None = None
     # The decayed share of its steps whose draft would come from a costly drafter (one-position counts).
     costly: Acceptance = field(default_factory=lambda: Acceptance(1))
-    proposed: dict[str, int] = field(default_factory=dict)  # measured drafter -> its last draft's length
+    proposed: dict[str, _Proposed] = field(default_factory=dict)  # measured drafter -> its draft lengths
 
 
 class Estimates:
@@ -109,9 +128,11 @@ class Estimates:
         pooled = self.pooled.get(source)
         return pooled is not None and bool(pooled.trials.any())
 
-    def proposed(self, request_id: str, drafter: str, default: int) -> int:
-        """The length of the last draft a measured drafter proposed for the request (`default`: none yet)."""
-        return self._requests[request_id].proposed.get(drafter, default)
+    def proposed(self, request_id: str, drafter: str, limit: int) -> int:
+        """The length a measured drafter is expected to propose for the request (its decayed mean, at
+        most `limit`; `limit` before its first proposal)."""
+        proposed = self._requests[request_id].proposed.get(drafter)
+        return limit if proposed is None else min(limit, round(proposed.mean(limit)))
 
     def costly_fractions(self, plans: Sequence[RowPlan]) -> dict[str, float]:
         """Per planned row, the share of its steps in which its draft comes from a costly drafter (all
@@ -146,7 +167,7 @@ class Estimates:
         for request_id, n in call.proposed.items():
             request = self._requests.get(request_id)
             if request is not None:
-                request.proposed[call.drafter] = n
+                request.proposed.setdefault(call.drafter, _Proposed()).observe(n)
 
     def observe(self, rows: Iterable[Verified]) -> None:
         """What each verified row drafted, accepted and emitted: its estimates learn from its draft, a

@@ -46,8 +46,8 @@ costly drafters' rows (a costly drafter costs a pass whatever the gain of its po
 first positions must not stand in front of the free rows' weaker ones); padded, the widths.
 A measured drafter (one that declares no parts) is asked for its drafts before the lengths are
 chosen, so its call is paid whatever they are: before each call the policy weighs the call's
-measured time against what the rows' drafts are expected to gain (their last draft lengths at their
-estimated acceptance) and skips the call where it does not pay, calling anyway every EXPLORE_EVERY
+measured time against what the rows' drafts are expected to gain (their decayed mean draft lengths at
+their estimated acceptance) and skips the call where it does not pay, calling anyway every EXPLORE_EVERY
 skips so that a drafter that got better is seen again.
 Plain decoding is kept unless a draft promises MARGIN more throughput (timings are noisy). Every
 EXPLORE_EVERY choices the runner-up is taken if it is predicted close, so that a cost measured once
@@ -201,14 +201,14 @@ class DraftPolicy:
         return candidates, np.array(tokens), np.array(computed)
 
     def worth_calling(self, drafter: str, request_ids: Sequence[str], limits: Sequence[int], batch: int) -> bool:
-        """Whether a measured drafter's call is expected to pay this step: what its rows' drafts (as
-        long as their last ones, at their estimated acceptance) gain against the call's measured time
+        """Whether a measured drafter's call is expected to pay this step: what its rows' drafts (of their
+        decayed mean lengths, at their estimated acceptance) gain against the call's measured time
         (see the module docstring); a call that does not pay is made anyway every EXPLORE_EVERY
         times it is asked about. `batch`: the rows the step verifies."""
         seconds = self.costs.call_seconds(drafter)
         if seconds is None or not any(limits):
             return bool(any(limits))
-        lengths = [min(self.estimates.proposed(r, drafter, n), n) for r, n in zip(request_ids, limits)]
+        lengths = [self.estimates.proposed(r, drafter, n) for r, n in zip(request_ids, limits)]
         gain = sum(self.expected_accepted(r, n, drafter) for r, n in zip(request_ids, lengths))
         plain = self.costs.verify_seconds(batch, self.computed_tokens([0] * batch)) + self.costs.other
         drafting = self.costs.verify_seconds(batch, self.computed_tokens([*lengths, *[0] * (batch - len(lengths))]))
