@@ -97,7 +97,8 @@ def main() -> None:
     # Per batch size two engines over the same model, each learning its own costs: the cost-aware
     # policy ("auto"), and always drafting up to k ("fixed").
     drafters = {"auto": ["none", *names], "fixed": fixed}
-    engines = {policy: {b: build_runtime(loaded, drafters=drafters[policy], k=args.k, max_batch=b, policy=policy).engine
+    engines = {policy: {b: build_runtime(loaded, drafters=drafters[policy], k=args.k, max_batch=b, policy=policy,
+                                         prefix_cache_mb=0).engine
                         for b in batches}
                for policy in ("auto", "fixed") if drafters[policy]}
     methods = [("none", "auto", "none")] + [(f"{n}", "auto", n) for n in names] + [(f"{n}-fixed", "fixed", n) for n in fixed]

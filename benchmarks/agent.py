@@ -96,6 +96,10 @@ def summarize(turns: list[dict]) -> dict:
                 cell["decode_speedup"] = statistics.median(
                     r["decode_tokens_per_second"] / t["runs"]["none"]["decode_tokens_per_second"] for r, t in zip(runs, chosen))
                 cell.update(step_stats(runs))
+                cell["time_to_first_token"] = statistics.median(r["time_to_first_token"] for r in runs)
+                cell["ttft_over_none"] = statistics.median(
+                    r["time_to_first_token"] / t["runs"]["none"]["time_to_first_token"] for r, t in zip(runs, chosen))
+                cell["cached_share"] = statistics.median(r["cached_tokens"] / r["prompt_tokens"] for r in runs)
             cells[name] = cell
         memory = [t["runs"]["ngram+memory"]["tokens_per_second"] / t["runs"]["ngram"]["tokens_per_second"] for t in chosen]
         decode_memory = [t["runs"]["ngram+memory"]["decode_tokens_per_second"] / t["runs"]["ngram"]["decode_tokens_per_second"]
@@ -116,17 +120,22 @@ def render(results: dict) -> str:
              "over turns, prefill included (prompts of several thousand tokens: most of a turn's time); speed-up: median "
              "of per-turn ratios to `none`; tokens/step, drafted/step, accepted/drafted: over the turns' steps; lossless: "
              "turns whose output equals Hugging Face `generate`'s. `ngram+memory`: the cross-request memory, learned from "
-             "every earlier request of the run. Run with `python -m benchmarks.agent`.", "",
-             "| turn | turns | method | tok/s | speed-up | decode tok/s | decode speed-up | tokens/step | drafted/step | "
-             "accepted/drafted | lossless |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "every earlier request of the run. `+cache`: an engine of its own with the prefix cache (the others have "
+             "none), holding what that method computed for the earlier turns; TTFT: median time to first token, and "
+             "its median per-turn ratio to `none`'s (uncached); cached: median share of the prompt whose keys and "
+             "values came from the cache. Run with `python -m benchmarks.agent`.", "",
+             "| turn | turns | method | tok/s | speed-up | decode tok/s | decode speed-up | TTFT s (x none) | cached | "
+             "tokens/step | drafted/step | accepted/drafted | lossless |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for scope, s in results["summary"].items():
         for name, c in s["cells"].items():
             ours = "tokens_per_step" in c
             decode = f"{c['decode_tokens_per_second']:.1f} | {c['decode_speedup']:.2f}x" if ours else "- | -"
+            first = (f"{c['time_to_first_token']:.2f} ({c['ttft_over_none']:.2f}x) | {c['cached_share']:.0%}"
+                     if "cached_share" in c else "- | -")
             per_step = step_columns(c) if ours else "- | - | -"
             lines.append(f"| {scope} | {s['turns']} | {name} | {c['tokens_per_second']:.1f} | {c['speedup']:.2f}x | "
-                         f"{decode} | {per_step} | {c['lossless']}/{s['turns']} |")
+                         f"{decode} | {first} | {per_step} | {c['lossless']}/{s['turns']} |")
     lines += ["", "Decode tok/s: after the first token (prefill excluded), specdraft's methods only. Memory on / memory off "
               "(`ngram+memory` / `ngram`, median of per-turn ratios), tok/s and decode tok/s:", ""]
     lines += [f"- turn {scope}: {s['memory_over_no_memory']:.2f}x, decode {s['decode_memory_over_no_memory']:.2f}x "

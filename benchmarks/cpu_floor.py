@@ -122,7 +122,8 @@ def plain_llms(loaded) -> dict:
     llms = {}
     for step in STEPS:
         with built_as(step):
-            llms[step] = LLM(loaded, drafter="none", max_batch=1, enforce_eager=step == "eager")
+            llms[step] = LLM(loaded, drafter="none", max_batch=1, enforce_eager=step == "eager",
+                                 prefix_cache_mb=0)
     return llms
 
 
@@ -152,7 +153,7 @@ def child(setting: str, tokens: int) -> None:
     from specdraft.models import load_model
     from specdraft import LLM
 
-    llm = LLM(load_model(None, device="cpu", dtype="float32"), drafter="none", max_batch=1)
+    llm = LLM(load_model(None, device="cpu", dtype="float32"), drafter="none", max_batch=1, prefix_cache_mb=0)
     decode_rate(llm, 16)  # warm: compile (cached on disk), allocations
     print(json.dumps({"setting": setting, "tokens_per_second": statistics.median(decode_rate(llm, tokens) for _ in range(2))}))
 

@@ -1,8 +1,11 @@
 """The methods the batch-1 benchmarks compare on one loaded model, each run on one prompt's token ids,
 greedy: specdraft's engine with `none`, `ngram`, `hybrid`, and `ngram` with the cross-request memory
 (its own engine, so the memory learns from every earlier request it served), `ngram` at other longest
-drafts (`ngram k=K`, an engine per K), and the Hugging Face peers (plain `generate`, the reference
-every output must equal, and its prompt lookup).
+drafts (`ngram k=K`, an engine per K), all without the prefix cache (each prompt runs under every
+method: a cache would let the later methods reuse the earlier one's prefill); `none+cache`,
+`ngram+cache`, `hybrid+cache`, each on an engine of its own with the prefix cache, which holds what
+that method itself computed for the earlier requests (a conversation's earlier turns); and the
+Hugging Face peers (plain `generate`, the reference every output must equal, and its prompt lookup).
 
 Every run returns a dict: `token_ids`, `tokens_per_second`, `seconds` and, for specdraft's methods,
 `steps`, `draft_tokens`, `accepted_tokens`, `time_to_first_token` and `decode_tokens_per_second`
@@ -18,7 +21,8 @@ from specdraft.models import LoadedModel, load_model
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
 
-OURS = ("none", "ngram", "hybrid", "ngram+memory")
+OURS = ("none", "ngram", "hybrid", "ngram+memory", "none+cache", "ngram+cache", "hybrid+cache")
+CACHED = "+cache"  # a method's name ends so: its own engine, with the prefix cache
 PEERS = ("hf-generate", "hf-prompt-lookup-k10")
 REFERENCE = "hf-generate"
 
@@ -31,7 +35,8 @@ def engine_run(engine, drafter: str, ids: list[int], params: SamplingParams) -> 
     return {"token_ids": done.token_ids,
             "decode_tokens_per_second": (len(done.token_ids) - 1) / decode if decode > 0 else 0.0,
             "tokens_per_second": m.tokens_per_second, "steps": m.steps, "draft_tokens": m.draft_tokens,
-            "accepted_tokens": m.accepted_tokens, "seconds": m.seconds, "time_to_first_token": m.time_to_first_token}
+            "accepted_tokens": m.accepted_tokens, "seconds": m.seconds, "time_to_first_token": m.time_to_first_token,
+            "cached_tokens": m.cached_tokens, "prompt_tokens": len(ids)}
 
 
 def display_order(names) -> list[str]:
@@ -55,16 +60,20 @@ class Methods:
         assert not unknown, unknown
         self.names = display_order([*names, *(f"ngram k={x}" for x in long_ks)])
         self.params = SamplingParams(max_tokens=max_tokens)
-        plain = [n for n in names if n in OURS and n != "ngram+memory"]
+        plain = [n for n in names if n in OURS and n != "ngram+memory" and not n.endswith(CACHED)]
         self._engines = {}
         if plain:
-            engine = build_runtime(loaded, drafters=plain, k=k, max_batch=1).engine
+            engine = build_runtime(loaded, drafters=plain, k=k, max_batch=1, prefix_cache_mb=0).engine
             self._engines.update({n: (engine, n) for n in plain})
         for x in long_ks:
-            self._engines[f"ngram k={x}"] = (build_runtime(loaded, drafters=["ngram"], k=x, max_batch=1).engine, "ngram")
+            self._engines[f"ngram k={x}"] = (build_runtime(loaded, drafters=["ngram"], k=x, max_batch=1,
+                                                           prefix_cache_mb=0).engine, "ngram")
+        for name in (n for n in names if n.endswith(CACHED)):
+            drafter = name.removesuffix(CACHED)
+            self._engines[name] = (build_runtime(loaded, drafters=[drafter], k=k, max_batch=1).engine, drafter)
         self._memory = None
         if "ngram+memory" in names:
-            runtime = build_runtime(loaded, drafters=["ngram"], k=k, max_batch=1,
+            runtime = build_runtime(loaded, drafters=["ngram"], k=k, max_batch=1, prefix_cache_mb=0,
                                     drafter_options={"ngram": {"memory": True}})
             self._engines["ngram+memory"] = (runtime.engine, "ngram")
             self._memory = runtime.engine.drafters["ngram"].memory

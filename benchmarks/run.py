@@ -50,7 +50,8 @@ def specdraft_llm(loaded: LoadedModel, k: int, names: list[str], draft_model: st
     """One engine holding every drafter benchmarked (any registered name, plugins too), assembled as
     the server's is: requests choose their drafter, and the cost-aware policy learns this machine's
     costs across all of them."""
-    return LLM(loaded, drafters=names, k=k, max_batch=1, draft_model=draft_model, drafter_options=drafter_options)
+    return LLM(loaded, drafters=names, k=k, max_batch=1, draft_model=draft_model, drafter_options=drafter_options,
+               prefix_cache_mb=0)
 
 
 def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], max_tokens: int) -> dict:

@@ -47,7 +47,7 @@ def candidate_drafter(k: int, target: LoadedModel, model: torch.nn.Module, layer
 
 def continuations(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[int]]]:
     """The target's greedy continuation of each prompt (plain decoding)."""
-    llm = LLM(loaded, drafters=["none"], k=0, max_batch=len(prompts), calibrate=False)
+    llm = LLM(loaded, drafters=["none"], k=0, max_batch=len(prompts), calibrate=False, prefix_cache_mb=0)
     return [(p, out.token_ids) for p, out in zip(prompts, llm.generate(prompts, SamplingParams(max_tokens=max_tokens)))]
 
 
@@ -105,7 +105,7 @@ def end_to_end(loaded: LoadedModel, candidate: dict, prompts: list[list[int]], m
     params = SamplingParams(max_tokens=max_tokens)
     for label, policy, k in (("policy", "auto", 5), ("draft 3 always", "fixed", 3)):
         llm = LLM(loaded, drafters=["none", CANDIDATE], k=k, max_batch=1, policy=policy,
-                  drafter_options={CANDIDATE: candidate})
+                  drafter_options={CANDIDATE: candidate}, prefix_cache_mb=0)
         tps, ratios, drafted, accepted, same = [], [], 0, 0, True
         for prompt, reference in zip(prompts, references):
             start = time.perf_counter()

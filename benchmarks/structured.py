@@ -112,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(None, device=None, dtype="auto")
-    llm = LLM(loaded, drafters=["none", "ngram"], k=args.k, max_batch=1)
+    llm = LLM(loaded, drafters=["none", "ngram"], k=args.k, max_batch=1, prefix_cache_mb=0)
     compiler = GrammarCompiler(loaded.tokenizer, llm.engine.verifier.vocab_size, loaded.eos_token_ids)
     prompts = load_domain("json", args.prompts)
     warm = encode_prompt(loaded.tokenizer, "Say hello.")

@@ -19,6 +19,10 @@ DEFAULT_POLICY = "auto"
 DEFAULT_MAX_BATCH = 8  # rows an engine decodes together, unless it is given a number
 DEFAULT_MAX_QUEUED = 64  # requests that may wait for a row in a server, unless it is given a number
 DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafters keep (the n-gram memory)
+# MiB of earlier requests' keys and values an engine keeps for prompts that start alike (0: none; see
+# `specdraft.backend.prefix`): the embedded model's entries take 45 KiB a token in float32, so 1 GiB
+# holds ~23k tokens, a few agent conversations' histories.
+DEFAULT_PREFIX_CACHE_MB = 1024
 
 
 def check_num_speculative_tokens(k: object, name: str = "num_speculative_tokens") -> int:
@@ -80,6 +84,8 @@ class SamplingParams:
     temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 disable those filters. A seed fixes
     the request's random draws (see `specdraft.sampling`); without one, each request draws its own.
     `response_format` constrains the output to JSON (`ResponseFormat`; None: free text).
+    `cache_salt` changes no token: requests share cached prompt entries (`specdraft.backend.prefix`)
+    only with requests of the same salt (None is a salt too: the default one).
     """
 
     max_tokens: int = 128
@@ -90,6 +96,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     response_format: ResponseFormat | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -107,6 +114,8 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
             raise ValueError(f"response_format must be a ResponseFormat, got {type(self.response_format).__name__}")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
         if self.response_format is not None and self.ignore_eos:
             raise ValueError("ignore_eos cannot be combined with response_format: a constrained output ends where its JSON does")
 

@@ -13,7 +13,7 @@ from specdraft.engine import Engine, RequestError
 from specdraft.grammar import GrammarCompiler
 from specdraft.models import LoadedModel, load_model
 from specdraft.params import (DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY,
-                              check_num_speculative_tokens, check_policy)
+                              DEFAULT_PREFIX_CACHE_MB, check_num_speculative_tokens, check_policy)
 from specdraft.verifier import Verifier
 
 log = logging.getLogger("specdraft")
@@ -106,6 +106,7 @@ def build_runtime(
     policy: str = DEFAULT_POLICY,
     enforce_eager: bool = False,
     calibrate: bool = True,
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
 ) -> Runtime:
     """The one assembly of an engine (the server, the CLI, `specdraft.LLM` and the benchmarks use it).
 
@@ -113,8 +114,11 @@ def build_runtime(
     drafter: the default drafter (default: the first of `drafters`, else `DEFAULT_DRAFTER`); drafters:
     every drafter requests may choose; drafter_options: each drafter's options by name; draft_model:
     the `model` drafter's (and so `hybrid`'s); policy: the requests' default (`auto` or `fixed`);
-    enforce_eager: no CUDA graphs, no compiled CPU step."""
+    enforce_eager: no CUDA graphs, no compiled CPU step; prefix_cache_mb: MiB of earlier requests'
+    keys and values kept for later prompts that start alike (0: none)."""
     check_num_speculative_tokens(k, "k")
+    if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
+        raise ValueError(f"prefix_cache_mb must be an integer >= 0 (0 turns the prefix cache off), got {prefix_cache_mb!r}")
     check_policy(policy)
     names = list(dict.fromkeys([*([drafter] if drafter else []), *(drafters or [])])) or [DEFAULT_DRAFTER]
     default = drafter or names[0]
@@ -127,7 +131,8 @@ def build_runtime(
     static = static_shapes(target, max_batch, context, graphs=not enforce_eager)
     resources = Resources(static, compiled=not enforce_eager)
     built, skipped = build_drafters(names, k, target, options, resources)
-    verifier = Verifier(target.model, static, compiled=not enforce_eager and worth_compiling(target.model))
+    verifier = Verifier(target.model, static, compiled=not enforce_eager and worth_compiling(target.model),
+                        prefix_cache_bytes=prefix_cache_mb << 20)
     grammar = GrammarCompiler(target.tokenizer, verifier.vocab_size, target.eos_token_ids)
     engine = Engine(verifier, built, target.tokenizer, target.eos_token_ids, context, k=k, max_batch=max_batch,
                     default_drafter=default, policy=policy, calibrate=calibrate, grammar=grammar)

@@ -16,9 +16,10 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+from specdraft.backend.prefix import PrefixStats
 from specdraft.engine import Completion, Delta, Engine
 from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, SamplingParams, SpeculationParams
 
@@ -118,9 +119,11 @@ class EngineService:
             self._inbox.append(_Cancel(request_id))
             self._wake.notify()
 
-    def load(self) -> tuple[int, int]:
-        """(running rows, requests waiting for one or for their prefill): a snapshot, for metrics."""
-        return self.engine.running, self.engine.waiting
+    def load(self) -> tuple[int, int, PrefixStats | None]:
+        """(running rows, requests waiting for one or for their prefill, the prefix cache's figures or
+        None): a snapshot, for metrics."""
+        prefixes = self.engine.verifier.prefixes
+        return self.engine.running, self.engine.waiting, None if prefixes is None else replace(prefixes.stats)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Refuse new requests, let the admitted ones finish for up to `timeout` seconds, cancel the

@@ -40,14 +40,15 @@ def test_long_drafts_summary_and_report(tmp_path):
     assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def _request(conversation: str, turn: int, text: str, tps: float, decode: float) -> dict:
+def _request(conversation: str, turn: int, text: str, tps: float, decode: float, cached: int = 0) -> dict:
     return {"conversation": conversation, "turn": turn, "text": text, "tokens_per_second": tps,
-            "decode_tokens_per_second": decode, "ttft": 1.0, "steps": 4, "draft_tokens": 6, "accepted_tokens": 3}
+            "decode_tokens_per_second": decode, "ttft": 1.0, "steps": 4, "draft_tokens": 6, "accepted_tokens": 3,
+            "prompt_tokens": 200, "cached_tokens": cached}
 
 
 def test_agent_load_pairs_memory_on_and_off_turn_by_turn(tmp_path):
     def run(method: str, tps: list[float], texts=("a", "b", "c")) -> dict:
-        requests = [_request("c1", t, texts[t], tps[t], 2 * tps[t]) for t in range(3)]
+        requests = [_request("c1", t, texts[t], tps[t], 2 * tps[t], cached=50 * t) for t in range(3)]
         return {"conversations": 4, "repeat": 0, "method": method, "tokens_per_second": sum(tps), "requests": requests}
 
     runs = [run("none", [1.0, 1.0, 1.0]), run("ngram", [2.0, 2.0, 4.0]),
@@ -62,6 +63,8 @@ def test_agent_load_pairs_memory_on_and_off_turn_by_turn(tmp_path):
     assert on["tokens_per_second"] == 11.0
     assert on["by_turn"]["all"]["equal_to_none"] == 2  # its second reply differs from none's
     assert on["by_turn"]["all"]["tokens_per_step"] == pytest.approx((12 + 9) / 12)
+    assert on["by_turn"]["all"]["cached_share"] == pytest.approx(0.25)  # median of 0, 50 and 100 of 200
+    assert on["by_turn"]["3+"]["cached_share"] == pytest.approx(0.5)
     results = {"machine": "m", "max_tokens": 8, "repeats": 1, "summary": agent_load.summarize(runs)}
     text = agent_load.render(results)
     assert "## 4 conversations at once" in text and "- turn 2: tok/s 1.50x" in text

@@ -149,8 +149,41 @@ def test_metrics_report_tokens_and_acceptance(server):
     text = httpx.get(f"{server}/metrics").text
     for name in ("specdraft_generated_tokens_total", "specdraft_draft_tokens_total", "specdraft_accepted_tokens_total",
                  "specdraft_position_drafted_total", "specdraft_step_seconds_bucket", "specdraft_queue_depth",
-                 "specdraft_running_rows", "specdraft_time_to_first_token_seconds_bucket"):
+                 "specdraft_running_rows", "specdraft_time_to_first_token_seconds_bucket",
+                 'specdraft_prompt_tokens_total{source="cached"}', 'specdraft_prompt_tokens_total{source="computed"}',
+                 "specdraft_prefix_cache_bytes", "specdraft_prefix_cache_evictions"):
         assert name in text, name
+
+
+def test_a_conversation_reuses_its_history_within_its_salt_only(server, client, model):
+    """Each turn twice: under the conversation's salt (a hit on the history) and under a fresh one (cold):
+    the same reply, cached_tokens 0 cold and most of the prompt warm, streamed or not."""
+    messages = [{"role": "system", "content": "You are a terse assistant. Answer in one sentence."},
+                {"role": "user", "content": "Name a prime number above ten."}]
+    for turn in range(3):
+        def ask(salt, stream):
+            body = dict(model=model, messages=messages, max_tokens=24, temperature=0, extra_body={"cache_salt": salt})
+            if not stream:
+                reply = client.chat.completions.create(**body)
+                return reply.choices[0].message.content, reply.usage
+            chunks = list(client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
+
+        warm_text, warm = ask("conversation", stream=turn == 2)
+        cold_text, cold = ask(f"fresh-{turn}", stream=turn == 1)
+        assert warm_text == cold_text
+        assert cold.prompt_tokens_details.cached_tokens == 0
+        if turn:
+            assert warm.prompt_tokens_details.cached_tokens >= 0.7 * warm.prompt_tokens, (turn, warm)
+        messages += [{"role": "assistant", "content": warm_text}, {"role": "user", "content": "And another one?"}]
+    text = httpx.get(f"{server}/metrics").text
+    cached = next(line for line in text.splitlines() if line.startswith('specdraft_prompt_tokens_total{source="cached"}'))
+    assert float(cached.split()[-1]) > 0
+
+
+def test_a_bad_cache_salt_is_a_400_naming_it(server, model):
+    reply = httpx.post(f"{server}/v1/completions", json={"model": model, "prompt": "hi", "cache_salt": ""})
+    assert reply.status_code == 400 and "cache_salt" in reply.json()["error"]["message"]
 
 
 WEATHER = {

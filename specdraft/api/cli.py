@@ -12,8 +12,8 @@ import os
 import sys
 
 from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, is_builtin, uses
-from specdraft.params import (DEFAULT_MAX_QUEUED, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY, DEFAULT_SAVE_EVERY,
-                              POLICIES)
+from specdraft.params import (DEFAULT_MAX_QUEUED, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY, DEFAULT_PREFIX_CACHE_MB,
+                              DEFAULT_SAVE_EVERY, POLICIES)
 
 # Served by default, with every plugin; the first is the default drafter.
 SERVED_BUILTINS = [DEFAULT_DRAFTER, *(name for name in ("ngram", "none", "model", "hybrid") if name != DEFAULT_DRAFTER)]
@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
                        help="context length to serve (default: the model's)")
     serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
+    serve.add_argument("--prefix-cache-mb", type=_integer("--prefix-cache-mb", 0), default=DEFAULT_PREFIX_CACHE_MB,
+                       metavar="MB", help="keep earlier requests' keys and values, up to this many MiB, for prompts that "
+                            f"start alike (multi-turn chats, shared system prompts); 0 turns it off (default: {DEFAULT_PREFIX_CACHE_MB})")
     serve.add_argument("--ngram-memory", nargs="?", const="", default=None, metavar="PATH",
                        help="let the ngram drafter (and hybrid's n-gram part) draft from earlier requests' outputs; with "
                             "PATH, load it from there at start and save it there periodically and at shutdown")
@@ -191,7 +194,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     runtime = build_runtime(model=args.model, drafter=args.drafter, k=args.num_speculative_tokens, max_batch=1,
                             device=args.device, dtype=args.dtype, draft_model=args.draft_model,
-                            drafter_options=args.drafter_options, policy=args.policy, enforce_eager=args.enforce_eager)
+                            drafter_options=args.drafter_options, policy=args.policy, enforce_eager=args.enforce_eager,
+                            prefix_cache_mb=0)  # one request: nothing could reuse what it computed
     engine = runtime.engine
     prompt_ids = encode_prompt(runtime.target.tokenizer, prompt, chat=not args.no_chat)
     request_id = engine.submit(prompt_ids, params)
@@ -238,7 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
     runtime = build_runtime(model=args.model, drafter=args.drafter, drafters=drafters, k=args.num_speculative_tokens,
                             max_batch=args.max_batch_size, device=args.device, dtype=args.dtype,
                             draft_model=args.draft_model, max_context=args.max_model_len, drafter_options=options,
-                            policy=args.policy, enforce_eager=args.enforce_eager)
+                            policy=args.policy, enforce_eager=args.enforce_eager, prefix_cache_mb=args.prefix_cache_mb)
     app = create_app(runtime, max_queued=args.max_queue, save_every=args.ngram_memory_save_every,
                      model_name=args.served_model_name)
     print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "

@@ -88,6 +88,7 @@ class _Sampling(_Strict):
     user: str | None = None  # accepted for compatibility; not used
     speculation: Speculation | None = None
     response_format: ResponseFormatBody | None = None  # JSON output; an extension on /v1/completions
+    cache_salt: str | None = Field(default=None, min_length=1)  # as vLLM's: shares cached prompt entries only within a salt
     # OpenAI options this server does not implement: accepted only at their neutral values.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -129,7 +130,7 @@ class _Sampling(_Strict):
         top_k = self.top_k if self.top_k and self.top_k > 0 else 0
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_k=top_k, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
-                              stop=tuple(stops), response_format=self._response_format())
+                              stop=tuple(stops), response_format=self._response_format(), cache_salt=self.cache_salt)
 
     def _response_format(self) -> ResponseFormat | None:
         given = self.response_format
@@ -223,6 +224,7 @@ def usage(prompt_tokens: int, completion_tokens: int, metrics: RequestMetrics) -
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": metrics.cached_tokens},
         "speculation": {
             "drafter": metrics.drafter,
             "steps": metrics.steps,
@@ -252,6 +254,7 @@ def metrics_json(metrics: RequestMetrics) -> dict:
         "seconds": metrics.seconds,
         "time_to_first_token": metrics.time_to_first_token,
         "tokens_per_second": metrics.tokens_per_second,
+        "cached_tokens": metrics.cached_tokens,
     }
     if grammar is not None:
         out["grammar"] = {"complete": grammar.complete, "seconds": grammar.seconds,

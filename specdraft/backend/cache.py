@@ -98,6 +98,23 @@ class RowKVCache:
             mine[dst, :, start:stop] = theirs[src, :, start:stop]
         self.lengths[dst] = stop
 
+    def read(self, slot: int, start: int, stop: int) -> torch.Tensor:
+        """Positions [start, stop) of a row's committed entries, every layer: [2, layers, kv_heads,
+        stop - start, head_dim] (keys, then values): a new tensor."""
+        assert 0 <= start <= stop <= self.lengths[slot], (start, stop, self.lengths[slot])
+        return torch.stack([torch.stack([buf[slot, :, start:stop] for buf in bufs]) for bufs in (self._keys, self._values)])
+
+    def write(self, slot: int, start: int, entries: torch.Tensor) -> None:
+        """Make entries [2, layers, kv_heads, n, head_dim] (as `read` gives them) the row's positions
+        [start, start + n), after its own first `start`; its length becomes start + n."""
+        n = entries.shape[3]
+        assert start <= self.lengths[slot], (start, self.lengths[slot])
+        self.reserve(self.rows, start + n)
+        for layer in range(self.num_layers):
+            self._keys[layer][slot, :, start : start + n] = entries[0, layer]
+            self._values[layer][slot, :, start : start + n] = entries[1, layer]
+        self.lengths[slot] = start + n
+
     def swap_rows(self, a: int, b: int) -> None:
         if a == b:
             return

@@ -1,7 +1,9 @@
-"""`Engine`: the request loop. It admits requests, prefills them in chunks between decode steps, runs
+"""`Engine`: the request loop. It admits requests (each from the longest prefix of its prompt that the
+verifier's prefix cache holds), prefills the rest in chunks between decode steps, runs
 each decode step's stages (`step.py`) over the running rows, then applies what the step returned:
 each verified row's tokens under the stop rules (EOS, stop strings, max_tokens, the context), the
-failures, the retirements; and tells the policy what the step did, once.
+failures, the retirements (what a request committed is kept for later prompts); and tells the
+policy what the step did, once.
 
 Each request names its drafter, its longest draft and its policy (`SpeculationParams`; the engine
 owns the defaults of all three); the engine holds the drafters, built and warmed once, by name, and
@@ -72,6 +74,7 @@ class Engine:
         self._ids = itertools.count()
         self._done: dict[str, Request] = {}  # finished requests not yet collected
         self.prefill_seconds = 0.0  # time spent prefilling the target with prompts (the same whatever drafts)
+        self._verified = 0  # tokens the last decode step verified (they share a step's budget with prefill)
         if calibrate:
             calibrate_policy(verifier, self.drafters, self.parts, self.policy, k, max_batch)
 
@@ -138,9 +141,9 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------
     def step(self) -> list[Delta]:
-        """Admit waiting requests, prefill up to `prefill_budget` prompt tokens (all of them when no
-        request is decoding), then one decode step over the running rows. A request whose prefill
-        ends in this step also takes part in its decode step, so it may get two deltas."""
+        """Admit waiting requests, prefill (`_prefill`), then one decode step over the running rows.
+        A request whose prefill ends in this step also takes part in its decode step, so it may get
+        two deltas."""
         while self._waiting and len(self._running) + len(self._prefilling) < self.max_batch:
             request = self._waiting.popleft()
             self.verifier.add(request.id, request.params, request.grammar)
@@ -151,10 +154,20 @@ class Engine:
         return deltas
 
     def _prefill(self) -> list[Delta]:
+        """Prefill admitted prompts in order: all of them when no request is decoding, else up to
+        `prefill_budget` tokens less those the last decode step verified (a step's prompt and verified
+        tokens share one budget), never less than a quarter of it (a waiting prompt always advances,
+        however much the running rows draft). A prompt starts from the longest prefix of it that the
+        verifier's prefix cache holds, looked up when its prefill starts (not at admission): requests
+        admitted together that share a system prompt find it stored by the one prefilled before them."""
         deltas = []
-        budget = self.prefill_budget if self._running else None
+        budget = max(self.prefill_budget - self._verified, self.prefill_budget // 4) if self._running else None
         while self._prefilling and (budget is None or budget > 0):
             request = self._prefilling[0]
+            if not request.looked_up:
+                request.looked_up = True
+                request.prefilled = self.verifier.reuse(request.id, request.params.cache_salt, request.prompt_ids)
+                request.metrics.cached_tokens = request.prefilled
             rest = len(request.prompt_ids) - request.prefilled
             take = rest if budget is None else min(rest, budget)
             started = time.perf_counter()
@@ -165,6 +178,7 @@ class Engine:
             if budget is not None:
                 budget -= take
             if first is not None:
+                self.verifier.keep(request.id, request.params.cache_salt, request.prompt_ids)
                 self._prefilling.popleft()
                 self._running[request.id] = request
                 deltas.append(self._retire_finished(self._begin(request, first)))
@@ -199,7 +213,9 @@ class Engine:
                 request.metrics.grammar.forced_draft_tokens += outcome.forced[0]
                 request.metrics.grammar.forced_accepted_tokens += outcome.forced[1]
             deltas.append(self._emit(request, outcome.tokens, outcome.accepted))
-        self.policy.record(step.report(time.perf_counter()))
+        report = step.report(time.perf_counter())
+        self.policy.record(report)
+        self._verified = 0 if report.verify is None else sum(1 + n for n in report.verify.lengths)
         return [self._retire_finished(delta) for delta in deltas]
 
     # -- applying a step -------------------------------------------------------------------
@@ -250,6 +266,7 @@ class Engine:
 
     def _retire(self, request: Request) -> None:
         request.metrics.finished = time.perf_counter()
+        self.verifier.keep(request.id, request.params.cache_salt, request.prompt_ids + request.generated)
         self.verifier.remove(request.id)
         if request.begun:
             request.begun = False

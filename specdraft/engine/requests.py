@@ -42,6 +42,7 @@ class RequestMetrics:
     draft_seconds: float = 0.0
     grammar: GrammarMetrics | None = None  # a request with a response format
     generated: int = 0  # tokens generated
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     started: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     finished: float | None = None
@@ -102,6 +103,7 @@ class Request:
     last_token: int | None = None
     error: str | None = None  # why the request failed (finish_reason "error")
     prefilled: int = 0  # prompt tokens in the target's cache
+    looked_up: bool = False  # the prefix cache was asked for its prompt (when its prefill started)
     begun: bool = False  # its drafter and the policy track it
     grammar: RowGrammar | None = None  # its response format's state (the verifier advances it)
     stop_string: bool = False  # it ended on a stop string (its text is cut there)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from specdraft.backend import RowModel, StaticShapes
+from specdraft.backend.prefix import PrefixCache
 from specdraft.drafters.base import EMPTY_DRAFT, Draft
 from specdraft.grammar import GrammarError, RowGrammar, mask_words, unpack
 from specdraft.params import SamplingParams
@@ -55,12 +56,16 @@ class _Row:
 
 class Verifier:
     """model: the target; static: run steps at static shapes (`StaticShapes`, CUDA graphs on CUDA);
-    compiled: on CPU, compiled decode and verify passes (`RowModel`)."""
+    compiled: on CPU, compiled decode and verify passes (`RowModel`); prefix_cache_bytes: keep rows'
+    committed keys and values up to this many bytes for later prompts that start alike
+    (`specdraft.backend.prefix`; 0: keep none)."""
 
-    def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, compiled: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, compiled: bool = False,
+                 prefix_cache_bytes: int = 0) -> None:
         self.rows = RowModel(model, static=static, compiled=compiled)
         self.device = self.rows.device
         self.vocab_size = self.rows.vocab_size
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._params: dict[str, _Row] = {}
 
     # -- row lifecycle -------------------------------------------------------------------
@@ -71,6 +76,24 @@ class Verifier:
         self._params[row_id] = _Row(params, request_seed(params), grammar)
         self.rows.add(row_id)
 
+    def reuse(self, row_id: str, salt: str | None, prompt_ids: Sequence[int]) -> int:
+        """Start a new row with the stored entries of the longest prefix of its prompt that an earlier
+        row with the same salt committed (all of the prompt but its last token at most: that one's
+        logits give the first token); return how many tokens it took. Its prefill goes on from there."""
+        if self.prefixes is None:
+            return 0
+        cached = self.prefixes.read(self.rows.cache, self.rows.slot(row_id), salt, prompt_ids, len(prompt_ids) - 1)
+        self.prefixes.stats.cached_tokens += cached
+        return cached
+
+    def keep(self, row_id: str, salt: str | None, token_ids: Sequence[int]) -> None:
+        """Store the row's committed entries for later rows with the same salt; token_ids: the row's
+        tokens (its first min(committed, given) positions are stored: the last emitted token is never
+        committed, and a row whose grammar failed in a step committed tokens it never emitted)."""
+        if self.prefixes is not None:
+            length = self.rows.length(row_id)
+            self.prefixes.store(self.rows.cache, self.rows.slot(row_id), salt, token_ids[:length])
+
     def prefill(self, row_id: str, token_ids: Sequence[int], last: bool) -> StepResult | None:
         """Feed the next part of a row's prompt. After the last part the row joins the steps and its
         first generated token is returned (a result of one token, or the error of a grammar that failed)."""
@@ -79,6 +102,8 @@ class Verifier:
         if masks is not None and masks.errors:
             return StepResult([], 0, masks.seconds[0], masks.errors[0])
         logits = self.rows.prefill(row_id, token_ids)  # [vocab]
+        if self.prefixes is not None:
+            self.prefixes.stats.computed_tokens += len(token_ids)
         if not last:
             return None
         self.rows.activate(row_id)
