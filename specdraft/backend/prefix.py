@@ -49,11 +49,9 @@ class _Node:
 
 @dataclass
 class PrefixStats:
-    """What the cache did: prompt tokens copied from it and computed (counted by the engine), bytes its
-    entries hold, entries dropped to stay within the budget (tokens)."""
+    """What the cache holds (bytes of entries) and has dropped to stay within its budget (runs of
+    tokens, tokens). A request's own hit is its `RequestMetrics.cached_tokens`."""
 
-    cached_tokens: int = 0
-    computed_tokens: int = 0
     bytes: int = 0
     evicted_tokens: int = 0
     evictions: int = 0
@@ -146,10 +144,6 @@ class PrefixCache:
             self.stats.evictions += 1
         for salt in [s for s, root in self._roots.items() if not root.children]:
             del self._roots[salt]
-
-    def clear(self) -> None:
-        self._roots.clear()
-        self.stats.bytes = 0
 
 
 def _below(node: _Node):

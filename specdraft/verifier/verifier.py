@@ -82,9 +82,7 @@ class Verifier:
         logits give the first token); return how many tokens it took. Its prefill goes on from there."""
         if self.prefixes is None:
             return 0
-        cached = self.prefixes.read(self.rows.cache, self.rows.slot(row_id), salt, prompt_ids, len(prompt_ids) - 1)
-        self.prefixes.stats.cached_tokens += cached
-        return cached
+        return self.prefixes.read(self.rows.cache, self.rows.slot(row_id), salt, prompt_ids, len(prompt_ids) - 1)
 
     def keep(self, row_id: str, salt: str | None, token_ids: Sequence[int]) -> None:
         """Store the row's committed entries for later rows with the same salt; token_ids: the row's
@@ -102,8 +100,6 @@ class Verifier:
         if masks is not None and masks.errors:
             return StepResult([], 0, masks.seconds[0], masks.errors[0])
         logits = self.rows.prefill(row_id, token_ids)  # [vocab]
-        if self.prefixes is not None:
-            self.prefixes.stats.computed_tokens += len(token_ids)
         if not last:
             return None
         self.rows.activate(row_id)
