@@ -3,13 +3,14 @@
 In one run on this machine, with the threads a step uses:
 - read bandwidth: the rate a streaming read reaches (torch's sum over a buffer 16x the last-level
   cache), median of interleaved repeats;
-- weight bytes per token: every weight a decode step reads (each layer's projections and MLP, the
-  norms, the output layer; of the embedding, one row);
-- the floor, bandwidth / bytes per token, and plain decoding (`none`, batch 1, greedy, the model's
-  dtype) as a fraction of it: decode-only tokens/s of the step as built (numba's kernels for
-  float32 layers), of inductor's compiled parts (the step before them) and of the eager layers
-  (`enforce_eager`), interleaved round by round;
-- the verify step's cost at k = 1..8 relative to a plain step, each step;
+- weight bytes per token, per kind of weights: every weight a decode step reads (each layer's
+  projections and MLP, the norms, the output layer; of the embedding, one row): the GGUF's blocks
+  (native, the default) or their float32 copy (`--weights dense`);
+- each step's floor, bandwidth / its bytes per token, and plain decoding (`none`, batch 1, greedy,
+  float32 arithmetic) as a fraction of it: decode-only tokens/s on native weights, on dense ones
+  (both by the compiled kernel, `backend/blocks.cpp`) and on dense ones by numba's loops (the step
+  before native weights), interleaved round by round;
+- the verify step's cost at k = 0..8 relative to a plain step, each step;
 - with one competing busy process: plain decoding per thread setting, each in a fresh process
   (OpenMP reads its waiting policy when it starts), against the same setting on a quiet machine.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -34,8 +36,8 @@ import numpy as np
 from benchmarks.common import RESULTS, machine, write_results
 from specdraft.threads import THREAD_SETTINGS, THREAD_VARIABLES
 
-STEPS = {"numba": "numba kernels (the step as built)", "inductor": "inductor's compiled parts (the step before)",
-         "eager": "eager layers (`enforce_eager`)"}
+STEPS = {"native": "native weights (GGUF blocks; the default)", "dense": "dense float32 (`--weights dense`)",
+         "numba": "dense float32 by numba's loops (the step before)"}
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
 
 
@@ -71,14 +73,20 @@ def _buffer_bytes() -> int:
     return max(16 * llc, 512 << 20)
 
 
+def _stored(module):
+    """The tensor a module's weights are read from: its GGUF blocks or its weight."""
+    return getattr(module, "blocks", None) if hasattr(module, "blocks") else module.weight
+
+
 def weight_bytes_per_token(model) -> int:
-    """Bytes of weights one decode step reads: every parameter once (tied ones once), the input
-    embedding only for its one row unless it is also the output layer."""
+    """Bytes of weights one decode step reads: every parameter and stored block once (tied ones
+    once), the input embedding only for its one row unless it is also the output layer."""
+    import torch
+
     seen, total = set(), 0
-    embedding = model.get_input_embeddings().weight
-    output = model.get_output_embeddings().weight
-    for p in model.parameters():
-        if p.data_ptr() in seen:
+    embedding, output = _stored(model.get_input_embeddings()), _stored(model.get_output_embeddings())
+    for p in [*model.parameters(), *model.buffers()]:
+        if p.data_ptr() in seen or not p.dtype.is_floating_point and p.dtype != torch.uint8:
             continue
         seen.add(p.data_ptr())
         if p.data_ptr() == embedding.data_ptr() and embedding.data_ptr() != output.data_ptr():
@@ -103,31 +111,40 @@ def decode_rate(llm, tokens: int) -> float:
 
 @contextlib.contextmanager
 def built_as(step: str):
-    """Build a step of kind `step`: for "inductor", float32 layers take inductor's compiled parts,
-    as they did before numba's kernels (what bf16 layers still run)."""
-    from specdraft.backend.numba_layers import NumbaLayers
+    """Build a step of kind `step`: for "numba", float32 layers take numba's loops, as they did
+    before the compiled kernel (what int8 draft copies still run)."""
+    from specdraft.backend import numba_layers
 
-    applies = NumbaLayers.applies
-    if step == "inductor":
-        NumbaLayers.applies = staticmethod(lambda *args: False)
+    kernel = numba_layers.native_kernel
+    if step == "numba":
+        numba_layers.native_kernel = lambda *args: None
     try:
         yield
     finally:
-        NumbaLayers.applies = applies
+        numba_layers.native_kernel = kernel
 
 
-def plain_llms(loaded) -> dict:
+def step_models(native, dense) -> dict:
+    """Each step's model: native weights for "native", dense ones (a copy per step: each step's
+    layers hold their own weight buffers) otherwise."""
+    import copy
+
+    return {step: native.model if step == "native" else (dense.model if step == "dense" else copy.deepcopy(dense.model))
+            for step in STEPS}
+
+
+def plain_llms(native, dense, models: dict) -> dict:
     from specdraft import LLM
 
     llms = {}
-    for step in STEPS:
+    for step, model in models.items():
         with built_as(step):
-            llms[step] = LLM(loaded, drafter="none", max_batch=1, enforce_eager=step == "eager",
-                                 prefix_cache_mb=0)
+            loaded = native if step == "native" else dense
+            llms[step] = LLM(dataclasses.replace(loaded, model=model), drafter="none", max_batch=1, prefix_cache_mb=0)
     return llms
 
 
-def verify_costs(loaded, rounds: int) -> dict:
+def verify_costs(models: dict, rounds: int) -> dict:
     """Step ms at batch 1 for k = 0..8, each step, interleaved (benchmarks.verify_cost)."""
     from benchmarks.verify_cost import measure
     from specdraft.params import SamplingParams
@@ -136,9 +153,9 @@ def verify_costs(loaded, rounds: int) -> dict:
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 1000, size=256).tolist()
     verifiers = {}
-    for step in STEPS:
+    for step, model in models.items():
         with built_as(step):
-            verifiers[step] = Verifier(loaded.model, compiled=step != "eager")
+            verifiers[step] = Verifier(model, compiled=True)
     for verifier in verifiers.values():
         verifier.admit("row0", prompt, SamplingParams())
     cells = {step: [] for step in verifiers}
@@ -208,11 +225,14 @@ def main() -> None:
     from specdraft.models import load_model
 
     load_before = os.getloadavg()[0]
-    loaded = load_model(None, device="cpu", dtype="float32")
-    llms = plain_llms(loaded)
+    native = load_model(None, device="cpu", dtype="float32")
+    dense = load_model(None, device="cpu", dtype="float32", weights="dense")
+    assert native.weights == "native", "native weights do not apply here"
+    models = step_models(native, dense)
+    llms = plain_llms(native, dense, models)
     for llm in llms.values():
         decode_rate(llm, 16)  # warm
-    per_token = weight_bytes_per_token(loaded.model)
+    per_token = {step: weight_bytes_per_token(model) for step, model in models.items()}
     bandwidths, rates, buffer = [], {step: [] for step in llms}, read_buffer()
     for r in range(args.rounds):
         bandwidths.append(read_bandwidth(buffer))
@@ -222,25 +242,24 @@ def main() -> None:
               + ", ".join(f"{s} {v[-1]:.1f} tok/s" for s, v in rates.items()), flush=True)
     del buffer
     bandwidth = statistics.median(bandwidths)
-    floor = bandwidth / per_token
-    plain = {step: {"tokens_per_second": statistics.median(v), "runs": v,
-                    "fraction_of_floor": statistics.median(v) / floor} for step, v in rates.items()}
-    costs = verify_costs(loaded, args.rounds)
+    plain = {step: {"tokens_per_second": statistics.median(v), "runs": v, "weight_bytes_per_token": per_token[step],
+                    "floor_tokens_per_second": bandwidth / per_token[step],
+                    "fraction_of_floor": statistics.median(v) / (bandwidth / per_token[step])} for step, v in rates.items()}
+    costs = verify_costs(models, args.rounds)
     result = {
         "date": dt.date.today().isoformat(),
         "machine": machine(),
         "load_before": load_before,
         "threads": torch.get_num_threads(),
         "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
-        "model": loaded.name,
-        "dtype": str(loaded.model.dtype),
+        "model": native.name,
+        "dtype": "float32 arithmetic",
         "tokens": args.tokens,
         "rounds": args.rounds,
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "read_bandwidth_runs_gb_s": [b / 1e9 for b in bandwidths],
-        "weight_bytes_per_token": per_token,
-        "floor_tokens_per_second": floor,
         "plain": plain,
+        "native_over_dense": plain["native"]["tokens_per_second"] / plain["dense"]["tokens_per_second"],
         "verify_step_ms": costs,
         "neighbour": None if args.skip_neighbour else under_neighbour(args.rounds, args.tokens),
     }
@@ -259,15 +278,15 @@ def write(result: dict, out: Path) -> None:
         f"- read bandwidth (torch's streaming sum over a buffer far larger than the caches, {result['threads']} threads): "
         f"**{result['read_bandwidth_gb_s']:.1f} GB/s** (runs: "
         + ", ".join(f"{b:.1f}" for b in result["read_bandwidth_runs_gb_s"]) + ")",
-        f"- weights read per token: **{result['weight_bytes_per_token'] / 1e6:.0f} MB**",
-        f"- floor: **{result['floor_tokens_per_second']:.1f} tok/s**",
+        f"- native over dense plain decoding: **{result['native_over_dense']:.2f}x**",
         "",
-        "| plain decoding (`none`) | tok/s | of the floor | runs |",
-        "| --- | --- | --- | --- |",
+        "| plain decoding (`none`) | weights read per token | its floor | tok/s | of the floor | runs |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for step, p in plain.items():
-        lines.append(f"| {STEPS.get(step, step)} | {p['tokens_per_second']:.1f} | {100 * p['fraction_of_floor']:.0f}% | "
-                     + ", ".join(f"{v:.1f}" for v in p["runs"]) + " |")
+        lines.append(f"| {STEPS.get(step, step)} | {p['weight_bytes_per_token'] / 1e6:.0f} MB | "
+                     f"{p['floor_tokens_per_second']:.1f} tok/s | {p['tokens_per_second']:.1f} | "
+                     f"{100 * p['fraction_of_floor']:.0f}% | " + ", ".join(f"{v:.1f}" for v in p["runs"]) + " |")
     lines += ["", "Verify step at batch 1 (256 tokens of context): ms, and in brackets the ratio to the same "
               "kind's plain step (k = 0):", "", "| k | " + " | ".join(costs) + " |", "| --- |" + " --- |" * len(costs)]
     for k in sorted(next(iter(costs.values())), key=int):

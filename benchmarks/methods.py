@@ -80,7 +80,7 @@ class Methods:
         self._peers: dict[str, Callable] = {}
         if any(n in PEERS for n in names):
             # The stock model (no specdraft layers) for the peers, on the same device.
-            stock = load_model(None, device=loaded.model.device, dtype="auto", few_rows_linears=False)
+            stock = load_model(None, device=loaded.model.device, dtype="auto", few_rows_linears=False, weights="dense")
             call = {"hf-generate": peers.hf_generate,
                     "hf-prompt-lookup-k10": lambda *a: peers.hf_prompt_lookup(*a, num_tokens=10)}
             self._peers = {n: (lambda ids, fn=call[n]: fn(stock.model, ids, max_tokens, stock.eos_token_ids))

@@ -1,6 +1,7 @@
 """Where a CPU step's time goes: `torch.profiler` over verifier steps of the embedded model, plain
-(k = 0) and verify (k = 5) at batch 1 and 8, for each step (numba's kernels as built, inductor's
-compiled parts, the eager layers), ops grouped by what they do, per step and per decoder layer.
+(k = 0) and verify (k = 5) at batch 1 and 8, for each step of `benchmarks.cpu_floor` (native
+weights, dense ones, dense ones by numba's loops), ops grouped by what they do, per step and per
+decoder layer.
 
     python -m benchmarks.profile_step [--steps 10] [--out benchmarks/results]
 """
@@ -16,7 +17,7 @@ import numpy as np
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import RESULTS, machine, write_results
-from benchmarks.cpu_floor import STEPS, built_as
+from benchmarks.cpu_floor import built_as, step_models
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
@@ -93,12 +94,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     loaded = load_model(None, device="cpu", dtype="float32")
+    models = step_models(loaded, load_model(None, device="cpu", dtype="float32", weights="dense"))
     layers = loaded.model.config.num_hidden_layers
     rng = np.random.default_rng(0)
     cases = []
-    for kind in STEPS:
+    for kind, model in models.items():
         with built_as(kind):
-            verifier = Verifier(loaded.model, compiled=kind != "eager")
+            verifier = Verifier(model, compiled=True)
         for b in range(8):
             verifier.admit(f"row{b}", rng.integers(0, 1000, size=args.context).tolist(), SamplingParams())
         for batch in (8, 1):  # every active row takes part in a step: keep exactly `batch` of them

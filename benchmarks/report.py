@@ -251,6 +251,17 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
                if (d, m) in by_key else DASH for d in domains]
         for m in methods
     ]) + [""]
+    if results.get("native_over_dense"):
+        lines += ["## Native weights over dense float32 (median per prompt of tok/s ratios; medians in brackets)", "",
+                  f"`specdraft-<drafter>` reads the GGUF's blocks (weights: {results.get('weights', DASH)}), "
+                  "`specdraft-<drafter>-dense` a float32 copy; each prompt ran on both back to back.", ""]
+        ratios = {(r["domain"], r["drafter"]): r for r in results["native_over_dense"]}
+        drafters = list(dict.fromkeys(r["drafter"] for r in results["native_over_dense"]))
+        lines += _table(["drafter"] + domains, [
+            [name] + [f"{_x(ratios[(d, name)]['median_ratio'])} ({ratios[(d, name)]['native_tok_s']:.1f} vs "
+                      f"{ratios[(d, name)]['dense_tok_s']:.1f})" if (d, name) in ratios else DASH for d in domains]
+            for name in drafters
+        ]) + [""]
     header = ["method", "tok/s", "vs none", "vs hf-generate", "vs HF lookup", "acceptance", "mean accepted",
               "per position", "drafting share", "lossless"]
     for domain in domains:

@@ -90,6 +90,22 @@ def repeat_slow_prompts(cells: dict, prompts: dict, ours: dict, tokenizer, times
     return out
 
 
+def native_over_dense(cells: dict, names: list[str]) -> list[dict]:
+    """Per domain and drafter: median tok/s on native weights over the same on dense ones, prompt by
+    prompt (the two ran the same prompt back to back)."""
+    out = []
+    for (domain, method), rows in cells.items():
+        name = method.removeprefix("specdraft-")
+        if name not in names or (domain, f"{method}-dense") not in cells:
+            continue
+        dense = {r["id"]: r for r in cells[(domain, f"{method}-dense")]}
+        ratios = [r["tokens_per_second"] / dense[r["id"]]["tokens_per_second"] for r in rows if r["id"] in dense]
+        out.append({"domain": domain, "drafter": name, "median_ratio": statistics.median(ratios),
+                    "native_tok_s": statistics.median(r["tokens_per_second"] for r in rows),
+                    "dense_tok_s": statistics.median(r["tokens_per_second"] for r in dense.values())})
+    return out
+
+
 def run_hf(fn, *args, **kwargs) -> dict:
     result = fn(*args, **kwargs)
     return {"token_ids": list(result.token_ids), "tokens": len(result.token_ids), "seconds": result.seconds,
@@ -111,20 +127,30 @@ def main() -> None:
                         help='each drafter\'s options by name, as JSON: \'{"ngram": {"max_n": 4}}\'')
     parser.add_argument("--repeat-slow", type=int, default=3,
                         help="re-run none and ngram this many times on a prompt where ngram looked slower (noise or loss?)")
+    parser.add_argument("--dense", action="store_true",
+                        help="also run each specdraft drafter on the model's dense float32 weights (`--weights "
+                             "dense`; methods `specdraft-<name>-dense`), interleaved, beside its native weights")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     loaded = load_model(args.model, device=None, dtype="auto")
     device = loaded.model.device
     # The peers run the stock Hugging Face model, as their users would; ours runs it as specdraft loads it.
-    stock = load_model(args.model, device=device, dtype="auto", few_rows_linears=False) if loaded.few_rows_linears else loaded
-    assistant = load_model(args.draft_model, device=device, dtype="auto", few_rows_linears=False).model if args.draft_model else None
+    stock = load_model(args.model, device=device, dtype="auto", few_rows_linears=False, weights="dense") if loaded.few_rows_linears else loaded
+    assistant = load_model(args.draft_model, device=device, dtype="auto", few_rows_linears=False, weights="dense").model if args.draft_model else None
     names = [n.strip() for n in args.drafters.split(",") if n.strip()]
     llm = specdraft_llm(loaded, args.k, names, args.draft_model, args.drafter_options)
     for name, why in llm.runtime.skipped.items():  # a plugin that failed to build: the others run
         print(f"benchmark: drafter {name!r} is left out: {why}", file=sys.stderr)
     names = [n for n in names if n not in llm.runtime.skipped]
     ours = {f"specdraft-{n}": (lambda ids, n=n: run_specdraft(llm, n, ids, args.max_tokens)) for n in names}
+    llms = [llm]
+    if args.dense:
+        dense = specdraft_llm(load_model(args.model, device=device, dtype="auto", weights="dense"), args.k, names,
+                              args.draft_model, args.drafter_options)
+        llms.append(dense)
+        ours.update({f"specdraft-{n}-dense": (lambda ids, n=n: run_specdraft(dense, n, ids, args.max_tokens))
+                     for n in names})
     eos = stock.eos_token_ids
     hf_methods = {
         "hf-generate": lambda ids: run_hf(peers.hf_generate, stock.model, ids, args.max_tokens, eos),
@@ -139,7 +165,8 @@ def main() -> None:
     # Warm-up: first calls pay one-off allocation and kernel selection costs.
     warm = encode_prompt(loaded.tokenizer, "Say hello.")
     for name in names:
-        run_specdraft(llm, name, warm, 8)
+        for engine in llms:
+            run_specdraft(engine, name, warm, 8)
     for fn in hf_methods.values():
         fn(warm)
 
@@ -171,6 +198,8 @@ def main() -> None:
         "machine": machine(),
         "repeats": repeats,
         "model": loaded.name,
+        "weights": loaded.weights,  # specdraft-<name>'s; specdraft-<name>-dense: "dense"
+        "native_over_dense": native_over_dense(cells, names),
         "setup": ("specdraft runs the model with its FewRowsLinear layers (fast skinny products on CPU); "
                   "Hugging Face's methods run the stock model" if loaded.few_rows_linears
                   else "specdraft and Hugging Face run the same stock model"),

@@ -59,7 +59,7 @@ class LLM:
     """model: a name or path as the CLI takes it (default: the embedded model), or a `LoadedModel`
     already loaded; options: `build_runtime`'s, passed through (drafter, drafters, k, max_batch,
     device, dtype, draft_model, max_context, drafter_options, policy, enforce_eager, calibrate,
-    prefix_cache_mb).
+    prefix_cache_mb, weights).
     `runtime` holds what was built (`runtime.skipped`: drafter plugins that failed to build)."""
 
     def __init__(self, model: str | LoadedModel | None = None, **options: Any) -> None:

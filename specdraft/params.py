@@ -6,7 +6,9 @@ the one owner of the engine's and the server's defaults (a module light enough f
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 MAX_SPECULATIVE_TOKENS = 64  # the longest draft any request may ask for
@@ -23,6 +25,13 @@ DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafter
 # `specdraft.backend.prefix`): the embedded model's entries take 45 KiB a token in float32, so 1 GiB
 # holds ~23k tokens, a few agent conversations' histories.
 DEFAULT_PREFIX_CACHE_MB = 1024
+WEIGHTS = ("auto", "native", "dense")  # how a GGUF model's layers are read (`models.native_weights`)
+
+
+def cache_dir() -> Path:
+    """Where specdraft keeps what it makes once per machine (converted models, compiled kernels, the
+    n-gram memory): `SPECDRAFT_CACHE_DIR`, default `~/.cache/specdraft`."""
+    return Path(os.environ.get("SPECDRAFT_CACHE_DIR", Path.home() / ".cache" / "specdraft"))
 
 
 def check_num_speculative_tokens(k: object, name: str = "num_speculative_tokens") -> int:

@@ -107,6 +107,7 @@ def build_runtime(
     enforce_eager: bool = False,
     calibrate: bool = True,
     prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+    weights: str = "auto",
 ) -> Runtime:
     """The one assembly of an engine (the server, the CLI, `specdraft.LLM` and the benchmarks use it).
 
@@ -115,7 +116,9 @@ def build_runtime(
     every drafter requests may choose; drafter_options: each drafter's options by name; draft_model:
     the `model` drafter's (and so `hybrid`'s); policy: the requests' default (`auto` or `fixed`);
     enforce_eager: no CUDA graphs, no compiled CPU step; prefix_cache_mb: MiB of earlier requests'
-    keys and values kept for later prompts that start alike (0: none)."""
+    keys and values kept for later prompts that start alike (0: none); weights: a GGUF model's layers
+    as its own blocks ("native", where they apply: `auto`, but not with `enforce_eager`, whose eager
+    layers would dequantise them at every pass) or as float32 ("dense"), same logits."""
     check_num_speculative_tokens(k, "k")
     if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
         raise ValueError(f"prefix_cache_mb must be an integer >= 0 (0 turns the prefix cache off), got {prefix_cache_mb!r}")
@@ -126,7 +129,9 @@ def build_runtime(
     if unknown:
         raise ValueError(f"unknown drafter {unknown[0]!r}; choose one of: {', '.join(drafter_names())}")
     options = resolve_options(names, drafter_options, draft_model, dtype)  # refused before anything loads
-    target = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
+    if enforce_eager and weights == "auto":  # eager layers would dequantise every block at every pass
+        weights = "dense"
+    target = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype, weights=weights)
     context = min(max_context, target.max_context) if max_context else target.max_context
     static = static_shapes(target, max_batch, context, graphs=not enforce_eager)
     resources = Resources(static, compiled=not enforce_eager)

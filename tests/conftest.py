@@ -170,7 +170,7 @@ def oracle_script(references: dict[tuple, list[int]], corrupt: Callable[[int, in
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct, fp32 on CPU (converted once into the cache dir), as
-    specdraft loads it (with `FewRowsLinear` layers)."""
+    specdraft loads it (native: its Q4_1/Q8_0 layers read as the GGUF's blocks)."""
     from specdraft.models import load_model
 
     return load_model(None, device="cpu", dtype="float32")
@@ -181,7 +181,7 @@ def embedded_stock():
     """The same model as stock Hugging Face runs it: the reference for end-to-end equality."""
     from specdraft.models import load_model
 
-    return load_model(None, device="cpu", dtype="float32", few_rows_linears=False)
+    return load_model(None, device="cpu", dtype="float32", few_rows_linears=False, weights="dense")
 
 
 def loaded(model, name: str = "tiny", tokenizer=None, eos: tuple[int, ...] = ()):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdraft.backend import RowModel
+from specdraft.backend import RowModel, blocks
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.linear import Int8Linear, use_int8_linears
 from specdraft.backend.numba_layers import _NONE, _SPAN, MAX_TOKENS, NumbaLayers, _attend, project, step_weights
@@ -135,9 +135,12 @@ def test_a_projection_equals_the_product_for_every_row_and_token_count(out, resi
         x = rng.standard_normal((n, 70), dtype=np.float32)
         r = rng.standard_normal((n, out), dtype=np.float32) if residual else _NONE
         y = np.full((n, out), np.nan, np.float32)
-        project((w, scales, b), x, y, r)
+        project((w, scales, b, -1), x, y, r, 0)  # numba's loops
         want = x.astype(np.float64) @ dequantised.T + b + (r if residual else 0)
         np.testing.assert_allclose(y, want, rtol=0, atol=1e-4, err_msg=f"{n} tokens")
+        if not int8:  # the compiled kernel, float32 rows as bytes
+            project((w.view(np.uint8), scales, b, blocks.F32), x, y, r, blocks.kernel().address)
+            np.testing.assert_allclose(y, want, rtol=0, atol=1e-4, err_msg=f"{n} tokens, compiled kernel")
 
 
 def test_an_int8_copy_passes_equal_a_float32_model_of_its_dequantised_weights():

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from specdraft.backend.layers import Pass, attend
 from specdraft.backend.linear import Int8Linear
-from specdraft.backend.weights import joined_projection, layer_linears, norm_eps, plain_linear, projection, silu_mlp
+from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, plain_linear, projection,
+                                       silu_mlp)
 
 MAX_TOKENS = 8  # passes of up to this many tokens run here (a graph per count)
 
@@ -149,7 +150,7 @@ class InductorLayers:
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
         """Whether the layers are plain (SiLU MLP, RMS norms, linears all float or all int8) on CPU
         with float activations."""
-        if model.model.embed_tokens.weight.device.type != "cpu" or not dtype.is_floating_point:
+        if model_device(model).type != "cpu" or not dtype.is_floating_point:
             return False
         linears = layer_linears(model, layers)
         return (all(silu_mlp(layer.mlp) for layer in layers) and all(plain_linear(m) for m in linears)

@@ -64,10 +64,11 @@ class Int8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()  # [out, in]
+        source = linear.dense() if hasattr(linear, "dense") else linear.weight  # GGUF blocks: dequantised
+        weight = source.detach().float()  # [out, in]
         scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
         self.register_buffer("weight", torch.round(weight / scales[:, None]).to(torch.int8))
-        self.register_buffer("scales", scales.to(torch.bfloat16 if weight.device.type == "cpu" else linear.weight.dtype))
+        self.register_buffer("scales", scales.to(torch.bfloat16 if weight.device.type == "cpu" else source.dtype))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,15 +85,19 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-def _replace_linears(model: torch.nn.Module, make, kinds: tuple[type, ...] = (torch.nn.Linear,)) -> int:
+def _replace_linears(model: torch.nn.Module, make, kinds: tuple[type, ...] = (torch.nn.Linear,),
+                     blocks: bool = False) -> int:
+    """Replace the children of these types (and, with `blocks`, layers of GGUF blocks: any with a
+    `dense()` weight) by `make(child)`."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) in kinds]
+             if type(child) in kinds or (blocks and hasattr(child, "blocks") and hasattr(child, "dense"))]
     for parent, name, child in swaps:
         setattr(parent, name, make(child))
     return len(swaps)
 
 
 def use_int8_linears(model: torch.nn.Module) -> int:
-    """Replace every plain `nn.Linear` in `model` by an `Int8Linear`; return how many. For a draft
-    copy that its builder owns (the copy stops referring to the full-precision weights)."""
-    return _replace_linears(model, Int8Linear, (torch.nn.Linear, FewRowsLinear))
+    """Replace every plain `nn.Linear` (and layer of GGUF blocks, `blocks.BlockLinear`) in `model` by
+    an `Int8Linear`; return how many. For a draft copy that its builder owns (the copy stops
+    referring to the full-precision weights)."""
+    return _replace_linears(model, Int8Linear, (torch.nn.Linear, FewRowsLinear), blocks=True)

@@ -27,6 +27,7 @@ import torch
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.layers import EagerLayers, Pass
 from specdraft.backend.numba_layers import NumbaLayers
+from specdraft.backend.weights import activation_dtype
 
 _FAMILY = ("llama",)
 
@@ -59,7 +60,7 @@ class LlamaForward:
         self.model = model
         indices = range(len(model.model.layers)) if layers is None else layers
         self.layers = [model.model.layers[i] for i in indices]
-        self.dtype = dtype or model.model.embed_tokens.weight.dtype
+        self.dtype = dtype or activation_dtype(model)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -1,5 +1,11 @@
-"""`NumbaLayers`: a Llama layer's per-token work on CPU as numba kernels, for float32 or int8 weights.
-One of the ways to run a pass's layers (`specdraft.backend.layers`), the one the CPU step runs.
+"""`NumbaLayers`: a Llama layer's per-token work on CPU as numba kernels, for float32, GGUF-block
+(native) or int8 weights. One of the ways to run a pass's layers (`specdraft.backend.layers`), the one
+the CPU step runs.
+
+Projections: float32 rows and GGUF blocks are read by the compiled kernel (`blocks.cpp`, called by
+address from `_project_native`'s parallel loop), which sums both one way, so native and dense weights
+give bitwise the same logits; int8 draft copies, and float32 weights where no kernel compiles, by
+numba's own loops (`_project`, below).
 
 A CPU decode step is bound by reading the weights, so what matters is how fast a projection of a
 few tokens streams its weight rows. Inductor's reduction (`inductor.InductorLayers`) sums each row
@@ -18,9 +24,9 @@ briefly (`specdraft.threads`): a sleeping one takes tens of microseconds to wake
 
 Same arithmetic as the eager layer, summed in another order: logits agree to float rounding
 (`tests/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and
-benchmark prompt. Float32 activations only: float32 weights (the target on CPU) or int8 ones with
-per-row scales (`Int8Linear`, the int8 draft copy: each weight converted as it is read, a quarter
-of the bytes); other dtypes keep inductor's parts. Kernels are compiled once per machine (numba's
+benchmark prompt. Float32 activations only: float32 weights (the target on CPU), GGUF blocks
+(`blocks.BlockLinear`), or int8 ones with per-row scales (`Int8Linear`, the int8 draft copy: each
+weight converted as it is read, a quarter of the bytes); other dtypes keep inductor's parts. Kernels are compiled once per machine (numba's
 disk cache) and loaded when the layers are built, so no step pays for compiling.
 """
 
@@ -37,10 +43,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.typed import List
 
+from specdraft.backend import blocks
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.layers import Pass
 from specdraft.backend.linear import FewRowsLinear, Int8Linear
-from specdraft.backend.weights import joined_projection, layer_linears, norm_eps, projection, projections, silu_mlp
+from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, projection, projections,
+                                       silu_mlp)
 
 MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
 _BLOCK = 16  # weight rows per parallel work item
@@ -140,8 +148,32 @@ def _rows(w, scales, b, x, y, residual, r, s):  # pragma: no cover - compiled
             t += 1
 
 
+@njit(parallel=True, cache=True)
+def _project_native(weights, x, y, residual, kernel):  # pragma: no cover - compiled
+    """`project` by the compiled kernel at address `kernel` (`blocks.cpp`): w [out, row bytes] uint8,
+    float32 rows or GGUF blocks of `kind`; one call per block of rows, the blocks among the threads."""
+    w, _, b, kind = weights
+    out = w.shape[0]
+    r, rs = (residual.ctypes.data, residual.shape[1]) if residual.shape[0] > 0 else (0, 0)
+    for block in prange((out + _BLOCK - 1) // _BLOCK):
+        start, end = block * _BLOCK, min(out, block * _BLOCK + _BLOCK)
+        blocks.call(kernel, kind, w.ctypes.data, w.shape[1], x.shape[1], x.ctypes.data, x.shape[0], x.shape[1],
+              y.ctypes.data, y.shape[1], b.ctypes.data, r, rs, start, end)
+
+
+@njit(cache=True)
+def project(weights, x, y, residual, kernel):  # pragma: no cover - compiled
+    """y[t, r] = (w[r] . x[t]) * scales[r] + b[r] (+ residual[t, r] if residual has rows).
+    weights: (w, scales, b, kind); kernel: the compiled kernel's address, which reads every weight
+    (float32 rows or blocks, `_project_native`), or 0: numba's loops (`_project`: float32 or int8 w)."""
+    if kernel != 0:
+        _project_native(weights, x, y, residual, kernel)
+    else:
+        _project(weights, x, y, residual)
+
+
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def project(weights, x, y, residual):  # pragma: no cover - compiled
+def _project(weights, x, y, residual):  # pragma: no cover - compiled
     """y[t, r] = (w[r] . x[t]) * scales[r] + b[r] (+ residual[t, r] if residual has rows).
     weights: (w [out, in] float32 or int8, scales [out] (int8) or [0] (float32), b [out]); x [N, in].
     Rows two at a time (two weight streams per thread keep more loads in flight than one), each
@@ -150,7 +182,7 @@ def project(weights, x, y, residual):  # pragma: no cover - compiled
     as read), and memory and arithmetic take turns instead of overlapping (`cpu_profile.md`). Not
     for one token of float32 weights, where the hardware keeps up and prefetching only costs.
     (`step_weights` gives a model's weights in this form, in the order a step reads them.)"""
-    w, scales, b = weights
+    w, scales, b, _ = weights
     out, width = w.shape
     for block in prange((out + _BLOCK - 1) // _BLOCK):
         start, end = block * _BLOCK, min(out, block * _BLOCK + _BLOCK)
@@ -235,40 +267,40 @@ _NONE = np.zeros((0, 0), np.float32)
 
 
 @njit(cache=True)
-def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim):  # pragma: no cover
+def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim, kernel):  # pragma: no cover
     """x [N, hidden] -> the joined q/k/v rows [N, (heads + 2 kv_heads) * head_dim], q and k rotated."""
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
     qkv = np.empty((x.shape[0], qkv_weights[0].shape[0]), np.float32)
-    project(qkv_weights, h, qkv, _NONE)
+    project(qkv_weights, h, qkv, _NONE, kernel)
     _rotate(qkv, 0, heads, head_dim, cos, sin)
     _rotate(qkv, heads * head_dim, kv_heads, head_dim, cos, sin)
     return qkv
 
 
 @njit(cache=True)
-def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_weights):  # pragma: no cover
+def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_weights, kernel):  # pragma: no cover
     """The residual stream x [N, hidden] after the attention output [N, heads * head_dim] and the MLP."""
     y = np.empty_like(x)
-    project(out_weights, attended, y, x)
+    project(out_weights, attended, y, x, kernel)
     h = np.empty_like(x)
     _rms_norm(y, norm, eps, h)
     gate_up = np.empty((x.shape[0], gate_up_weights[0].shape[0]), np.float32)
-    project(gate_up_weights, h, gate_up, _NONE)
+    project(gate_up_weights, h, gate_up, _NONE, kernel)
     act = np.empty((x.shape[0], gate_up.shape[1] // 2), np.float32)
     _silu_gate(gate_up, act)
     out = np.empty_like(x)
-    project(down_weights, act, out, y)
+    project(down_weights, act, out, y, kernel)
     return out
 
 
 @njit(cache=True)
-def _head(x, norm, eps, weights):  # pragma: no cover - compiled
+def _head(x, norm, eps, weights, kernel):  # pragma: no cover - compiled
     """Final norm and output layer: x [N, hidden] -> logits [N, vocab]."""
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
     logits = np.empty((x.shape[0], weights[0].shape[0]), np.float32)
-    project(weights, h, logits, _NONE)
+    project(weights, h, logits, _NONE, kernel)
     return logits
 
 
@@ -371,17 +403,17 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
 
 @njit(cache=True)
 def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
-           head_dim, threads):  # pragma: no cover - compiled
+           head_dim, threads, kernel):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
     before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
     eps [layers, 2]; threads: numba's. Returns the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
         norm, qkv_weights = before[i]
-        qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim)
+        qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim, kernel)
         _attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, threads, attended)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
-        x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights)
+        x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights, kernel)
     return x
 
 
@@ -389,12 +421,36 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def _weights(linear: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _weights(linear: tuple, native: bool) -> tuple:
     """(weight, bias or None, scales or None), as `weights.projection` gives it -> `project`'s
-    (weight (a view), float32 scales (none: [0]), bias (none: zeros))."""
+    (weight (a view), float32 scales (none: [0]), bias (none: zeros), kind). `native`: for the
+    compiled kernel, the weight as its bytes [out, row bytes] (kind F32), else as it is (kind -1)."""
     weight, bias, scales = linear
-    return (_array(weight), np.zeros(0, np.float32) if scales is None else _array(scales.float()),
-            np.zeros(weight.shape[0], np.float32) if bias is None else _array(bias.float()))
+    w = _array(weight)
+    return (w.view(np.uint8) if native else w, np.zeros(0, np.float32) if scales is None else _array(scales.float()),
+            np.zeros(weight.shape[0], np.float32) if bias is None else _array(bias.float()), blocks.F32 if native else -1)
+
+
+def _group_weights(group: list[torch.nn.Module], native: bool) -> tuple:
+    """`project`'s weights of a group of linears read as one projection (q/k/v, gate/up, or one)."""
+    if all(isinstance(m, blocks.BlockLinear) for m in group) and len({m.kind for m in group}) == 1:
+        joined = _adjacent([m.blocks for m in group])
+        return joined.numpy(), np.zeros(0, np.float32), np.zeros(joined.shape[0], np.float32), group[0].kind
+    if any(isinstance(m, blocks.BlockLinear) for m in group):  # blocks of several kinds: read as float32
+        weight = torch.cat([m.dense() if isinstance(m, blocks.BlockLinear) else m.weight.detach() for m in group])
+        return _weights((weight, None, None), native)
+    return _weights(joined_projection(group), native)
+
+
+def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """These row blocks as one tensor: a view where they lie one after another, else a copy."""
+    first = tensors[0]
+    if all(t.is_contiguous() and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+           and t.storage_offset() == first.storage_offset() + sum(u.numel() for u in tensors[:i])
+           for i, t in enumerate(tensors)):
+        return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(),
+                                       (sum(t.shape[0] for t in tensors), first.shape[1]))
+    return torch.cat(tensors)
 
 
 _HUGE_PAGE = 2 << 20
@@ -416,43 +472,57 @@ def huge_page_buffer(nbytes: int) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
+def _read_name(module: torch.nn.Module) -> str:
+    """The attribute holding what a step reads of a linear: its GGUF blocks or its weight."""
+    return "blocks" if isinstance(module, blocks.BlockLinear) else "weight"
+
+
 def _on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) -> None:
-    """Move these linears' weights into one `huge_page_buffer`, each group's weights adjacent (its
-    joined projection is then a view) and the groups in the order given (the order a step reads
-    them). Each module's weight becomes a view of the buffer holding the same values (a tied input
-    embedding follows the output layer), so the loader's memory is freed, not kept twice. Weights
+    """Move these linears' weights (or blocks) into one `huge_page_buffer`, each group's adjacent
+    (its joined projection is then a view) and the groups in the order given (the order a step reads
+    them). Each module's tensor becomes a view of the buffer holding the same values (a tied input
+    embedding follows the output layer), so the loader's memory is freed, not kept twice. Tensors
     moved already (another step built over the same layers) stay where they are."""
-    groups = [g for g in groups if not all(getattr(m.weight, "_on_huge_pages", False) for m in g)]
+    groups = [g for g in groups if not all(getattr(getattr(m, _read_name(m)), "_on_huge_pages", False) for m in g)]
     if not groups:
         return
-    nbytes = [sum(m.weight.numel() * m.weight.element_size() for m in g) for g in groups]
+    tensors = [[getattr(m, _read_name(m)) for m in g] for g in groups]
+    nbytes = [sum(t.numel() * t.element_size() for t in g) for g in tensors]
     sizes = [-(-n // 4096) * 4096 for n in nbytes]  # 4 KB aligned each
     buffer, offset = huge_page_buffer(sum(sizes)), 0
     embedding = model.get_input_embeddings()
     with torch.no_grad():
-        for group, n, size in zip(groups, nbytes, sizes):
-            first = group[0].weight
+        for group, olds, n, size in zip(groups, tensors, nbytes, sizes):
+            first = olds[0]
             joined = torch.from_numpy(buffer[offset : offset + n]).view(first.dtype).view(-1, first.shape[1])
             start = 0
-            for m in group:
-                old = m.weight
+            for m, old in zip(group, olds):
                 view = joined[start : start + old.shape[0]]
                 if isinstance(old, torch.nn.Parameter):  # a parameter stays one, a buffer (int8 weights) a buffer
                     view = torch.nn.Parameter(view, requires_grad=old.requires_grad)
                 view.copy_(old)
                 view._on_huge_pages = True
-                m.weight = view
-                if embedding is not None and embedding.weight is old:
-                    embedding.weight = view
+                setattr(m, _read_name(m), view)
+                if embedding is not None and getattr(embedding, _read_name(m), None) is old:
+                    setattr(embedding, _read_name(m), view)
                 start += old.shape[0]
             offset += size
 
 
-def step_weights(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list[tuple]:
+def step_weights(model: torch.nn.Module, layers: list[torch.nn.Module], native: bool = False) -> list[tuple]:
     """`project`'s weights of every projection of `layers` and of the output layer, in the order a
-    step reads them (q/k/v joined, output, gate/up joined, down; per layer)."""
-    return [_weights(joined_projection(g)) for layer in layers for g in projections(layer)] + \
-        [_weights(projection(model.lm_head))]
+    step reads them (q/k/v joined, output, gate/up joined, down; per layer). `native`: as the
+    compiled kernel reads them (bytes of float32 rows or GGUF blocks), else as numba's loops do."""
+    return [_group_weights(g, native) for layer in layers for g in projections(layer)] + \
+        [_group_weights([model.lm_head], native)]
+
+
+def native_kernel(model: torch.nn.Module, layers: list[torch.nn.Module]) -> "blocks.Kernel | None":
+    """The compiled kernel that reads these layers' weights (float32 rows or GGUF blocks), or None
+    where numba's loops do: int8 weights, or no kernel on this machine (then float32 weights only)."""
+    if any(type(m) is Int8Linear for m in layer_linears(model, layers)):
+        return None
+    return blocks.kernel_or_none()
 
 
 class NumbaLayers:
@@ -467,7 +537,9 @@ class NumbaLayers:
                  kv_heads: int) -> None:
         self._shape = (heads, kv_heads, head_dim)
         _on_huge_pages(model, [g for layer in layers for g in projections(layer)] + [[model.lm_head]])
-        weights = step_weights(model, layers)
+        native = native_kernel(model, layers)
+        self._kernel = 0 if native is None else native.address  # 0: numba's loops
+        weights = step_weights(model, layers, native=native is not None)
         before, after, eps = List(), List(), []
         for i, layer in enumerate(layers):
             qkv, out, gate_up, down = weights[4 * i : 4 * i + 4]
@@ -475,7 +547,7 @@ class NumbaLayers:
             after.append((out, _array(layer.post_attention_layernorm.weight), gate_up, down))
             eps.append((norm_eps(layer.input_layernorm), norm_eps(layer.post_attention_layernorm)))
         self._before, self._after, self._eps = before, after, np.array(eps, dtype=np.float64)  # eps [layers, 2]
-        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), weights[-1])
+        self._head = (_array(model.model.norm.weight), norm_eps(model.model.norm), weights[-1], self._kernel)
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
 
@@ -493,13 +565,17 @@ class NumbaLayers:
 
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
-        """Whether the layers are plain (SiLU MLP, RMS norms, linears all float32 or all int8
-        `Int8Linear`s) on CPU, with float32 activations."""
-        if model.model.embed_tokens.weight.device.type != "cpu" or dtype != torch.float32:
+        """Whether the layers are plain (SiLU MLP, RMS norms, linears all float32, GGUF blocks or
+        float32, or all int8 `Int8Linear`s) on CPU, with float32 activations. Blocks need the
+        compiled kernel (`blocks.kernel`)."""
+        if model_device(model).type != "cpu" or dtype != torch.float32:
             return False
         linears = layer_linears(model, layers)
         float32 = all(type(m) in (torch.nn.Linear, FewRowsLinear) and m.weight.dtype == torch.float32 for m in linears)
-        return all(silu_mlp(layer.mlp) for layer in layers) and (float32 or all(type(m) is Int8Linear for m in linears))
+        native = all(isinstance(m, blocks.BlockLinear) or (type(m) in (torch.nn.Linear, FewRowsLinear) and
+                                                         m.weight.dtype == torch.float32) for m in linears)
+        read = float32 or all(type(m) is Int8Linear for m in linears) or (native and blocks.kernel_or_none() is not None)
+        return all(silu_mlp(layer.mlp) for layer in layers) and read
 
     @staticmethod
     def takes(tokens: int) -> bool:
@@ -540,7 +616,8 @@ class NumbaLayers:
         keys, values = self._cache(cache)
         with torch.profiler.record_function("specdraft::numba_stack"):  # a profile's name for this call
             x = _stack(_array(x), _array(cos), _array(sin), _array(rows), _array(positions), _array(visible),
-                       keys, values, self._before, self._after, self._eps, *self._shape, numba.get_num_threads())
+                       keys, values, self._before, self._after, self._eps, *self._shape, numba.get_num_threads(),
+                       self._kernel)
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

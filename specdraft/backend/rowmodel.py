@@ -94,7 +94,7 @@ class RowModel:
         self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device, slots, capacity,
                                 fixed=static is not None)
         self._shapes: dict[tuple, _Shape] = {}
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = int(model.get_output_embeddings().out_features)
         self._order: list[str] = []  # row id in each slot
         self._slot: dict[str, int] = {}
         self._active = 0  # slots [0, _active) hold active rows

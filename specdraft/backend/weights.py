@@ -19,6 +19,18 @@ def worth_compiling(model: torch.nn.Module) -> bool:
     return sum(t.numel() * t.element_size() for t in tensors.values()) >= MIN_WEIGHT_BYTES
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device a model's token embedding is on (a float weight or GGUF blocks)."""
+    embedding = model.get_input_embeddings()
+    return embedding.weight.device if hasattr(embedding, "weight") else next(embedding.buffers()).device
+
+
+def activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model's embedding gives its activations (GGUF blocks: float32)."""
+    embedding = model.get_input_embeddings()
+    return embedding.weight.dtype if hasattr(embedding, "weight") else torch.float32
+
+
 def plain_linear(module: torch.nn.Module) -> bool:
     """A float linear layer, or an int8 one (`Int8Linear`)."""
     return type(module) in (torch.nn.Linear, FewRowsLinear, Int8Linear)

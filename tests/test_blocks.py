@@ -1,0 +1,246 @@
+"""Native weights (`specdraft.backend.blocks`): a GGUF's Q4_1/Q8_0 blocks read in place give bitwise
+the logits of their dense float32 copy.
+
+The kernel alone: for every token count, blocks and their dequantised float32 rows give bitwise the
+same projections (biases, residuals, odd rows, a row tail past the last 8 lanes); a token's sums do
+not depend on the pass it is in; the AVX2 code equals the portable loops; both are within float
+rounding of a float64 product. Dequantising (torch, the kernel, and gguf's own reference) gives the
+same values. A tiny random Llama written as a Q4_1/Q8_0 GGUF file (q/k rows permuted as llama.cpp
+writes them) and read back: its logits equal the dense model's bitwise for passes of 1, 6, 32 tokens
+and a prefill chunk; its greedy continuation is Hugging Face `generate`'s. The embedded model: every
+linear swapped, the blocks' values are transformers' dense weights, the same passes bitwise equal,
+and a fifth of the bytes. Loading: `weights` is checked, and `native` where it cannot be says why."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft.backend import RowModel, blocks
+from specdraft.backend.linear import use_few_rows_linears
+from specdraft.backend.numba_layers import _NONE, MAX_TOKENS, NumbaLayers, project
+from tests.conftest import TINY_VOCAB, hf_greedy, make_tiny_model, row_passes
+
+gguf = pytest.importorskip("gguf")
+
+KINDS = {"Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0}
+COUNTS = [1, 2, 3, 5, 6, 7, 13, MAX_TOKENS]
+
+
+def random_blocks(rng, kind: int, rows: int, width: int) -> np.ndarray:
+    """Blocks as gguf quantises random weights: [rows, row bytes] uint8."""
+    weights = rng.standard_normal((rows, width)).astype(np.float32) * 0.1
+    qtype = {blocks.Q4_1: gguf.GGMLQuantizationType.Q4_1, blocks.Q8_0: gguf.GGMLQuantizationType.Q8_0}[kind]
+    return gguf.quants.quantize(weights, qtype)
+
+
+def run(kernel: int, weights: tuple, x: np.ndarray, residual: np.ndarray = _NONE) -> np.ndarray:
+    y = np.empty((x.shape[0], weights[0].shape[0]), np.float32)
+    project(weights, x, y, residual, kernel)
+    return y
+
+
+@pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
+@pytest.mark.parametrize("rows,width", [(37, 64), (100, 576), (19, 1536)])
+def test_blocks_and_their_dense_rows_give_bitwise_the_same_projection_for_every_token_count(kind, rows, width):
+    rng = np.random.default_rng(rows + width + kind)
+    w = random_blocks(rng, kind, rows, width)
+    dense = blocks.dequantize(torch.from_numpy(w), kind, width).numpy()
+    bias = rng.standard_normal(rows).astype(np.float32)
+    address = blocks.kernel().address
+    native_weights = (w, np.zeros(0, np.float32), bias, kind)
+    dense_weights = (dense.view(np.uint8), np.zeros(0, np.float32), bias, blocks.F32)
+    for n in COUNTS:
+        x = rng.standard_normal((n, width)).astype(np.float32)
+        residual = rng.standard_normal((n, rows)).astype(np.float32)
+        got = run(address, native_weights, x, residual)
+        assert np.array_equal(got, run(address, dense_weights, x, residual)), f"{n} tokens"
+        alone = run(address, native_weights, x[-1:].copy(), residual[-1:].copy())
+        assert np.array_equal(alone[0], got[-1]), f"the last of {n} tokens alone"
+        want = x.astype(np.float64) @ dense.T.astype(np.float64) + bias + residual
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.sqrt(width))
+
+
+@pytest.mark.parametrize("kind", [blocks.F32, blocks.Q4_1, blocks.Q8_0], ids=["F32", "Q4_1", "Q8_0"])
+def test_the_avx2_code_and_the_portable_loops_give_the_same_sums(kind):
+    fast, portable = blocks.kernel(), blocks.kernel(portable=True)
+    if not fast.avx2:
+        pytest.skip("this machine compiles the portable loops only")
+    rng = np.random.default_rng(kind)
+    width = 200 if kind == blocks.F32 else 576  # a float32 row with a tail past its last 8 lanes
+    w = (rng.standard_normal((45, width)).astype(np.float32).view(np.uint8) if kind == blocks.F32
+         else random_blocks(rng, kind, 45, width))
+    weights = (w, np.zeros(0, np.float32), np.zeros(45, np.float32), kind)
+    for n in (1, 4, 6, 11):
+        x = rng.standard_normal((n, width)).astype(np.float32)
+        assert np.array_equal(run(fast.address, weights, x), run(portable.address, weights, x)), f"{n} tokens"
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_dequantising_by_torch_by_the_kernel_and_by_gguf_gives_the_same_values(name):
+    kind = KINDS[name]
+    w = random_blocks(np.random.default_rng(3), kind, 70, 96)
+    reference = gguf.quants.dequantize(w, getattr(gguf.GGMLQuantizationType, name))  # [70, 96] float32
+    assert np.array_equal(blocks.dequantize(torch.from_numpy(w), kind, 96).numpy(), reference)
+    assert np.array_equal(blocks.dense_values(torch.from_numpy(w), kind, 96).numpy(), reference)
+
+
+# -- a tiny random model written as a GGUF --------------------------------------------------------
+
+
+def _llama_cpp_order(weights: np.ndarray, heads: int) -> np.ndarray:
+    """The row order llama.cpp's converter writes q (k) in (what transformers undoes on loading)."""
+    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
+        weights.shape)
+
+
+def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_0") -> None:
+    """The model's embedding, output layer and projections as a GGUF of these types (norms stay with
+    the model); then the model's weights are set to the file's dequantised values, as transformers
+    would load them."""
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    tensors = {"token_embd.weight": (model.model.embed_tokens, head_type), "output.weight": (model.lm_head, head_type)}
+    for i, layer in enumerate(model.model.layers):
+        for module, part in names.items():
+            parent = layer.self_attn if part.startswith("attn") else layer.mlp
+            tensors[f"blk.{i}.{part}.weight"] = (getattr(parent, module), projection_type)
+    with torch.no_grad():
+        for name, (module, type_name) in tensors.items():
+            qtype = getattr(gguf.GGMLQuantizationType, type_name)
+            weight = module.weight.detach().float().numpy()
+            heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}.get(name.split(".")[-2])
+            stored = _llama_cpp_order(weight, heads) if heads else weight
+            quantized = gguf.quants.quantize(stored, qtype)
+            writer.add_tensor(name, quantized, raw_shape=quantized.shape, raw_dtype=qtype)
+            values = gguf.quants.dequantize(quantized, qtype)
+            if heads:  # undo the order as transformers does
+                values = values[blocks._rotary_order(values.shape[0], heads)]
+            module.weight.copy_(torch.from_numpy(values))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """(dense, native): a tiny float32 Llama holding a Q4_1/Q8_0 GGUF's values, and a copy reading
+    the file's blocks."""
+    dense = make_tiny_model(seed=31, dtype=torch.float32, layers=2)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(dense, path)
+    use_few_rows_linears(dense)  # as the loader builds a model on CPU
+    native = copy.deepcopy(dense)
+    assert blocks.use_gguf_blocks(native, path) == 2 + 7 * 2
+    return dense, native
+
+
+def _logits(model, prompt, counts):
+    rows = RowModel(model, compiled=True)
+    assert isinstance(rows._own.compiled, NumbaLayers)
+    rows.add("r", active=True)
+    first = rows.prefill("r", prompt).clone()  # a prefill chunk: longer than the compiled passes
+    return [first, *row_passes_after(rows, counts)]
+
+
+def row_passes_after(rows, counts):
+    out, rng = [], np.random.default_rng(0)
+    for n in counts:
+        ids = rng.integers(0, TINY_VOCAB, size=(1, n))
+        out.append(rows.forward(rows.active_window, ids).clone())
+        rows.commit(rows.active_window, [n])
+    return out
+
+
+def test_a_tiny_gguf_model_reads_its_blocks_and_gives_the_dense_logits_bitwise(tiny_pair):
+    dense, native = tiny_pair
+    assert isinstance(native.model.layers[0].self_attn.q_proj, blocks.BlockLinear)
+    assert native.model.layers[0].mlp.down_proj.kind == blocks.Q4_1 and native.lm_head.kind == blocks.Q8_0
+    assert isinstance(native.model.embed_tokens, blocks.BlockEmbedding)
+    for name, module in native.named_modules():
+        if isinstance(module, blocks.BlockLinear):
+            assert torch.equal(module.dense(), dense.get_submodule(name).weight), name
+    prompt = list(range(1, 2 * MAX_TOKENS + 9))  # a prefill chunk of 72 tokens
+    counts = [1, 6, MAX_TOKENS, 1, 3]
+    for n, got, want in zip(["prefill", *counts], _logits(native, prompt, counts), _logits(dense, prompt, counts)):
+        assert torch.equal(got, want), f"a pass of {n}"
+
+
+def test_a_tiny_gguf_model_continues_greedily_as_hugging_face_generate(tiny_pair):
+    dense, native = tiny_pair
+    prompt = list(range(5, 30))
+    rows = RowModel(native, compiled=True)
+    rows.add("r", active=True)
+    token = int(rows.prefill("r", prompt).argmax())
+    out = [token]
+    for _ in range(30):
+        token = int(rows.forward(rows.active_window, [[token]])[0, -1].argmax())
+        rows.commit(rows.active_window, [1])
+        out.append(token)
+    assert out == hf_greedy(dense, prompt, 31)
+
+
+# -- the embedded model ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded_dense():
+    from specdraft.models import load_model
+
+    return load_model(None, device="cpu", dtype="float32", weights="dense")
+
+
+def test_the_embedded_model_reads_every_projection_as_blocks_holding_the_dense_values(embedded, embedded_dense):
+    assert embedded.weights == "native" and embedded_dense.weights == "dense"
+    model = embedded.model
+    swapped = {name: m for name, m in model.named_modules() if isinstance(m, blocks.BlockLinear)}
+    assert len(swapped) == 7 * len(model.model.layers) + 1  # every projection and the (tied) output layer
+    assert model.lm_head.kind == blocks.Q8_0 and model.lm_head.blocks is model.model.embed_tokens.blocks
+    for name, module in swapped.items():
+        assert torch.equal(module.dense(), embedded_dense.model.get_submodule(name).weight), name
+    stored = {t.data_ptr(): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]}
+    assert sum(stored.values()) < 100e6  # 96.6 MB of blocks and norms, against 538 MB dense
+
+
+def test_the_embedded_model_gives_the_dense_logits_bitwise_for_every_pass(embedded, embedded_dense):
+    prompt = embedded.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 3)
+    assert len(prompt) > MAX_TOKENS
+    counts = [1, 6, MAX_TOKENS, 2]
+    for n, got, want in zip(["prefill", *counts], _logits(embedded.model, prompt, counts),
+                            _logits(embedded_dense.model, prompt, counts)):
+        assert torch.equal(got, want), f"a pass of {n}"
+
+
+def test_weights_are_checked_and_native_where_it_cannot_be_says_why(tmp_path):
+    from specdraft.models import load_model, native_weights
+
+    with pytest.raises(ValueError, match="weights must be one of auto, native, dense; got 'int4'"):
+        native_weights("int4", None, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        native_weights("native", None, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="compute in float32, not bfloat16"):
+        native_weights("native", tmp_path / "m.gguf", torch.device("cpu"), torch.bfloat16)
+    assert not native_weights("auto", None, torch.device("cpu"), torch.float32)
+    assert not native_weights("dense", tmp_path / "m.gguf", torch.device("cpu"), torch.float32)
+    (tmp_path / "config.json").write_text("{}")  # a Hugging Face directory, refused before anything loads
+    with pytest.raises(ValueError, match="--weights native: the model is not a GGUF file"):
+        load_model(str(tmp_path), weights="native")
+
+
+def test_the_default_self_draft_says_plainly_when_it_reads_more_than_a_native_target(embedded, embedded_dense, caplog):
+    from specdraft.models import linear_bytes, load_draft_model
+
+    with caplog.at_level("WARNING", logger="specdraft"):
+        draft = load_draft_model(None, embedded)
+    assert linear_bytes(draft.model) > linear_bytes(embedded.model)  # 135 MB of int8 against 96 MB of blocks
+    assert "cannot be cheaper than the target" in caplog.text and "native weights" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="specdraft"):
+        load_draft_model(None, embedded_dense)  # a quarter of a float32 target's bytes: no warning
+    assert "cannot be cheaper" not in caplog.text
