@@ -133,3 +133,19 @@ def test_compare_puts_each_runs_figures_side_by_side(tmp_path):
     assert ngram["groups"]["after"]["median_speedup"] == pytest.approx(1.25)
     text = compare.render(result, "t")
     assert "| code | specdraft-ngram | 12.0 (1.20x) / 13.0 (1.30x) | 25.0 (1.25x) | 1.25x | 1.25x | before: 1/1 1/1; after: 1/1 |" in text
+
+
+def test_native_kernel_report_puts_projections_beside_the_step_and_says_whether_native_equals_dense(tmp_path):
+    from benchmarks import native_kernel
+
+    kinds = list(native_kernel.KINDS)
+    result = {"date": "d", "machine": "m", "load_before": 0.1, "threads": 2, "rounds": 3, "avx2": True,
+              "projections_ms": {1: {k: 9.0 + i for i, k in enumerate(kinds)}, 6: {k: 20.0 for k in kinds}},
+              "native_equals_dense": {1: True, 6: False},
+              "step_ms": {k: {1: 13.0, 6: 38.0} for k in kinds},
+              "in_cache": {"native N=1": {"us": 220.0, "gweights_per_s": 8.0}}}
+    native_kernel.write(result, tmp_path)
+    text = (tmp_path / "native_kernel.md").read_text()
+    assert "| 1 | 9.0 / 13.0 | 10.0 / 13.0 | 11.0 / 13.0 | bitwise |" in text
+    assert "| 6 | 20.0 / 38.0 | 20.0 / 38.0 | 20.0 / 38.0 | NO |" in text
+    assert "8.0 G weights/s" in text

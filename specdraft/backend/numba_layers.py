@@ -433,6 +433,7 @@ def _weights(linear: tuple, native: bool) -> tuple:
 
 def _group_weights(group: list[torch.nn.Module], native: bool) -> tuple:
     """`project`'s weights of a group of linears read as one projection (q/k/v, gate/up, or one)."""
+    assert native or not any(isinstance(m, blocks.BlockLinear) for m in group), "numba's loops read no GGUF blocks"
     if all(isinstance(m, blocks.BlockLinear) for m in group) and len({m.kind for m in group}) == 1:
         joined = _adjacent([m.blocks for m in group])
         return joined.numpy(), np.zeros(0, np.float32), np.zeros(joined.shape[0], np.float32), group[0].kind

@@ -1,0 +1,241 @@
+"""The verify step on a GPU: our step against Hugging Face's forward and the weight-read floor.
+
+For models of the Llama-3.2-1B and -3B shapes (random weights: only the shapes matter here; the
+dimensions of `../shared/background/speculative-runner-design-notes.txt`), in one run:
+- our verify step (`Verifier.step`, k draft tokens per row) at each batch size and k, with CUDA
+  graphs on and off (static shapes either way), medians of interleaved repeats;
+- Hugging Face's own forward of the same k + 1 tokens a row over a `StaticCache`, replayed from a
+  CUDA graph (on CPU: run directly);
+- the floor: the weights' bytes over the device's measured copy bandwidth (a large device-to-device
+  copy, bytes read and written);
+- the cost ratio c = t(1B step) / t(3B step) at batch 1 and k = 0, and the speed-up it implies for
+  the model drafter (1B drafting for 3B) at acceptance rates 0.6 / 0.7 / 0.8, by Leviathan et al.'s
+  expected tokens per step (1 - a^(k+1)) / (1 - a) over the step's cost k c + t(k) / t(0), with the
+  measured k-step / 1-step ratio t(k) / t(0), for the best k.
+Made to be run on a GPU machine (bf16); on CPU `--shapes tiny` runs the same code at tiny shapes in
+seconds (what CI runs, so it keeps working).
+
+    python -m benchmarks.gpu_step [--shapes 1b,3b] [--batches 1,4,16,32] [--ks 0,1,3,5,8] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import RESULTS, machine, write_results
+
+# name -> LlamaConfig fields (Llama-3.2-1B / -3B: tied embeddings, rope theta 500000, vocab 128256)
+SHAPES = {
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=64, vocab_size=128256),
+    "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+               num_key_value_heads=8, head_dim=128, vocab_size=128256),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=1024),
+    "tiny-small": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=16, vocab_size=1024),
+}
+ACCEPTANCE = (0.6, 0.7, 0.8)
+
+
+def build(shape: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    tensors = {t.data_ptr(): t for t in model.parameters()}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes a second a device-to-device copy moves (each byte read once and written once)."""
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
+def ours(model, device, batches: list[int], ks: list[int], graphs: bool, context: int, repeats: int, rng) -> dict:
+    """(batch, k) -> ms of our verify step (static shapes; CUDA graphs where `graphs` and on CUDA)."""
+    from benchmarks.verify_cost import measure
+    from specdraft.backend.rowmodel import StaticShapes
+    from specdraft.params import SamplingParams
+    from specdraft.verifier import Verifier
+
+    static = StaticShapes(max_rows=max(batches), max_context=context + max(ks) + 16, graphs=graphs)
+    verifier = Verifier(model, static=static if device.type == "cuda" or not graphs else None)
+    for b in range(max(batches)):
+        verifier.admit(f"row{b}", rng.integers(0, model.config.vocab_size, size=context).tolist(), SamplingParams())
+    out = {}
+    for batch in sorted(batches, reverse=True):  # every admitted row takes part: drop rows as batches shrink
+        while len(verifier.row_ids) > batch:
+            verifier.remove(verifier.row_ids[-1])
+        for cell in measure(verifier, batch, ks, repeats, rng):
+            out[(batch, cell["k"])] = cell["step_ms"]
+    return out
+
+
+def hf_static(model, device, batch: int, k: int, context: int, repeats: int, rng) -> float:
+    """ms of Hugging Face's forward of k + 1 tokens a row over a StaticCache (replayed from a CUDA graph
+    on CUDA), after a prefill of `context` tokens."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_batch_size=batch, max_cache_len=context + k + 1, device=device,
+                        dtype=next(model.parameters()).dtype)
+    prompt = torch.as_tensor(rng.integers(0, model.config.vocab_size, size=(batch, context)), device=device)
+    with torch.inference_mode():
+        model(prompt, past_key_values=cache, cache_position=torch.arange(context, device=device), use_cache=True)
+    ids = torch.as_tensor(rng.integers(0, model.config.vocab_size, size=(batch, k + 1)), device=device)
+    positions = torch.arange(context, context + k + 1, device=device)
+
+    def forward():  # the same k + 1 positions every time: the cache rewound to the prompt first
+        for layer in getattr(cache, "layers", []):  # transformers 5.2x: the write position lives on the device
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length.fill_(context)
+        with torch.inference_mode():
+            return model(ids, past_key_values=cache, cache_position=positions, position_ids=positions[None].expand(batch, -1),
+                         use_cache=True).logits
+
+    run = forward
+    if device.type == "cuda":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward()
+        run = graph.replay
+    run()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        run()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def implied_speedup(c: float, ratios: dict[int, float], acceptance: float) -> tuple[float, int]:
+    """(best speed-up, its k): Leviathan et al.'s expected tokens per step over the step's cost in
+    target steps, k draft steps of cost c plus a verify of measured cost ratios[k] = t(k) / t(0)."""
+    best = (0.0, 0)
+    for k, ratio in ratios.items():
+        if k == 0:
+            continue
+        tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
+        best = max(best, (tokens / (k * c + ratio), k))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="1b,3b", help=f"two of {', '.join(SHAPES)}: draft, then target")
+    parser.add_argument("--batches", default="1,4,16,32")
+    parser.add_argument("--ks", default="0,1,3,5,8")
+    parser.add_argument("--context", type=int, default=256, help="tokens of context each row has")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    shapes = [s.strip() for s in args.shapes.split(",")]
+    if len(shapes) != 2 or any(s not in SHAPES for s in shapes):
+        parser.error(f"--shapes takes two of {', '.join(SHAPES)} (draft, target), got {args.shapes!r}")
+    batches = [int(b) for b in args.batches.split(",")]
+    ks = sorted({0, *(int(k) for k in args.ks.split(","))})
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    rng = np.random.default_rng(0)
+    load_before = os.getloadavg()[0]
+    bandwidth = copy_bandwidth(device, nbytes=(1 << 30) if device.type == "cuda" else (256 << 20))
+    result = {"date": dt.date.today().isoformat(), "machine": machine(), "device": str(device), "dtype": args.dtype,
+              "load_before": load_before, "context": args.context, "repeats": args.repeats,
+              "copy_bandwidth_gb_s": bandwidth / 1e9, "models": {}}
+    for shape in shapes:
+        model = build(shape, device, dtype)
+        cells = {}
+        for graphs in (True, False):
+            if graphs and device.type != "cuda":
+                continue
+            for (batch, k), ms in ours(model, device, batches, ks, graphs, args.context, args.repeats, rng).items():
+                cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})[f"ours_graphs_{'on' if graphs else 'off'}_ms"] = ms
+        for cell in cells.values():
+            cell["hf_static_ms"] = hf_static(model, device, cell["batch"], cell["k"], args.context, args.repeats, rng)
+        nbytes = weight_bytes(model)
+        result["models"][shape] = {"config": SHAPES[shape], "weight_bytes": nbytes, "floor_ms": 1000 * nbytes / bandwidth,
+                                   "cells": sorted(cells.values(), key=lambda c: (c["batch"], c["k"]))}
+        print(f"{shape}: " + ", ".join(f"b{c['batch']} k{c['k']} {c.get('ours_graphs_on_ms', c.get('ours_graphs_off_ms')):.2f} ms"
+                                       for c in result["models"][shape]["cells"]), flush=True)
+        del model
+    draft, target = (result["models"][s] for s in shapes)
+    key = "ours_graphs_on_ms" if device.type == "cuda" else "ours_graphs_off_ms"
+
+    def at(model, batch, k):
+        return next(c[key] for c in model["cells"] if c["batch"] == batch and c["k"] == k)
+
+    c = at(draft, 1, 0) / at(target, 1, 0)
+    ratios = {k: at(target, 1, k) / at(target, 1, 0) for k in ks}
+    result["cost_ratio_c"] = c
+    result["implied_speedup"] = [{"acceptance": a, "speedup": s, "k": k}
+                                 for a in ACCEPTANCE for s, k in [implied_speedup(c, ratios, a)]]
+    write(result, args.out, shapes)
+
+
+def write(result: dict, out: Path, shapes: list[str]) -> None:
+    lines = [
+        f"# Verify step on {result['device']}: ours against Hugging Face's static-cache forward and the floor",
+        "",
+        f"{result['date']}, {result['machine']}; {result['dtype']}, random weights of the {' and '.join(shapes)} shapes, "
+        f"{result['context']} tokens of context a row, medians of {result['repeats']} repeats; copy bandwidth "
+        f"{result['copy_bandwidth_gb_s']:.0f} GB/s. Run with `python -m benchmarks.gpu_step`.",
+        "",
+    ]
+    for shape, model in result["models"].items():
+        lines += [f"## {shape}: {model['weight_bytes'] / 1e9:.2f} GB of weights, floor {model['floor_ms']:.2f} ms", "",
+                  "| batch | k | ours, graphs on | ours, graphs off | HF static cache | ours / floor |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for cell in model["cells"]:
+            on, off = cell.get("ours_graphs_on_ms"), cell.get("ours_graphs_off_ms")
+            best = on if on is not None else off
+            lines.append(f"| {cell['batch']} | {cell['k']} | {'—' if on is None else f'{on:.2f}'} | "
+                         f"{'—' if off is None else f'{off:.2f}'} | {cell['hf_static_ms']:.2f} | "
+                         f"{best / model['floor_ms']:.1f}x |")
+        lines.append("")
+    lines += [f"Cost ratio c = t({shapes[0]} step) / t({shapes[1]} step), batch 1, k = 0: **{result['cost_ratio_c']:.3f}**. "
+              "Implied speed-up of the model drafter (Leviathan et al., the measured k-step cost): " + "; ".join(
+                  f"acceptance {r['acceptance']}: {r['speedup']:.2f}x at k = {r['k']}" for r in result["implied_speedup"])]
+    write_results(out, f"gpu_step_{result['device'].split(':')[0]}", result, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
