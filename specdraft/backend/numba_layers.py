@@ -47,7 +47,7 @@ from specdraft.backend import blocks
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.layers import Pass
 from specdraft.backend.linear import FewRowsLinear, Int8Linear
-from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, projection, projections,
+from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, projections,
                                        silu_mlp)
 
 MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
