@@ -22,7 +22,7 @@ import torch
 from specdraft.backend import RowModel, blocks
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import _NONE, MAX_TOKENS, NumbaLayers, project
-from tests.conftest import TINY_VOCAB, hf_greedy, make_tiny_model, row_passes
+from tests.conftest import TINY_VOCAB, hf_greedy, make_tiny_model
 
 gguf = pytest.importorskip("gguf")
 
