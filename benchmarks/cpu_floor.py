@@ -75,7 +75,7 @@ def _buffer_bytes() -> int:
 
 def _stored(module):
     """The tensor a module's weights are read from: its GGUF blocks or its weight."""
-    return getattr(module, "blocks", None) if hasattr(module, "blocks") else module.weight
+    return module.blocks if hasattr(module, "blocks") else module.weight
 
 
 def weight_bytes_per_token(model) -> int:

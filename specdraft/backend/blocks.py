@@ -31,12 +31,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from specdraft.backend.linear import MAX_ROWS
+from specdraft.backend.linear import few_rows_linear
 from specdraft.params import cache_dir
 
 F32, Q4_1, Q8_0 = 0, 1, 2  # kinds, as blocks.cpp numbers them
@@ -118,13 +117,7 @@ class BlockLinear(torch.nn.Module):
         return dense_values(self.blocks, self.kind, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [n, in]
-        weight = self.dense().to(x.dtype)
-        n = rows.shape[0]
-        if n > MAX_ROWS or x.device.type != "cpu":  # as `FewRowsLinear`, call for call
-            return F.linear(x, weight)
-        out = (weight @ (rows.repeat(2, 1) if n == 1 else rows).T).T[:n].contiguous()
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return few_rows_linear(x, self.dense().to(x.dtype), None)  # as `FewRowsLinear`, call for call
 
     def extra_repr(self) -> str:
         kind = {Q4_1: "Q4_1", Q8_0: "Q8_0"}[self.kind]

@@ -19,6 +19,21 @@ import torch.nn.functional as F
 MAX_ROWS = 64  # above this (prefill chunks) F.linear's path is the efficient one
 
 
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] times weight [out, in]: (W @ x.T).T for the few rows of a CPU step, F.linear
+    otherwise (see above)."""
+    rows = x.reshape(-1, weight.shape[1])  # [n, in]
+    n = rows.shape[0]
+    if n > MAX_ROWS or x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    if n == 1:
+        rows = rows.repeat(2, 1)
+    out = (weight @ rows.T).T[:n].contiguous()  # [n, out]
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 class FewRowsLinear(torch.nn.Module):
     """Wraps an `nn.Linear`'s parameters (shared, not copied); same state-dict keys and results."""
 
@@ -29,16 +44,7 @@ class FewRowsLinear(torch.nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [n, in]
-        n = rows.shape[0]
-        if n > MAX_ROWS or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
-        if n == 1:
-            rows = rows.repeat(2, 1)
-        out = (self.weight @ rows.T).T[:n].contiguous()  # [n, out]
-        if self.bias is not None:
-            out += self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return few_rows_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -47,7 +47,7 @@ from specdraft.backend import blocks
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.layers import Pass
 from specdraft.backend.linear import FewRowsLinear, Int8Linear
-from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, projections,
+from specdraft.backend.weights import (adjacent_view, joined_projection, layer_linears, model_device, norm_eps, projections,
                                        silu_mlp)
 
 MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
@@ -435,23 +435,14 @@ def _group_weights(group: list[torch.nn.Module], native: bool) -> tuple:
     """`project`'s weights of a group of linears read as one projection (q/k/v, gate/up, or one)."""
     assert native or not any(isinstance(m, blocks.BlockLinear) for m in group), "numba's loops read no GGUF blocks"
     if all(isinstance(m, blocks.BlockLinear) for m in group) and len({m.kind for m in group}) == 1:
-        joined = _adjacent([m.blocks for m in group])
+        tensors = [m.blocks for m in group]
+        joined = adjacent_view(tensors)
+        joined = torch.cat(tensors) if joined is None else joined
         return joined.numpy(), np.zeros(0, np.float32), np.zeros(joined.shape[0], np.float32), group[0].kind
     if any(isinstance(m, blocks.BlockLinear) for m in group):  # blocks of several kinds: read as float32
         weight = torch.cat([m.dense() if isinstance(m, blocks.BlockLinear) else m.weight.detach() for m in group])
         return _weights((weight, None, None), native)
     return _weights(joined_projection(group), native)
-
-
-def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """These row blocks as one tensor: a view where they lie one after another, else a copy."""
-    first = tensors[0]
-    if all(t.is_contiguous() and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-           and t.storage_offset() == first.storage_offset() + sum(u.numel() for u in tensors[:i])
-           for i, t in enumerate(tensors)):
-        return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(),
-                                       (sum(t.shape[0] for t in tensors), first.shape[1]))
-    return torch.cat(tensors)
 
 
 _HUGE_PAGE = 2 << 20

@@ -59,19 +59,26 @@ def silu_mlp(mlp: torch.nn.Module) -> bool:
     return act in ("silu", "swish")
 
 
+def adjacent_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """These row blocks [rows_i, cols] as one [sum of rows, cols] view where they lie one after
+    another in one storage, else None."""
+    first = tensors[0]
+    if not all(t.is_contiguous() and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+               and t.storage_offset() == first.storage_offset() + sum(u.numel() for u in tensors[:i])
+               for i, t in enumerate(tensors)):
+        return None
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(),
+                                   (sum(t.shape[0] for t in tensors), first.shape[1]))
+
+
 def joined_projection(modules: list[torch.nn.Module]) -> tuple:
     """One projection (weight [sum of outs, in], bias, scales) whose row blocks are these linears':
     the layer's q/k/v (gate/up) projections become one reduction over one buffer. The modules'
     weights are made views of it (same values, nothing copied twice); joined already, it is reused."""
     weights = [m.weight for m in modules]
-    rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
-    adjacent = all(w.is_contiguous() and w.untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr()
-                   and w.storage_offset() == weights[0].storage_offset() + sum(v.numel() for v in weights[:i])
-                   for i, w in enumerate(weights))
     with torch.no_grad():
-        if adjacent:
-            joined = weights[0].new_empty(0).set_(weights[0].untyped_storage(), weights[0].storage_offset(), (rows, cols))
-        else:
+        joined = adjacent_view(weights)
+        if joined is None:
             joined = torch.cat([w.detach() for w in weights])
             start = 0
             for m, w in zip(modules, weights):
