@@ -2,10 +2,13 @@
 
 For models of the Llama-3.2-1B and -3B shapes (random weights: only the shapes matter here; the
 dimensions of `../shared/background/speculative-runner-design-notes.txt`), in one run:
-- our verify step (`Verifier.step`, k draft tokens per row) at each batch size and k, with CUDA
-  graphs on and off (static shapes either way), medians of interleaved repeats;
+- our verify step (`Verifier.step`, k draft tokens per row) at each batch size and k, for each of
+  our kernel choices (`--kernels`, `Verifier`'s `kernels`; by default on CUDA `triton`, our own
+  batch-invariant kernels, and `torch`, the torch-module path; on CPU `auto`), with CUDA graphs on
+  and off (static shapes either way), medians of interleaved repeats; a choice that fails is
+  reported beside the others;
 - Hugging Face's own forward of the same k + 1 tokens a row over a `StaticCache`, replayed from a
-  CUDA graph (on CPU: run directly);
+  CUDA graph (on CPU: run directly), the cache rewound and the forward run in inference mode;
 - the floor: the weights' bytes over the device's measured copy bandwidth (a large device-to-device
   copy, bytes read and written);
 - the cost ratio c = t(1B step) / t(3B step) at batch 1 and k = 0, and the speed-up it implies for
@@ -15,7 +18,8 @@ dimensions of `../shared/background/speculative-runner-design-notes.txt`), in on
 Made to be run on a GPU machine (bf16); on CPU `--shapes tiny` runs the same code at tiny shapes in
 seconds (what CI runs, so it keeps working).
 
-    python -m benchmarks.gpu_step [--shapes 1b,3b] [--batches 1,4,16,32] [--ks 0,1,3,5,8] [--out benchmarks/results]
+    python -m benchmarks.gpu_step [--shapes 1b,3b] [--batches 1,4,16,32] [--ks 0,1,3,5,8] [--kernels triton,torch]
+                                  [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ SHAPES = {
                        num_key_value_heads=1, head_dim=16, vocab_size=1024),
 }
 ACCEPTANCE = (0.6, 0.7, 0.8)
+KERNELS = {"cuda": "triton,torch", "cpu": "auto"}  # --kernels' default by device: the first one gives c
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -82,15 +87,17 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5
     return 2 * src.numel() * src.element_size() / statistics.median(times)
 
 
-def ours(model, device, batches: list[int], ks: list[int], graphs: bool, context: int, repeats: int, rng) -> dict:
-    """(batch, k) -> ms of our verify step (static shapes; CUDA graphs where `graphs` and on CUDA)."""
+def ours(model, device, batches: list[int], ks: list[int], graphs: bool, kernels: str, context: int, repeats: int,
+         rng) -> dict:
+    """(batch, k) -> ms of our verify step with `kernels` (`Verifier`'s choice of kernels; static
+    shapes; CUDA graphs where `graphs` and on CUDA)."""
     from benchmarks.verify_cost import measure
     from specdraft.backend.rowmodel import StaticShapes
     from specdraft.params import SamplingParams
     from specdraft.verifier import Verifier
 
     static = StaticShapes(max_rows=max(batches), max_context=context + max(ks) + 16, graphs=graphs)
-    verifier = Verifier(model, static=static if device.type == "cuda" or not graphs else None)
+    verifier = Verifier(model, static=static if device.type == "cuda" or not graphs else None, kernels=kernels)
     for b in range(max(batches)):
         verifier.admit(f"row{b}", rng.integers(0, model.config.vocab_size, size=context).tolist(), SamplingParams())
     out = {}
@@ -99,6 +106,37 @@ def ours(model, device, batches: list[int], ks: list[int], graphs: bool, context
             verifier.remove(verifier.row_ids[-1])
         for cell in measure(verifier, batch, ks, repeats, rng):
             out[(batch, cell["k"])] = cell["step_ms"]
+    return out
+
+
+def profile(model, device, kernels: str, ks: list[int], context: int, rng, steps: int = 10) -> dict:
+    """Where a batch-1 step's GPU time goes (CUDA only): for each k, the step's wall time, the GPU
+    time its kernels took, and the ten costliest kernels (ms a step), from torch's profiler over
+    `steps` steps replayed from their graphs."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    from benchmarks.verify_cost import measure
+    from specdraft.backend.rowmodel import StaticShapes
+    from specdraft.params import SamplingParams
+    from specdraft.verifier import Verifier
+
+    verifier = Verifier(model, static=StaticShapes(max_rows=1, max_context=context + max(ks) + 16), kernels=kernels)
+    verifier.admit("row", rng.integers(0, model.config.vocab_size, size=context).tolist(), SamplingParams())
+    out = {}
+    for k in ks:
+        measure(verifier, 1, [k], 3, rng)  # warm up and capture the shape first
+        with profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            wall = measure(verifier, 1, [k], steps, rng)[0]["step_ms"]
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0)]
+        timed = sorted(((e.key, getattr(e, "self_device_time_total", 0) / 1000 / (steps + 1), e.count / (steps + 1))
+                        for e in events), key=lambda t: -t[1])
+        timed = [t for t in timed if t[1] > 0]
+        out[k] = {"wall_ms": wall, "gpu_ms": sum(t[1] for t in timed),
+                  "kernels_per_step": sum(t[2] for t in timed),
+                  "top": [{"kernel": name[:90], "ms": ms, "calls": calls} for name, ms, calls in timed[:10]]}
+        print(f"profile k={k}: wall {wall:.2f} ms, GPU {out[k]['gpu_ms']:.2f} ms, "
+              f"{out[k]['kernels_per_step']:.0f} kernels a step", flush=True)
     return out
 
 
@@ -116,10 +154,12 @@ def hf_static(model, device, batch: int, k: int, context: int, repeats: int, rng
     positions = torch.arange(context, context + k + 1, device=device)
 
     def forward():  # the same k + 1 positions every time: the cache rewound to the prompt first
-        for layer in getattr(cache, "layers", []):  # transformers 5.2x: the write position lives on the device
-            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-                layer.cumulative_length.fill_(context)
+        # Both inside inference mode: the cache's tensors were made there, and CUDA refuses to update
+        # an inference tensor outside it.
         with torch.inference_mode():
+            for layer in getattr(cache, "layers", []):  # transformers 5.2x: the write position lives on the device
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                    layer.cumulative_length.fill_(context)
             return model(ids, past_key_values=cache, cache_position=positions, position_ids=positions[None].expand(batch, -1),
                          use_cache=True).logits
 
@@ -166,6 +206,10 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="tokens of context each row has")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument("--kernels", default=None, help="our kernel choices to time, the first giving c (`Verifier`'s "
+                        f"`kernels`; default: {', '.join(f'{d}: {k}' for d, k in KERNELS.items())})")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile the target's batch-1 steps (CUDA): GPU time and the costliest kernels")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",")]
@@ -174,41 +218,70 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     ks = sorted({0, *(int(k) for k in args.ks.split(","))})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kernels = [k.strip() for k in (args.kernels or KERNELS[device.type]).split(",") if k.strip()]
     dtype = getattr(torch, args.dtype)
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()[0]
     bandwidth = copy_bandwidth(device, nbytes=(1 << 30) if device.type == "cuda" else (256 << 20))
     result = {"date": dt.date.today().isoformat(), "machine": machine(), "device": str(device), "dtype": args.dtype,
               "load_before": load_before, "context": args.context, "repeats": args.repeats,
-              "copy_bandwidth_gb_s": bandwidth / 1e9, "models": {}}
+              "copy_bandwidth_gb_s": bandwidth / 1e9, "kernels": kernels, "errors": {}, "models": {}}
     for shape in shapes:
         model = build(shape, device, dtype)
         cells = {}
-        for graphs in (True, False):
-            if graphs and device.type != "cuda":
-                continue
-            for (batch, k), ms in ours(model, device, batches, ks, graphs, args.context, args.repeats, rng).items():
-                cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})[f"ours_graphs_{'on' if graphs else 'off'}_ms"] = ms
+        for kernel in kernels:
+            for graphs in (True, False):
+                if graphs and device.type != "cuda":
+                    continue
+                try:  # one run on a lent GPU: a kernel choice that fails is reported, the others measured
+                    times = ours(model, device, batches, ks, graphs, kernel, args.context, args.repeats, rng)
+                except Exception as exc:
+                    result["errors"][f"{shape} {column(kernel, graphs)}"] = f"{type(exc).__name__}: {exc}"
+                    print(f"{shape} {column(kernel, graphs)}: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                for (batch, k), ms in times.items():
+                    cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})[column(kernel, graphs)] = ms
+        for batch, k in ((b, k) for b in batches for k in ks):  # HF's forward for every cell, ours measured or not
+            cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})
         for cell in cells.values():
-            cell["hf_static_ms"] = hf_static(model, device, cell["batch"], cell["k"], args.context, args.repeats, rng)
+            try:
+                cell["hf_static_ms"] = hf_static(model, device, cell["batch"], cell["k"], args.context, args.repeats, rng)
+            except Exception as exc:
+                cell["hf_static_ms"] = None
+                result["errors"][f"{shape} hf_static b{cell['batch']} k{cell['k']}"] = f"{type(exc).__name__}: {exc}"
         nbytes = weight_bytes(model)
         result["models"][shape] = {"config": SHAPES[shape], "weight_bytes": nbytes, "floor_ms": 1000 * nbytes / bandwidth,
                                    "cells": sorted(cells.values(), key=lambda c: (c["batch"], c["k"]))}
-        print(f"{shape}: " + ", ".join(f"b{c['batch']} k{c['k']} {c.get('ours_graphs_on_ms', c.get('ours_graphs_off_ms')):.2f} ms"
-                                       for c in result["models"][shape]["cells"]), flush=True)
+        if args.profile and device.type == "cuda":
+            for kernel in kernels:
+                try:
+                    result["models"][shape].setdefault("profile", {})[kernel] = profile(
+                        model, device, kernel, sorted({0, max(ks)}), args.context, rng)
+                except Exception as exc:
+                    result["errors"][f"{shape} profile {kernel}"] = f"{type(exc).__name__}: {exc}"
+        key = column(kernels[0], device.type == "cuda")
+        print(f"{shape} ({kernels[0]}): " + ", ".join(f"b{c['batch']} k{c['k']} {c[key]:.2f} ms"
+                                                      for c in result["models"][shape]["cells"] if key in c), flush=True)
         del model
+        write(result, args.out, shapes)  # each model's figures as soon as they are measured: a run stopped later keeps them
     draft, target = (result["models"][s] for s in shapes)
-    key = "ours_graphs_on_ms" if device.type == "cuda" else "ours_graphs_off_ms"
+    key = column(kernels[0], device.type == "cuda")
 
     def at(model, batch, k):
-        return next(c[key] for c in model["cells"] if c["batch"] == batch and c["k"] == k)
+        return next((c.get(key) for c in model["cells"] if c["batch"] == batch and c["k"] == k), None)
 
-    c = at(draft, 1, 0) / at(target, 1, 0)
-    ratios = {k: at(target, 1, k) / at(target, 1, 0) for k in ks}
-    result["cost_ratio_c"] = c
-    result["implied_speedup"] = [{"acceptance": a, "speedup": s, "k": k}
-                                 for a in ACCEPTANCE for s, k in [implied_speedup(c, ratios, a)]]
+    if all(at(model, 1, k) is not None for model in (draft, target) for k in ks):
+        c = at(draft, 1, 0) / at(target, 1, 0)
+        ratios = {k: at(target, 1, k) / at(target, 1, 0) for k in ks}
+        result["cost_ratio_c"] = c
+        result["implied_speedup"] = [{"acceptance": a, "speedup": s, "k": k}
+                                     for a in ACCEPTANCE for s, k in [implied_speedup(c, ratios, a)]]
     write(result, args.out, shapes)
+
+
+def column(kernels: str, graphs: bool) -> str:
+    """A cell's key for our step's ms with `kernels`, CUDA graphs on or off."""
+    return f"ours_{kernels}_graphs_{'on' if graphs else 'off'}_ms"
 
 
 def write(result: dict, out: Path, shapes: list[str]) -> None:
@@ -221,19 +294,33 @@ def write(result: dict, out: Path, shapes: list[str]) -> None:
         "",
     ]
     for shape, model in result["models"].items():
+        columns = [(kernels, graphs) for kernels in result["kernels"] for graphs in (True, False)]
         lines += [f"## {shape}: {model['weight_bytes'] / 1e9:.2f} GB of weights, floor {model['floor_ms']:.2f} ms", "",
-                  "| batch | k | ours, graphs on | ours, graphs off | HF static cache | ours / floor |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+                  "| batch | k | " + " | ".join(f"ours {k}, graphs {'on' if g else 'off'}" for k, g in columns)
+                  + " | HF static cache | best ours / floor |",
+                  "| --- | --- | " + "--- | " * len(columns) + "--- | --- |"]
         for cell in model["cells"]:
-            on, off = cell.get("ours_graphs_on_ms"), cell.get("ours_graphs_off_ms")
-            best = on if on is not None else off
-            lines.append(f"| {cell['batch']} | {cell['k']} | {'—' if on is None else f'{on:.2f}'} | "
-                         f"{'—' if off is None else f'{off:.2f}'} | {cell['hf_static_ms']:.2f} | "
-                         f"{best / model['floor_ms']:.1f}x |")
+            times = [cell.get(column(k, g)) for k, g in columns]
+            best = min((t for t in times if t is not None), default=None)
+            lines.append(f"| {cell['batch']} | {cell['k']} | "
+                         + " | ".join("—" if t is None else f"{t:.2f}" for t in times)
+                         + (" | —" if cell["hf_static_ms"] is None else f" | {cell['hf_static_ms']:.2f}") + " | "
+                         + ("—" if best is None else f"{best / model['floor_ms']:.1f}x") + " |")
         lines.append("")
-    lines += [f"Cost ratio c = t({shapes[0]} step) / t({shapes[1]} step), batch 1, k = 0: **{result['cost_ratio_c']:.3f}**. "
-              "Implied speed-up of the model drafter (Leviathan et al., the measured k-step cost): " + "; ".join(
-                  f"acceptance {r['acceptance']}: {r['speedup']:.2f}x at k = {r['k']}" for r in result["implied_speedup"])]
+        for kernels, by_k in model.get("profile", {}).items():
+            for k, prof in by_k.items():
+                lines += [f"Profile, `{kernels}`, batch 1, k = {k}: wall {prof['wall_ms']:.2f} ms a step, GPU "
+                          f"{prof['gpu_ms']:.2f} ms in {prof['kernels_per_step']:.0f} kernels; costliest:", "",
+                          "| kernel | ms a step | calls a step |", "| --- | --- | --- |"]
+                lines += [f"| `{t['kernel']}` | {t['ms']:.3f} | {t['calls']:.0f} |" for t in prof["top"]] + [""]
+    lines += [f"- {where}: {error}" for where, error in result["errors"].items()] + ([""] if result["errors"] else [])
+    if "cost_ratio_c" in result:
+        lines += [f"Cost ratio c = t({shapes[0]} step) / t({shapes[1]} step), batch 1, k = 0, ours with "
+                  f"`{result['kernels'][0]}`: **{result['cost_ratio_c']:.3f}**. "
+                  "Implied speed-up of the model drafter (Leviathan et al., the measured k-step cost): " + "; ".join(
+                      f"acceptance {r['acceptance']}: {r['speedup']:.2f}x at k = {r['k']}" for r in result["implied_speedup"])]
+    else:
+        lines.append(f"Cost ratio c: not measured (both models at batch 1, k = 0, with `{result['kernels'][0]}` are needed).")
     write_results(out, f"gpu_step_{result['device'].split(':')[0]}", result, "\n".join(lines))
 
 

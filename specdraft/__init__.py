@@ -4,7 +4,7 @@
     llm = LLM()
     outs = llm.generate(["prompt a", "prompt b"], SamplingParams(max_tokens=64), SpeculationParams("ngram"))
 
-`LLM` and `RequestOutput` (`specdraft.llm`) load torch and are imported on first use, so that
+`LLM`, `RequestOutput` (`specdraft.llm`) and `TokenLogprob` (`specdraft.verifier`) load torch and are imported on first use, so that
 importing the package (the CLI does) stays light.
 """
 
@@ -24,10 +24,12 @@ from specdraft.params import ResponseFormat, SamplingParams, SpeculationParams  
 
 if TYPE_CHECKING:
     from specdraft.llm import LLM, RequestOutput
+    from specdraft.verifier import TokenLogprob
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "ResponseFormat", "SamplingParams", "SpeculationParams", "__version__", "register"]
-_LAZY = {"LLM": "specdraft.llm", "RequestOutput": "specdraft.llm"}
+__all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "ResponseFormat", "SamplingParams", "SpeculationParams",
+           "TokenLogprob", "__version__", "register"]
+_LAZY = {"LLM": "specdraft.llm", "RequestOutput": "specdraft.llm", "TokenLogprob": "specdraft.verifier"}
 
 
 def __getattr__(name: str) -> Any:

@@ -33,6 +33,7 @@ from specdraft.errors import RequestError
 from specdraft.models import LoadedModel
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
+from specdraft.verifier import TokenLogprob
 
 Prompt = str | Sequence[int]  # raw text, or token ids (vLLM's token prompts)
 Conversation = Sequence[Mapping[str, Any]]  # chat messages: {"role": ..., "content": ...}
@@ -44,7 +45,9 @@ class RequestOutput:
     """One finished request. finish_reason: "stop" (an EOS token or a stop string), "length"
     (max_tokens or the model's context), "error" (`error` says why; `text` holds what came before),
     or "cancelled". metrics: the engine's figures for the request (`RequestMetrics`), among them
-    steps, draft_tokens, accepted_tokens, acceptance_rate, mean_accepted_length and tokens_per_second."""
+    steps, draft_tokens, accepted_tokens, acceptance_rate, mean_accepted_length and tokens_per_second.
+    logprobs: one `TokenLogprob` per token of `token_ids` where `SamplingParams.logprobs` asked for them
+    (a stream's deltas carry their own tokens' entries)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -53,6 +56,7 @@ class RequestOutput:
     finish_reason: str
     metrics: RequestMetrics
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class LLM:
@@ -186,7 +190,7 @@ class LLM:
     def _collect(self, request_id: str) -> RequestOutput:
         done = self.engine.collect(request_id)
         return RequestOutput(done.request_id, done.prompt_token_ids, done.text, done.token_ids, done.finish_reason,
-                             done.metrics, done.error)
+                             done.metrics, done.error, done.logprobs)
 
 
 def _is_list(value: Any) -> bool:

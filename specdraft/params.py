@@ -25,6 +25,7 @@ DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafter
 # `specdraft.backend.prefix`): the embedded model's entries take 45 KiB a token in float32, so 1 GiB
 # holds ~23k tokens, a few agent conversations' histories.
 DEFAULT_PREFIX_CACHE_MB = 1024
+MAX_LOGPROBS = 20  # the most likely tokens a request may ask to see at each position, as OpenAI allows
 WEIGHTS = ("auto", "native", "dense")  # how a GGUF model's layers are read (`models.native_weights`)
 
 
@@ -95,6 +96,8 @@ class SamplingParams:
     `response_format` constrains the output to JSON (`ResponseFormat`; None: free text).
     `cache_salt` changes no token: requests share cached prompt entries (`specdraft.backend.prefix`)
     only with requests of the same salt (None is a salt too: the default one).
+    `logprobs` n: each output token comes with its log-probability under the target and the n most
+    likely tokens at its position (`specdraft.verifier.TokenLogprob`; None: none, at no cost).
     """
 
     max_tokens: int = 128
@@ -106,6 +109,7 @@ class SamplingParams:
     ignore_eos: bool = False
     response_format: ResponseFormat | None = None
     cache_salt: str | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -125,6 +129,10 @@ class SamplingParams:
             raise ValueError(f"response_format must be a ResponseFormat, got {type(self.response_format).__name__}")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer between 0 and {MAX_LOGPROBS} (or None), "
+                             f"got {self.logprobs!r}")
         if self.response_format is not None and self.ignore_eos:
             raise ValueError("ignore_eos cannot be combined with response_format: a constrained output ends where its JSON does")
 

@@ -1,7 +1,6 @@
 """`benchmarks.gpu_step` (the GPU verify-step benchmark) runs on CPU at tiny shapes: every batch and
 k measured for both models and Hugging Face's static-cache forward, the floor, the cost ratio, and
-the implied speed-up by Leviathan et al.'s formula; the GPU preparation script's plan fits the
-device tool's limits."""
+the implied speed-up by Leviathan et al.'s formula (the GPU scripts' own tests: test_gpu_scripts.py)."""
 
 from __future__ import annotations
 
@@ -30,36 +29,28 @@ def test_gpu_step_runs_on_cpu_at_tiny_shapes(tmp_path, monkeypatch):
     for model in result["models"].values():
         assert [(c["batch"], c["k"]) for c in model["cells"]] == [(1, 0), (1, 3), (2, 0), (2, 3)]
         for cell in model["cells"]:
-            assert cell["ours_graphs_off_ms"] > 0 and cell["hf_static_ms"] > 0  # no CUDA graphs on CPU
+            assert cell["ours_auto_graphs_off_ms"] > 0 and cell["hf_static_ms"] > 0  # no CUDA graphs on CPU
+            assert "ours_auto_graphs_on_ms" not in cell
         assert model["floor_ms"] > 0
     assert result["cost_ratio_c"] > 0
     assert [r["acceptance"] for r in result["implied_speedup"]] == list(gpu_step.ACCEPTANCE)
-    assert "| 2 | 3 |" in (tmp_path / "gpu_step_cpu.md").read_text()
+    assert result["kernels"] == ["auto"] and result["errors"] == {}
+    markdown = (tmp_path / "gpu_step_cpu.md").read_text()
+    assert "| batch | k | ours auto, graphs on | ours auto, graphs off | HF static cache |" in markdown
+    assert "| 2 | 3 | — |" in markdown
 
 
-def _prepare_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_prepare.py"
-    spec = importlib.util.spec_from_file_location("gpu_prepare", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_gpu_preparation_splits_the_gguf_and_fits_each_call_under_the_tools_limit(tmp_path):
-    prepare = _prepare_module()
-    source = tmp_path / "model.gguf"
-    source.write_bytes(bytes(range(256)) * 1001)
-    parts = [tmp_path / "call1" / "model.part1", tmp_path / "call2" / "model.part2"]
-    prepare.split(source, 2, parts)
-    assert b"".join(p.read_bytes() for p in parts) == source.read_bytes()
-    assert abs(parts[0].stat().st_size - parts[1].stat().st_size) <= 1
-    mb = 1 << 20
-    calls = prepare.plan_calls({"a.whl": 6 * mb, "b.whl": 5 * mb, "c.whl": 4 * mb},
-                               [{"part1": 48 * mb}, {"part2": 47 * mb}], limit=60 * mb)
-    assert all(sum(c.values()) <= 60 * mb for c in calls)
-    assert sorted(n for c in calls for n in c if n.endswith(".whl")) == ["a.whl", "b.whl", "c.whl"]
-    with pytest.raises(ValueError, match="fits in no call"):
-        prepare.plan_calls({"big.whl": 20 * mb}, [{"part1": 48 * mb}, {"part2": 47 * mb}], limit=60 * mb)
+def test_a_kernel_choice_or_baseline_that_failed_is_reported_beside_the_others(tmp_path):
+    cells = [{"batch": 1, "k": 0, "ours_triton_graphs_on_ms": 1.5, "hf_static_ms": None},
+             {"batch": 1, "k": 5, "ours_triton_graphs_on_ms": 2.0, "hf_static_ms": 2.5}]
+    result = {"date": "2026-11-27", "machine": "a GPU", "device": "cuda:0", "dtype": "bfloat16", "context": 256,
+              "repeats": 10, "copy_bandwidth_gb_s": 4000.0, "kernels": ["triton", "torch"],
+              "errors": {"1b ours_torch_graphs_on_ms": "RuntimeError: boom"},
+              "models": {"1b": {"weight_bytes": 2_000_000_000, "floor_ms": 0.5, "cells": cells}}}
+    gpu_step.write(result, tmp_path, ["1b", "3b"])
+    markdown = (tmp_path / "gpu_step_cuda.md").read_text()
+    assert "| batch | k | ours triton, graphs on | ours triton, graphs off | ours torch, graphs on |" in markdown
+    assert "| 1 | 0 | 1.50 | — | — | — | — | 3.0x |" in markdown
+    assert "| 1 | 5 | 2.00 | — | — | — | 2.50 | 4.0x |" in markdown
+    assert "- 1b ours_torch_graphs_on_ms: RuntimeError: boom" in markdown
+    assert "Cost ratio c: not measured" in markdown

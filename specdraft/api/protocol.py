@@ -3,24 +3,31 @@ and `SpeculationParams`), response and stream-chunk bodies, and error bodies.
 
 Fields follow OpenAI's completions and chat completions APIs; `top_k` and `speculation` are
 extensions. Types are strict (a string is not a number). Unknown fields are refused rather than
-ignored, and so are OpenAI fields this server does not implement (`logprobs`, `n` > 1, penalties,
-tools, ...): an option is never silently dropped.
+ignored, and so are OpenAI fields this server does not implement (`echo`, `n` > 1, penalties,
+tools, ...): an option is never silently dropped. Logprobs are the target's raw ones
+(`specdraft.verifier.TokenLogprob`), whatever the request's temperature, top-k or top-p.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specdraft.params import MAX_SPECULATIVE_TOKENS, POLICIES, ResponseFormat, SamplingParams, SpeculationParams
+from specdraft.params import (MAX_LOGPROBS, MAX_SPECULATIVE_TOKENS, POLICIES, ResponseFormat, SamplingParams,
+                              SpeculationParams)
 
 if TYPE_CHECKING:
     from specdraft.engine import Completion, RequestMetrics
+    from specdraft.verifier import TokenLogprob
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
+MAX_COMPLETION_LOGPROBS = 5  # the legacy endpoint's `logprobs`, as OpenAI allows (chat's `top_logprobs`: MAX_LOGPROBS)
+LOWEST_LOGPROB = -9999.0  # stands for -inf, which JSON cannot carry (as vLLM writes it)
 
 
 class _Strict(BaseModel):
@@ -130,7 +137,8 @@ class _Sampling(_Strict):
         top_k = self.top_k if self.top_k and self.top_k > 0 else 0
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_k=top_k, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
-                              stop=tuple(stops), response_format=self._response_format(), cache_salt=self.cache_salt)
+                              stop=tuple(stops), response_format=self._response_format(), cache_salt=self.cache_salt,
+                              logprobs=self.logprobs_count)
 
     def _response_format(self) -> ResponseFormat | None:
         given = self.response_format
@@ -145,6 +153,11 @@ class _Sampling(_Strict):
         return SpeculationParams(drafter=spec.drafter, num_speculative_tokens=None if k == "auto" else k, policy=spec.policy)
 
     @property
+    def logprobs_count(self) -> int | None:
+        """The most likely tokens to show at each position with each token's logprob (None: no logprobs)."""
+        return None
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -157,9 +170,13 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int]
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = None
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -170,10 +187,10 @@ class CompletionRequest(_Sampling):
             raise ValueError("prompt is empty")
         return value
 
-    @field_validator("echo", "logprobs", "suffix", "best_of")
+    @field_validator("echo", "suffix", "best_of")
     @classmethod
     def _unsupported(cls, value, info):
-        neutral = {"echo": False, "logprobs": None, "suffix": None, "best_of": None}[info.field_name]
+        neutral = {"echo": False, "suffix": None, "best_of": None}[info.field_name]
         if value != neutral and not (info.field_name == "best_of" and value == 1):
             raise ValueError("is not supported by this server")
         return value
@@ -198,16 +215,27 @@ class ChatRequest(_Sampling):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list | None = None
     tool_choice: str | dict | None = None
 
-    @field_validator("logprobs", "top_logprobs", "tools", "tool_choice")
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value, info):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs set to true")
+        return value
+
+    @field_validator("tools", "tool_choice")
     @classmethod
     def _unsupported(cls, value, info):
-        if value not in (None, False, "none"):
+        if value not in (None, "none"):
             raise ValueError("is not supported by this server")
         return value
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
@@ -281,6 +309,30 @@ def structured_output(metrics: RequestMetrics, finish_reason: str) -> dict | Non
         return {"complete": True}
     why = "max_tokens ran out" if finish_reason == "length" else f"generation ended ({finish_reason})"
     return {"complete": False, "message": f"{why} before the JSON was complete: the text does not parse"}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], text_of: Callable[[int], str]) -> dict:
+    """OpenAI's chat `choices[].logprobs`: each token's text, logprob and UTF-8 bytes, and its
+    position's most likely tokens alike. text_of: a token id's text."""
+    def one(token: int, logprob: float) -> dict:
+        text = text_of(token)
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries]}
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], text_of: Callable[[int], str], offset: int = 0) -> dict:
+    """OpenAI's legacy `choices[].logprobs`: the tokens' texts and logprobs, each position's most likely
+    tokens as {text: logprob}, and each token's offset in the generated text (its tokens' texts laid
+    end to end, from `offset`: the length of what earlier chunks of a stream carried)."""
+    texts = [text_of(e.token) for e in entries]
+    offsets = list(itertools.accumulate((len(t) for t in texts[:-1]), initial=offset))[: len(texts)]
+    return {"tokens": texts, "token_logprobs": [_finite(e.logprob) for e in entries],
+            "top_logprobs": [{text_of(t): _finite(lp) for t, lp in e.top} for e in entries], "text_offset": offsets}
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else LOWEST_LOGPROB
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:

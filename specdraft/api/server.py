@@ -9,10 +9,12 @@ never a 500. A streamed request whose client goes away is cancelled and its rows
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from contextlib import asynccontextmanager
 from importlib.resources import files as resources_files
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -29,6 +31,7 @@ from specdraft.metrics import ServerMetrics
 from specdraft.runtime import Runtime, encode_prompt
 from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY
 from specdraft.service import EngineService, Failed, Overloaded, ShuttingDown
+from specdraft.verifier import TokenLogprob
 
 log = logging.getLogger("specdraft.server")
 POLL_DISCONNECT = 0.5  # seconds between checks that a non-streamed request's client is still there
@@ -119,6 +122,8 @@ class Api:
                                      on_finish=self.metrics.on_finish,
                                      periodic=resources.save if resources.saves else None, every_seconds=save_every)
         self._page = resources_files("specdraft.api").joinpath("playground.html").read_text(encoding="utf-8")
+        # A token's text for logprobs, decoded once per token id.
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(functools.partial(_token_text, runtime.target.tokenizer))
 
     @asynccontextmanager
     async def lifespan(self, _app: FastAPI):
@@ -224,7 +229,7 @@ class Api:
         completion: Completion = event
         choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}} if kind == "chat"
                   else {"index": 0, "text": "".join(text)})
-        choice.update(logprobs=None, finish_reason=completion.finish_reason)
+        choice.update(logprobs=self._logprobs(kind, completion.logprobs), finish_reason=completion.finish_reason)
         structured = protocol.structured_output(completion.metrics, completion.finish_reason)
         if structured is not None:
             choice["structured_output"] = structured
@@ -235,15 +240,18 @@ class Api:
     async def _stream(self, kind: str, body, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int):
         base = {"id": response_id, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
                 "created": protocol.created(), "model": self.name}
-        finished = False
+        finished, offset = False, 0  # offset: the length of the token texts streamed so far
         try:
             if kind == "chat":
                 yield _chunk(kind, base, None, role=True)
             while True:
                 event = await queue.get()
                 if isinstance(event, Delta):
-                    if event.text:
-                        yield _chunk(kind, base, event.text, drafted=event.drafted_text if body.annotate else None)
+                    if event.text or event.logprobs:  # a chunk carries its tokens' logprobs, with or without text
+                        logprobs = self._logprobs(kind, event.logprobs, offset)
+                        offset += sum(len(self._token_text(e.token)) for e in event.logprobs or ())
+                        yield _chunk(kind, base, event.text, drafted=event.drafted_text if body.annotate else None,
+                                     logprobs=logprobs)
                     continue
                 finished = True
                 if isinstance(event, Failed) or event.finish_reason == "error":
@@ -261,22 +269,36 @@ class Api:
             if not finished:  # the client went away mid-stream
                 self.service.cancel(request_id)
 
+    def _logprobs(self, kind: str, entries: Sequence[TokenLogprob] | None, offset: int = 0) -> dict | None:
+        """A choice's `logprobs` in its endpoint's format (None where the request asked for none);
+        offset: the length of the token texts earlier chunks of a stream carried (completions)."""
+        if entries is None:
+            return None
+        if kind == "chat":
+            return protocol.chat_logprobs(entries, self._token_text)
+        return protocol.completion_logprobs(entries, self._token_text, offset)
 
 def _chunk(kind: str, base: dict, text: str | None, finish_reason: str | None = None, role: bool = False,
-           drafted: str | None = None, structured: dict | None = None) -> dict:
+           drafted: str | None = None, structured: dict | None = None, logprobs: dict | None = None) -> dict:
     """One server-sent event of a streamed response."""
     if kind == "chat":
         delta = {} if text is None else {"content": text}
         if role:
             delta = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     if drafted is not None:
         choice["speculation"] = {"drafted_text": drafted}
     if structured is not None:
         choice["structured_output"] = structured
     return {"data": json.dumps({**base, "choices": [choice]}, ensure_ascii=False)}
+
+
+def _token_text(tokenizer, token: int) -> str:
+    """One token's text as logprobs show it (special tokens included; a token that is part of a
+    character reads as U+FFFD)."""
+    return tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _encode(runtime: Runtime, prompt, chat: bool) -> list[int]:

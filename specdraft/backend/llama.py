@@ -27,9 +27,11 @@ import torch
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.layers import EagerLayers, Pass
 from specdraft.backend.numba_layers import NumbaLayers
-from specdraft.backend.weights import activation_dtype
+from specdraft.backend.triton_layers import TritonLayers, unavailable
+from specdraft.backend.weights import activation_dtype, model_device
 
 _FAMILY = ("llama",)
+KERNELS = ("auto", "triton", "torch")
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -51,10 +53,14 @@ def supports(model: torch.nn.Module) -> bool:
 class LlamaForward:
     """model: a Llama-family causal LM; layers: indices of the decoder layers to run (default all);
     dtype: the activations' dtype (default the model's); compiled: on CPU, run passes of a few tokens
-    compiled where that applies."""
+    compiled where that applies; kernels: "triton" runs every pass on the batch-invariant Triton
+    kernels (`triton_layers`; an error where they cannot run), "torch" on the model's modules (and
+    the compiled CPU layers), "auto" the Triton kernels on CUDA where they apply."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, kernels: str = "auto") -> None:
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
         assert supports(model), type(model).__name__
         config = model.config
         self.model = model
@@ -66,12 +72,26 @@ class LlamaForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (self.num_heads, self.num_kv_heads, self.head_dim)
         self.eager = EagerLayers(model, self.layers, self.dtype, *shape)
+        self.invariant: TritonLayers | None = None
+        why = "kernels='torch'" if kernels == "torch" else unavailable(model, self.layers, self.dtype)
+        if kernels == "triton" and why is not None:
+            raise ValueError(f"kernels='triton' cannot run this model: {why}")
+        if why is None and (kernels == "triton" or model_device(model).type == "cuda"):
+            self.invariant = TritonLayers(model, self.layers, self.dtype, *shape)
         self.compiled: NumbaLayers | InductorLayers | None = None
-        if compiled and NumbaLayers.applies(model, self.layers, self.dtype):
+        if self.invariant is not None:  # every pass runs on the Triton kernels
+            pass
+        elif compiled and NumbaLayers.applies(model, self.layers, self.dtype):
             self.compiled = NumbaLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
         elif compiled and InductorLayers.applies(model, self.layers, self.dtype):
             self.compiled = InductorLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads,
                                            self.num_kv_heads)
+
+    @property
+    def reads_lengths(self) -> bool:
+        """Whether attention reads each token's position on the device and ignores the pass's mask
+        and KV length (the Triton kernels): a captured pass then serves every KV length."""
+        return self.invariant is not None
 
     @property
     def compiled_tokens(self) -> int:
@@ -93,7 +113,12 @@ class LlamaForward:
         x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
         cos, sin = self.model.model.rotary_emb(x, positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)  # [batch, T, head_dim]
-        layers = self.compiled if self.compiled is not None and self.compiled.takes(len(ids)) else self.eager
+        if self.invariant is not None:
+            layers = self.invariant
+        elif self.compiled is not None and self.compiled.takes(len(ids)):
+            layers = self.compiled
+        else:
+            layers = self.eager
         x = layers.stack(Pass(x, cos, sin, positions, mask, cache, real, batch, steps))
         if logits_at is not None:
             x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)

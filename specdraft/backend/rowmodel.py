@@ -50,9 +50,19 @@ class StaticShapes:
         return min(-(-length // self.kv_block) * self.kv_block, self.max_context + self.kv_block)
 
 
+@dataclass(frozen=True)
+class Forwarded:
+    """What one forward pass gives: its logits, and whether it ran at its shape's steady cost. A pass
+    at a static shape that runs eagerly to warm the shape up, or that captures its graph, is not
+    steady (it costs several replays); its time says nothing about what the shape costs."""
+
+    logits: torch.Tensor
+    steady: bool
+
+
 @dataclass
 class _Shape:
-    """Device buffers (and, once captured, the graph) of one static shape."""
+    """Device buffers (and, once captured, the graph) of one static shape; `calls`: passes run at it."""
 
     input_ids: torch.Tensor  # [bucket, T]
     lengths: torch.Tensor  # [bucket]
@@ -66,15 +76,16 @@ class RowModel:
     """model: a transformers causal LM (eval mode); layers: run only these decoder layers (a draft that
     skips layers; Llama family only); dtype: the activations' dtype for the own forward (default the
     model's); static: run batched passes at static shapes (`StaticShapes`; Llama family only); compiled:
-    on CPU, run passes of a few tokens compiled (`llama.LlamaForward`)."""
+    on CPU, run passes of a few tokens compiled; kernels: which kernels run our own forward
+    (`llama.LlamaForward`: auto, triton or torch)."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None, compiled: bool = False) -> None:
+                 static: StaticShapes | None = None, compiled: bool = False, kernels: str = "auto") -> None:
         self.model = model
         self.device = next(model.parameters()).device
         config = model.config
         if llama.supports(model):
-            self._own = llama.LlamaForward(model, layers, dtype, compiled=compiled)
+            self._own = llama.LlamaForward(model, layers, dtype, compiled=compiled, kernels=kernels)
             num_layers, kv_heads, head_dim, cache_dtype = (len(self._own.layers), self._own.num_kv_heads,
                                                            self._own.head_dim, self._own.dtype)
         else:
@@ -207,11 +218,16 @@ class RowModel:
 
     def forward(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None,
                 counts: Sequence[int] | None = None) -> torch.Tensor:
+        """`forward_pass`'s logits."""
+        return self.forward_pass(window, input_ids, logits_at, counts).logits
+
+    def forward_pass(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None,
+                     counts: Sequence[int] | None = None) -> Forwarded:
         """Feed the rows of `window` the tokens input_ids [batch, T] at the positions after their
         committed lengths; return logits [batch, T, vocab], or [batch, 1, vocab] at the positions
-        logits_at [batch] (indices into T). counts [batch]: row b's first counts[b] tokens are real,
-        the rest padding, whose logits are not wanted (where the model `packs`, they are not
-        computed: zeros). Nothing is committed."""
+        logits_at [batch] (indices into T), and whether the pass was steady (`Forwarded`). counts [batch]:
+        row b's first counts[b] tokens are real, the rest padding, whose logits are not wanted (where
+        the model `packs`, they are not computed: zeros). Nothing is committed."""
         if self.static is not None and window.start == 0:
             return self._forward_static(window, input_ids, logits_at)
         input_ids = torch.as_tensor(input_ids, dtype=torch.int64, device=self.device)
@@ -235,11 +251,13 @@ class RowModel:
             else:
                 logits = self._stock(input_ids, positions, visible, logits_at)
         self.forward_seconds += time.perf_counter() - start
-        return logits
+        return Forwarded(logits, steady=True)
 
-    def _forward_static(self, window: slice, input_ids, logits_at: np.ndarray | None) -> torch.Tensor:
+    def _forward_static(self, window: slice, input_ids, logits_at: np.ndarray | None) -> Forwarded:
         """A batched pass at a static shape: rows padded to the batch bucket (padding rows write only
-        past their slot's committed length, so they change nothing), attention over the KV bucket."""
+        past their slot's committed length, so they change nothing), attention over the KV bucket, or,
+        where the forward reads each row's length on the device, over the whole cache (one shape per
+        batch bucket and width, whatever the rows' lengths)."""
         input_ids = np.asarray(input_ids if not torch.is_tensor(input_ids) else input_ids.cpu(), dtype=np.int64)
         batch, steps = input_ids.shape
         static = self.static
@@ -247,7 +265,7 @@ class RowModel:
         lengths = np.zeros(bucket, dtype=np.int64)
         known = min(bucket, self.cache.rows)
         lengths[:known] = self.cache.lengths[:known]
-        kv = static.kv_bucket(int(lengths[:batch].max()) + steps)
+        kv = self.cache.capacity if self._own.reads_lengths else static.kv_bucket(int(lengths[:batch].max()) + steps)
         assert int(lengths.max()) + steps <= self.cache.capacity, "a static cache never grows"
         key = (bucket, steps, kv, logits_at is None)
         shape = self._shapes.get(key)
@@ -266,11 +284,13 @@ class RowModel:
             shape.logits_at.copy_(torch.from_numpy(at), non_blocking=True)
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = self._replay(shape, kv)
+            out = self._replay(shape, kv)
         self.forward_seconds += time.perf_counter() - start
-        return logits[:batch]
+        return Forwarded(out.logits[:batch], out.steady)
 
-    def _replay(self, shape: _Shape, kv: int) -> torch.Tensor:
+    def _replay(self, shape: _Shape, kv: int) -> Forwarded:
+        """Run the shape's pass: eagerly without graphs (steady), else eagerly on its first two calls
+        (lazy initialisation, autotuning), captured on the third (neither steady) and replayed after."""
         def run() -> torch.Tensor:
             steps = shape.input_ids.shape[1]
             positions = shape.lengths[:, None] + torch.arange(steps, device=self.device)[None, :]  # [bucket, T]
@@ -279,11 +299,12 @@ class RowModel:
             return self._own(shape.input_ids, positions, visible[:, None], self.cache, shape.logits_at)
 
         if not (self.static.graphs and self.device.type == "cuda"):
-            return run()
+            return Forwarded(run(), steady=True)
         shape.calls += 1
         if shape.graph is None and shape.calls <= 2:  # warm up eagerly (lazy initialisation, autotuning)
-            return run()
-        if shape.graph is None:
+            return Forwarded(run(), steady=False)
+        steady = shape.graph is not None
+        if not steady:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -293,7 +314,7 @@ class RowModel:
             with torch.cuda.graph(shape.graph):
                 shape.logits = run()
         shape.graph.replay()
-        return shape.logits.clone()  # the graph's output buffer is overwritten by the next replay
+        return Forwarded(shape.logits.clone(), steady)  # a copy: the next replay overwrites the graph's output
 
     def _stock(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                logits_at: np.ndarray | None) -> torch.Tensor:

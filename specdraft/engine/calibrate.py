@@ -1,6 +1,8 @@
 """Start-up measurements: verify passes at the corners of (batch, width), and each drafter that
 drafts only when asked, timed on throwaway rows and reported to the policy, so that its first
-choices rest on this machine's costs rather than on guesses."""
+choices rest on this machine's costs rather than on guesses. Only steady passes are timed (a static
+shape's warm-up and capture are not its cost), and where passes warm up, every width the policy may
+choose at the batches calibrated is warmed up here, so that no decode step pays for it."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from specdraft.policy import DraftingTiming, DraftPolicy, StepReport, VerifyTimi
 from specdraft.verifier import Verifier
 
 PASSES = (2, 4, 8, 16, 32)  # one row's pass lengths timed besides the plain step and k + 1
-REPEATS = 4  # timings per case; the first pays one-off allocation and kernel selection and is dropped
+REPEATS = 4  # steady timings per case; the first pays one-off allocation and kernel selection and is dropped
+WARM_UP = 8  # calls a case may take, besides those, before its passes run steady (a static shape: eager, capture)
 
 
 def draft_lengths(k: int, compiled_tokens: int) -> list[int]:
@@ -29,7 +32,9 @@ def draft_lengths(k: int, compiled_tokens: int) -> list[int]:
 def calibrate(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy,
               k: int, max_batch: int) -> None:
     """Time verify steps at the corners of (batch, width) (and, where the verifier packs rows, one row
-    drafting k in a full batch: what a few strong drafts cost there) and each drafter's costly part."""
+    drafting k in a full batch: what a few strong drafts cost there) and each drafter's costly part.
+    Where a case's passes warmed up, every other draft length up to k is run at that batch until it
+    runs steady, untimed."""
     prompt = [int(t) % verifier.vocab_size for t in range(3, 3 + max(32, k + 1))]  # drafts of k fit
     greedy = SamplingParams(max_tokens=4 * (k + 1) + 4)
     draft = Draft(np.asarray(prompt[:k], dtype=np.int32))
@@ -44,17 +49,47 @@ def calibrate(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mappin
             if k and verifier.packs:
                 drafting.add(1)
             cases = [[k] * rows + [0] * (batch - rows) for rows in sorted(drafting)]
+        warms_up = False
         for lengths in cases:
-            times = []
-            for _ in range(REPEATS):
-                start = time.perf_counter()
-                verifier.step({r: prompt[-1] for r in ids}, {r: draft.prefix(n) for r, n in zip(ids, lengths) if n})
-                times.append(time.perf_counter() - start)
-                for row_id in ids:
-                    verifier.truncate(row_id, len(prompt))
-            policy.record(StepReport(verify=VerifyTiming(tuple(lengths), float(np.median(times[1:])))))
+            drafts = {r: draft.prefix(n) for r, n in zip(ids, lengths) if n}
+            times, warmed = _steady_seconds(verifier, ids, prompt, drafts, REPEATS)
+            warms_up |= warmed
+            if len(times) > 1:
+                policy.record(StepReport(verify=VerifyTiming(tuple(lengths), float(np.median(times[1:])))))
+        if warms_up:  # the other widths the policy may choose at this batch: warmed up (and captured) now
+            timed = {max(lengths) for lengths in cases}
+            for n in range(k + 1):
+                if n not in timed:
+                    _steady_seconds(verifier, ids, prompt, {r: draft.prefix(n) for r in ids if n}, 1)
         for row_id in ids:
             verifier.remove(row_id)
+    _calibrate_drafters(drafters, parts, policy, k, prompt, greedy)
+
+
+def _steady_seconds(verifier: Verifier, ids: list[str], prompt: list[int], drafts: dict[str, Draft],
+                    wanted: int) -> tuple[list[float], bool]:
+    """Time steps of the rows `ids` (each holding `prompt`) verifying `drafts`, each rolled back after,
+    until `wanted` of them ran steady (at most WARM_UP calls more). Returns the steady steps' timings
+    and whether any step was not steady (its shape warmed up)."""
+    times, warmed = [], False
+    for _ in range(wanted + WARM_UP):
+        start = time.perf_counter()
+        results = verifier.step({r: prompt[-1] for r in ids}, drafts)
+        seconds = time.perf_counter() - start
+        for row_id in ids:
+            verifier.truncate(row_id, len(prompt))
+        if not all(result.steady for result in results.values()):
+            warmed = True
+            continue
+        times.append(seconds)
+        if len(times) == wanted:
+            break
+    return times, warmed
+
+
+def _calibrate_drafters(drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy, k: int,
+                        prompt: list[int], greedy: SamplingParams) -> None:
+    """Time each drafter's costly part on a throwaway request (after one that warms it up)."""
     for name, declared in parts.items():
         if declared.costly is None or not k:
             continue

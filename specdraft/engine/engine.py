@@ -31,7 +31,7 @@ from specdraft.params import (DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS,
                               SpeculationParams, check_num_speculative_tokens, check_policy)
 from specdraft.policy import DraftPolicy
 from specdraft.text import IncrementalDetokenizer
-from specdraft.verifier import StepResult, Verifier
+from specdraft.verifier import StepResult, TokenLogprob, Verifier
 
 log = logging.getLogger("specdraft.engine")
 
@@ -111,7 +111,8 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         metrics = RequestMetrics(k, drafter, grammar=None if grammar is None else GrammarMetrics())
         self._waiting.append(Request(request_id, prompt_ids, params, drafter, k, speculation.policy,
-                                     IncrementalDetokenizer(self.tokenizer, params.stop), metrics, grammar=grammar))
+                                     IncrementalDetokenizer(self.tokenizer, params.stop), metrics, grammar=grammar,
+                                     logprobs=None if params.logprobs is None else []))
         return request_id
 
     def cancel(self, request_id: str) -> None:
@@ -197,7 +198,7 @@ class Engine:
         request.metrics.first_token = time.perf_counter()
         if request.grammar is not None:
             request.metrics.grammar.seconds += first.grammar_seconds
-        return self._emit(request, first.tokens)
+        return self._emit(request, first.tokens, logprobs=first.logprobs)
 
     def _decode(self) -> list[Delta]:
         """One decode step (`Stages.run`), then what it returned applied: failures, then each verified
@@ -212,15 +213,17 @@ class Engine:
                 request.metrics.grammar.seconds += outcome.grammar_seconds
                 request.metrics.grammar.forced_draft_tokens += outcome.forced[0]
                 request.metrics.grammar.forced_accepted_tokens += outcome.forced[1]
-            deltas.append(self._emit(request, outcome.tokens, outcome.accepted))
+            deltas.append(self._emit(request, outcome.tokens, outcome.accepted, outcome.logprobs))
         report = step.report(time.perf_counter())
         self.policy.record(report)
         self._verified = 0 if report.verify is None else sum(1 + n for n in report.verify.lengths)
         return [self._retire_finished(delta) for delta in deltas]
 
     # -- applying a step -------------------------------------------------------------------
-    def _emit(self, request: Request, tokens: list[int], accepted: int = 0) -> Delta:
-        """The request's new tokens under its stop rules (the delta of one that ends says why)."""
+    def _emit(self, request: Request, tokens: list[int], accepted: int = 0,
+              logprobs: Sequence[TokenLogprob] | None = None) -> Delta:
+        """The request's new tokens under its stop rules (the delta of one that ends says why), with
+        their logprobs where it asked for them."""
         kept: list[int] = []
         for token in tokens:
             kept.append(token)
@@ -231,6 +234,9 @@ class Engine:
                 request.finish_reason = "length"
                 break
         request.generated.extend(kept)
+        kept_logprobs = None if request.logprobs is None else list(logprobs[: len(kept)])
+        if kept_logprobs is not None:
+            request.logprobs.extend(kept_logprobs)
         request.metrics.generated = len(request.generated)
         if request.finish_reason is None and request.room(self.max_context) <= 0:
             request.finish_reason = "length"  # the model's context is full
@@ -253,11 +259,12 @@ class Engine:
         if request.finish_reason is not None:
             text += request.detok.flush()
         return Delta(request.id, kept, text, request.finish_reason, request.error, accepted=accepted,
-                     drafted_text=drafted_text)
+                     drafted_text=drafted_text, logprobs=kept_logprobs)
 
     def _failed(self, request: Request, error: str) -> Delta:
         request.finish_reason, request.error = "error", error
-        return Delta(request.id, [], request.detok.flush(), "error", error)
+        return Delta(request.id, [], request.detok.flush(), "error", error,
+                     logprobs=None if request.logprobs is None else [])
 
     def _retire_finished(self, delta: Delta) -> Delta:
         if delta.finish_reason is not None:
@@ -295,4 +302,5 @@ class Engine:
         if request.grammar is not None:
             request.metrics.grammar.complete = constrain.complete(request)
         return Completion(request.id, request.detok.text, list(request.generated), list(request.prompt_ids),
-                          request.finish_reason, request.metrics, request.error)
+                          request.finish_reason, request.metrics, request.error,
+                          None if request.logprobs is None else list(request.logprobs))

@@ -12,6 +12,7 @@ import numpy as np
 from specdraft.grammar import RowGrammar
 from specdraft.params import SamplingParams
 from specdraft.text import IncrementalDetokenizer
+from specdraft.verifier import TokenLogprob
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Request:
     begun: bool = False  # its drafter and the policy track it
     grammar: RowGrammar | None = None  # its response format's state (the verifier advances it)
     stop_string: bool = False  # it ended on a stop string (its text is cut there)
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, where its params ask for them
 
     def room(self, max_context: int) -> int:
         """Tokens it may still generate: its budget, and the model's context."""
@@ -118,7 +120,8 @@ class Request:
 class Delta:
     """New output of one request after a step. `finish_reason` is set on its last delta. `accepted`
     of `token_ids` came from the request's draft (they lead), the rest from the target itself;
-    `drafted_text` is the part of `text` that the accepted draft tokens produced (a prefix of it)."""
+    `drafted_text` is the part of `text` that the accepted draft tokens produced (a prefix of it);
+    `logprobs`: one entry per token of `token_ids`, where the request asked for them."""
 
     request_id: str
     token_ids: list[int]
@@ -127,13 +130,14 @@ class Delta:
     error: str | None = None
     accepted: int = 0
     drafted_text: str = ""
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
 class Completion:
     """A finished request: finish_reason "stop" (an EOS token or a stop string), "length"
     (max_tokens or the model's context), "error" (`error` says why; `text` holds what came before)
-    or "cancelled"."""
+    or "cancelled". `logprobs`: one entry per token of `token_ids`, where the request asked for them."""
 
     request_id: str
     text: str
@@ -142,3 +146,4 @@ class Completion:
     finish_reason: str
     metrics: RequestMetrics
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None

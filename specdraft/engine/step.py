@@ -20,7 +20,7 @@ from specdraft.drafters.base import EMPTY_DRAFT, Draft, Drafter, Parts
 from specdraft.engine import constrain
 from specdraft.engine.requests import Request
 from specdraft.policy import CallTiming, DraftingTiming, DraftPolicy, RowPlan, StepReport, Verified, VerifyTiming
-from specdraft.verifier import StepResult, Verifier
+from specdraft.verifier import StepResult, TokenLogprob, Verifier
 
 
 @dataclass
@@ -45,17 +45,20 @@ class Drafted:
 
 @dataclass(frozen=True)
 class Verify:
-    """What the verify pass did: each row's result, and the rows whose grammar failed in it."""
+    """What the verify pass did: each row's result, the rows whose grammar failed in it, and whether
+    the pass ran at its shape's steady cost (not a warm-up or capture of its shape)."""
 
     results: dict[str, StepResult]
     failed: dict[str, str]
     seconds: float
+    steady: bool = True
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What a verified row gets from the step: its tokens (the first `accepted` from its draft of
-    `drafted`), its share of the step's drafting time, its grammar's time and forced tokens."""
+    `drafted`), its share of the step's drafting time, its grammar's time and forced tokens, and the
+    tokens' logprobs where the request asked for them."""
 
     request: Request
     tokens: list[int]
@@ -64,6 +67,7 @@ class Outcome:
     draft_seconds: float
     grammar_seconds: float
     forced: tuple[int, int]  # forced tokens verified after an accepted draft, and accepted
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass
@@ -75,7 +79,7 @@ class Step:
 
     rows: list[Request]
     limits: dict[str, int]
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=lambda: time.perf_counter())  # read through `time`: a test may simulate it
     proposed: Drafted = field(default_factory=Drafted)
     plans: list[RowPlan] = field(default_factory=list)
     lengths: dict[str, int] = field(default_factory=dict)
@@ -109,7 +113,8 @@ class Step:
             result, drafted = self.verified.results[request.id], len(self.chosen.drafts.get(request.id, EMPTY_DRAFT))
             grammar = self.proposed.grammar_seconds[request.id] + self.chosen.grammar_seconds[request.id]
             yield Outcome(request, result.tokens, result.accepted, drafted, share, grammar + result.grammar_seconds,
-                          constrain.forced_tally(forced_from.get(request.id), drafted, result.accepted))
+                          constrain.forced_tally(forced_from.get(request.id), drafted, result.accepted),
+                          result.logprobs)
 
     def report(self, now: float) -> StepReport:
         """The step as the policy learns from it; `now`: when the loop finished applying it."""
@@ -122,9 +127,10 @@ class Step:
         rows = tuple(Verified(r, self.proposed.sources[r], n, results[r].accepted, tuple(results[r].tokens),
                               tuple(self.chosen.unverified.get(r, EMPTY_DRAFT).token_ids.tolist()))
                      for r, n in zip(order, lengths))
-        return StepReport(tuple(self.plans), rows, VerifyTiming(tuple(lengths), self.verified.seconds),
-                          self.proposed.asked, tuple(self.proposed.calls), tuple(self.drafted.drafting),
-                          other_seconds=now - self.started - self.verified.seconds - self.draft_seconds)
+        verify = VerifyTiming(tuple(lengths), self.verified.seconds, self.verified.steady)
+        other = now - self.started - self.verified.seconds - self.draft_seconds
+        return StepReport(tuple(self.plans), rows, verify, self.proposed.asked, tuple(self.proposed.calls),
+                          tuple(self.drafted.drafting), other)
 
 
 class Stages:
@@ -263,7 +269,8 @@ class Stages:
         results = self.verifier.step({r.id: r.last_token for r in rows},
                                      {r.id: drafts[r.id] for r in rows if len(drafts.get(r.id, EMPTY_DRAFT))})
         seconds = time.perf_counter() - started
-        return Verify(results, {r: result.error for r, result in results.items() if result.error is not None}, seconds)
+        return Verify(results, {r: result.error for r, result in results.items() if result.error is not None}, seconds,
+                      all(result.steady for result in results.values()))
 
 
 def _call_free(name: str, parts: Parts, group: list[Request], limits: dict[str, int], batch: int, policy: DraftPolicy,

@@ -238,7 +238,7 @@ class DraftPolicy:
             elif drafting.positions:
                 self.costs.observe_draft(drafting.source, drafting.positions, drafting.seconds)
             self.costs.observe_catch_up(drafting.source, drafting.catch_up_tokens, drafting.catch_up_seconds)
-        if report.verify is not None:
+        if report.verify is not None and report.verify.steady:
             lengths = report.verify.lengths
             self.costs.observe_verify(len(lengths), self.computed_tokens(lengths), report.verify.seconds)
         self.estimates.observe(report.rows)

@@ -40,10 +40,13 @@ class Verified:
 
 @dataclass(frozen=True)
 class VerifyTiming:
-    """A verify pass over rows with these draft lengths (one per row) took `seconds`."""
+    """A verify pass over rows with these draft lengths (one per row) took `seconds`. `steady`: the
+    pass ran at its shape's steady cost; one that warmed its shape up or captured it is no cost of
+    the shape (the policy ignores it)."""
 
     lengths: tuple[int, ...]
     seconds: float
+    steady: bool = True
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,16 @@ Terms, used the same way everywhere in specdraft:
   target's logits of the tokens its grammar forbids are -inf before any of the above; its drafts
   arrive cut at their first illegal token and are tested as deterministic drafts.
 
+- **logprobs** of an emitted token: the log-softmax of the target's raw logits at the position that
+  decided it (before temperature, top-k, top-p and masks), for rows that ask (`verifier.logprobs`).
+
 Each step emits `accepted + 1` tokens per row: the accepted prefix and one recovered or bonus token.
 This makes greedy output identical to the target alone and sampled output distributed exactly as
 the target's (Leviathan et al. 2023, Theorem 1). With deterministic drafters (`none`, `ngram`) a
 seeded sampled row emits exactly the tokens plain sampling with the same seed emits, in any batch.
 """
 
+from specdraft.verifier.logprobs import TokenLogprob
 from specdraft.verifier.verifier import InvalidDraftError, StepResult, Verifier
 
-__all__ = ["InvalidDraftError", "StepResult", "Verifier"]
+__all__ = ["InvalidDraftError", "StepResult", "TokenLogprob", "Verifier"]

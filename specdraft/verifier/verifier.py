@@ -17,6 +17,7 @@ from specdraft.grammar import GrammarError, RowGrammar, mask_words, unpack
 from specdraft.params import SamplingParams
 from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms, request_seed
 from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
+from specdraft.verifier.logprobs import TokenLogprob, pack_logprobs, unpack_logprobs
 
 
 class InvalidDraftError(ValueError):
@@ -33,6 +34,21 @@ class StepResult:
     accepted: int
     grammar_seconds: float = 0.0  # spent on the row's grammar: its masks and advancing it
     error: str | None = None  # the row's grammar failed (its tokens, if any, are not to be used): the row must end
+    # The step's pass ran at its shape's steady cost (`RowModel.forward_pass`): not a static shape's
+    # warm-up or capture, whose time is no measure of what the shape costs.
+    steady: bool = True
+    # One entry per token in `tokens` where the row asked for logprobs (`SamplingParams.logprobs`), else None.
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class _Emitted:
+    """What acceptance decided, on the host: tokens [batch, k + 1] (pad -1), accepted [batch], and each
+    row's logprobs of its accepted + 1 tokens (None: the row asked for none)."""
+
+    tokens: np.ndarray
+    accepted: np.ndarray
+    logprobs: list[tuple[TokenLogprob, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -58,11 +74,12 @@ class Verifier:
     """model: the target; static: run steps at static shapes (`StaticShapes`, CUDA graphs on CUDA);
     compiled: on CPU, compiled decode and verify passes (`RowModel`); prefix_cache_bytes: keep rows'
     committed keys and values up to this many bytes for later prompts that start alike
-    (`specdraft.backend.prefix`; 0: keep none)."""
+    (`specdraft.backend.prefix`; 0: keep none); kernels: which kernels run the target's forward
+    (`specdraft.backend.llama.LlamaForward`: "auto" runs the batch-invariant Triton kernels on CUDA)."""
 
     def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, compiled: bool = False,
-                 prefix_cache_bytes: int = 0) -> None:
-        self.rows = RowModel(model, static=static, compiled=compiled)
+                 prefix_cache_bytes: int = 0, kernels: str = "auto") -> None:
+        self.rows = RowModel(model, static=static, compiled=compiled, kernels=kernels)
         self.device = self.rows.device
         self.vocab_size = self.rows.vocab_size
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
@@ -105,8 +122,8 @@ class Verifier:
         self.rows.activate(row_id)
         no_draft = torch.empty((1, 0), dtype=torch.int64, device=self.device)
         first_position = np.array([self.rows.length(row_id)])
-        tokens, _, seconds, errors = self._decide([row_id], logits[None, None], no_draft, [None], first_position, masks)
-        return StepResult([int(tokens[0, 0])], 0, seconds[0], errors.get(0))
+        emitted, seconds, errors = self._decide([row_id], logits[None, None], no_draft, [None], first_position, masks)
+        return StepResult([int(emitted.tokens[0, 0])], 0, seconds[0], errors.get(0), logprobs=emitted.logprobs[0])
 
     def admit(self, row_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
         """`add` and prefill a whole prompt; return the first generated token."""
@@ -170,15 +187,18 @@ class Verifier:
         # Row b's last token sits at position lengths[b]; its logits decide the token after it.
         first_position = np.asarray(self.rows.lengths(window), dtype=np.int64) + 1  # [batch]
         counts = [(1 + len(drafts.get(r, EMPTY_DRAFT))) * int(taking[b]) for b, r in enumerate(order)]
-        logits = self.rows.forward(window, inputs, counts=counts)  # [batch, k + 1, vocab]; zeros past a row's tokens
+        forwarded = self.rows.forward_pass(window, inputs, counts=counts)
+        logits = forwarded.logits  # [batch, k + 1, vocab]; zeros past a row's tokens
         draft_t = torch.as_tensor(draft, device=self.device)
         kept = [drafts.get(r) if taking[b] else None for b, r in enumerate(order)]
-        tokens, accepted, grammar_seconds, errors = self._decide(order, logits, draft_t, kept, first_position, masks)
+        emitted, grammar_seconds, errors = self._decide(order, logits, draft_t, kept, first_position, masks)
+        tokens, accepted = emitted.tokens, emitted.accepted
         # A row keeps its last token and its accepted draft (the rest is rolled back); a row sitting out, nothing.
         self.rows.commit(window, np.where(taking, accepted + 1, 0))
         errors = {**failed, **errors}
         return {row_id: StepResult([] if b in errors else tokens[b, : int(accepted[b]) + 1].tolist(),
-                                   0 if b in errors else int(accepted[b]), grammar_seconds[b], errors.get(b))
+                                   0 if b in errors else int(accepted[b]), grammar_seconds[b], errors.get(b),
+                                   forwarded.steady, None if b in errors else emitted.logprobs[b])
                 for b, row_id in enumerate(order) if row_id in last_tokens}
 
     def _check_draft(self, row_id: str, draft: Draft) -> None:
@@ -209,32 +229,32 @@ class Verifier:
     def _decide(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
                 first_position: np.ndarray, masks: _Masks | None):
         """Mask the constrained rows' logits, apply each row's acceptance rule, and advance the
-        constrained rows' grammars by what they emit. Returns host arrays tokens [batch, k + 1] and
-        accepted [batch], the seconds each row's grammar took, and the rows whose grammar failed to
-        advance (batch index -> why)."""
+        constrained rows' grammars by what they emit. Returns what was emitted (`_Emitted`), the
+        seconds each row's grammar took, and the rows whose grammar failed to advance (batch index -> why)."""
         if masks is None or not masks.grammars:
             seconds = [0.0] * len(order) if masks is None else masks.seconds
-            return (*self._accept(order, logits, draft, drafts, first_position), seconds, {})
+            return self._accept(order, logits, draft, drafts, first_position, logits), seconds, {}
         # Tokens a row's grammar forbids get -inf before temperature, top-k and top-p (which then see
         # legal tokens only). A copy: the forward's output buffer is the model's to reuse.
         index = torch.tensor([b for b, _ in masks.grammars], device=logits.device)
         allowed = unpack(masks.bits.to(logits.device), self.vocab_size)  # [rows, k + 1, vocab]
         masked = logits.clone()
         masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
-        tokens, accepted = self._accept(order, masked, draft, drafts, first_position)
+        emitted = self._accept(order, masked, draft, drafts, first_position, logits)
         errors: dict[int, str] = {}
         for b, grammar in masks.grammars:
             start = time.perf_counter()
             try:
-                grammar.advance(tokens[b, : int(accepted[b]) + 1])  # legal: chosen under the mask
+                grammar.advance(emitted.tokens[b, : int(emitted.accepted[b]) + 1])  # legal: chosen under the mask
             except GrammarError as exc:  # a resource limit of the grammar library: that row ends
                 errors[b] = str(exc)
             masks.seconds[b] += time.perf_counter() - start
-        return tokens, accepted, masks.seconds, errors
+        return emitted, masks.seconds, errors
 
     def _accept(self, order: Sequence[str], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
-                first_position: np.ndarray):
-        """Apply each row's acceptance rule; return host arrays tokens [batch, k + 1] and accepted [batch].
+                first_position: np.ndarray, raw: torch.Tensor) -> _Emitted:
+        """Apply each row's acceptance rule to `logits` and gather the logprobs of the rows that ask for
+        them from `raw` (the logits before any grammar mask); bring both to the host.
 
         first_position [batch]: the position in its row of the token that logits[b, 0] decides.
         """
@@ -248,9 +268,25 @@ class Verifier:
                 index = torch.as_tensor(greedy, device=self.device)
                 g_tokens, g_accepted = greedy_accept(logits[index], draft[index])
                 tokens[index], accepted[index] = g_tokens, g_accepted
+        asking = [b for b, row in enumerate(rows) if row.params.logprobs is not None]
+        parts = [tokens, accepted[:, None]]  # int64 [batch, k + 1], [batch, 1]
+        if asking:
+            index = torch.as_tensor(asking, device=self.device)
+            top = max(rows[b].params.logprobs for b in asking)
+            parts.append(pack_logprobs(raw[index], tokens[index], top))  # [asking, k + 1, 1 + 2 top]
         # The step's single device-to-host transfer.
-        host = torch.cat([tokens, accepted[:, None]], dim=1).cpu().numpy()
-        return host[:, :-1], host[:, -1]
+        host = torch.cat([part.flatten() for part in parts]).cpu().numpy()
+        batch, width = tokens.shape
+        host_tokens = host[: batch * width].reshape(batch, width)
+        host_accepted = host[batch * width : batch * (width + 1)]
+        logprobs: list[tuple[TokenLogprob, ...] | None] = [None] * batch
+        if asking:
+            packed = host[batch * (width + 1) :].reshape(len(asking), width, -1)  # [asking, k + 1, 1 + 2 top]
+            entries = unpack_logprobs(packed, host_tokens[asking], host_accepted[asking] + 1,
+                                      [rows[b].params.logprobs for b in asking])
+            for b, row_entries in zip(asking, entries):
+                logprobs[b] = tuple(row_entries)
+        return _Emitted(host_tokens, host_accepted, logprobs)
 
     def _sample(self, rows: Sequence[_Row], logits: torch.Tensor, draft: torch.Tensor, drafts: Sequence[Draft | None],
                 first_position: np.ndarray):

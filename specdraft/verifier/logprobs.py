@@ -1,0 +1,55 @@
+"""Emitted tokens' log-probabilities under the target: the log-softmax of its raw float32 logits at
+the position that decided each token (before temperature, top-k, top-p and grammar masks: vLLM's
+"raw logprobs"), so that they describe the model, not the request's sampling. Gathered on the device
+for the rows that ask (`SamplingParams.logprobs`) and packed into the step's one device-to-host
+transfer (`pack_logprobs`, then `unpack_logprobs` on the host). Each position is reduced on its own
+(a row-wise log-softmax), so a token's values depend on its logits only, not on the pass, the batch
+or the draft that carried it: they are bitwise a plain step's where its logits are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability, and the `top` most likely tokens at its position (as many
+    as its request asked for), most likely first, as (token id, log-probability)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def pack_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:
+    """The log-probabilities of `tokens` and of the `top` most likely tokens at each position, as one
+    int64 tensor [rows, k + 1, 1 + 2 top]: (token's logprob, top ids, top logprobs), each float32
+    logprob carried by its bits (so that it travels with the step's token ids, bit for bit).
+
+    logits: [rows, k + 1, vocab] raw logits of the rows that ask; tokens: [rows, k + 1] the tokens
+    they emit there (pad -1: its entry is not read)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, k + 1, vocab]
+    chosen = logprobs.gather(2, tokens.clamp(min=0)[:, :, None])  # [rows, k + 1, 1]
+    if not top:
+        return chosen.view(torch.int32).to(torch.int64)
+    values, ids = logprobs.topk(top, dim=-1)  # [rows, k + 1, top], most likely first
+    bits = torch.cat([chosen, values], dim=-1).view(torch.int32).to(torch.int64)  # [rows, k + 1, 1 + top]
+    return torch.cat([bits[:, :, :1], ids, bits[:, :, 1:]], dim=-1)
+
+
+def unpack_logprobs(packed: np.ndarray, tokens: np.ndarray, counts: Sequence[int],
+                    tops: Sequence[int]) -> list[list[TokenLogprob]]:
+    """`pack_logprobs`'s host copy [rows, k + 1, 1 + 2 top] as each row's first counts[i] tokens'
+    entries, each with its own tops[i] <= top most likely tokens. tokens: [rows, k + 1] the tokens emitted."""
+    top = (packed.shape[-1] - 1) // 2
+    floats = packed.astype(np.int32).view(np.float32)  # the bits back as float32
+    out = []
+    for i, (count, n) in enumerate(zip(counts, tops)):
+        ids, values = packed[i, :count, 1 : 1 + n].tolist(), floats[i, :count, 1 + top : 1 + top + n].tolist()
+        out.append([TokenLogprob(int(tokens[i, j]), float(floats[i, j, 0]), tuple(zip(ids[j], values[j])))
+                    for j in range(count)])
+    return out
