@@ -6,9 +6,14 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
-import numpy as np
-import pytest
-import torch
+# On CPU the Triton kernels' tests run them under Triton's interpreter, which must be chosen before
+# anything imports triton (torch's inductor does, and triton reads the choice once).
+if os.environ.get("SPECDRAFT_TEST_DEVICE", "cpu") == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.params import SamplingParams

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdraft.backend import RowModel, blocks
+from specdraft.backend import PREFILL_CHUNK, RowModel, blocks, numba_layers
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.linear import Int8Linear, use_int8_linears
 from specdraft.backend.numba_layers import _NONE, _SPAN, MAX_TOKENS, NumbaLayers, _attend, project, step_weights
@@ -83,7 +83,7 @@ def test_a_greedy_continuation_is_the_eager_one():
     assert continuations[0] == continuations[1]
 
 
-def test_numba_layers_apply_to_plain_float32_layers_only():
+def test_numba_layers_apply_to_plain_float32_layers_only(monkeypatch):
     model = make_tiny_model(seed=14, dtype=torch.float32, layers=1)
     layers = list(model.model.layers)
     assert NumbaLayers.applies(model, layers, torch.float32)
@@ -98,7 +98,10 @@ def test_numba_layers_apply_to_plain_float32_layers_only():
     assert isinstance(RowModel(model, dtype=torch.float32, compiled=True)._own.compiled, NumbaLayers)
     rows = RowModel(model, dtype=torch.bfloat16, compiled=True)  # bf16 activations: inductor's parts
     assert isinstance(rows._own.compiled, InductorLayers)
-    assert NumbaLayers.takes(MAX_TOKENS) and not NumbaLayers.takes(MAX_TOKENS + 1)
+    monkeypatch.setattr(numba_layers, "LONG_PASSES", False)  # the default
+    assert NumbaLayers.takes(MAX_TOKENS) and not NumbaLayers.takes(MAX_TOKENS + 1)  # longer: the eager layers
+    monkeypatch.setattr(numba_layers, "LONG_PASSES", True)  # SPECDRAFT_INVARIANT_PREFILL=1
+    assert NumbaLayers.takes(MAX_TOKENS) and NumbaLayers.takes(PREFILL_CHUNK)  # longer: in calls of MAX_TOKENS
     half = make_tiny_model(seed=14, dtype=torch.bfloat16, layers=1)
     assert not NumbaLayers.applies(half, list(half.model.layers), torch.float32)  # bf16 weights
 
@@ -173,9 +176,11 @@ def attention_reference(q, keys, values, visible):
 
 @pytest.mark.parametrize("tokens, kv", [(1, 5), (1, 2 * _SPAN), (1, 5 * _SPAN + 7), (2, 5 * _SPAN), (5, 3 * _SPAN)])
 def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
+    """...and each token's output is the same bitwise when it is attended alone (spans at fixed offsets)."""
     heads, kv_heads, head_dim = 4, 1, 16  # one kv head: one token's entries split into spans
     rng = np.random.default_rng(kv)
-    cache = rng.standard_normal((2, 1, kv_heads, kv, head_dim), dtype=np.float32)  # keys, values; one row
+    capacity = -(-kv // _SPAN) * _SPAN  # as the cache holds it: whole spans
+    cache = rng.standard_normal((2, 1, kv_heads, capacity, head_dim), dtype=np.float32)  # keys, values; one row
     qkv = rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
     positions = np.arange(kv - tokens, kv)
     visible = np.zeros((tokens, kv), bool)
@@ -183,12 +188,18 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
         visible[t, (p - 9 if t == 0 else 0) : p + 1] = True
     keys, values = cache[0], cache[1]
     out = np.full((tokens, heads * head_dim), np.nan, np.float32)
-    _attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, 2, out)
+    _attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out)
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
-    want = attention_reference(q, keys[0].astype(np.float64), values[0].astype(np.float64), visible)
+    want = attention_reference(q, keys[0, :, :kv].astype(np.float64), values[0, :, :kv].astype(np.float64), visible)
     np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
     written = qkv[:, heads * head_dim :].reshape(tokens, 2, kv_heads, head_dim)
     np.testing.assert_array_equal(keys[0][:, positions].transpose(1, 0, 2), written[:, 0])  # the new entries
+    for t in range(tokens):
+        alone = np.full((1, heads * head_dim), np.nan, np.float32)
+        seen = visible[t : t + 1, : positions[t] + 1]  # as its own pass would see the cache
+        _attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], seen, keys, values, heads, kv_heads,
+                head_dim, alone)
+        np.testing.assert_array_equal(alone[0], out[t])
 
 
 def test_building_moves_the_weights_once_keeping_values_and_ties():

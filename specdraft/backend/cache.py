@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+SPAN = 128  # capacity is a whole number of these: attention kernels read a token's keys in spans at fixed offsets
+
 
 class RowKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
@@ -52,6 +54,7 @@ class RowKVCache:
         return self._keys[0].shape[0]
 
     def _allocate(self, slots: int, capacity: int) -> None:
+        capacity = -(-capacity // SPAN) * SPAN
         shape = (slots, self.num_kv_heads, capacity, self.head_dim)
         keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]

@@ -73,10 +73,11 @@ class LlamaForward:
         shape = (self.num_heads, self.num_kv_heads, self.head_dim)
         self.eager = EagerLayers(model, self.layers, self.dtype, *shape)
         self.invariant: TritonLayers | None = None
-        why = "kernels='torch'" if kernels == "torch" else unavailable(model, self.layers, self.dtype)
+        wanted = kernels == "triton" or (kernels == "auto" and model_device(model).type == "cuda")
+        why = unavailable(model, self.layers, self.dtype) if wanted else None
         if kernels == "triton" and why is not None:
             raise ValueError(f"kernels='triton' cannot run this model: {why}")
-        if why is None and (kernels == "triton" or model_device(model).type == "cuda"):
+        if wanted and why is None:
             self.invariant = TritonLayers(model, self.layers, self.dtype, *shape)
         self.compiled: NumbaLayers | InductorLayers | None = None
         if self.invariant is not None:  # every pass runs on the Triton kernels

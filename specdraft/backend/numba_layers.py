@@ -16,7 +16,7 @@ sums spread over vector lanes (numba's `reassoc`), the rows further on prefetche
 several tokens or int8 weights. The weights are moved once onto 2 MB pages in
 the order a step reads them (`_on_huge_pages`: no page walk every 4 KB). A layer is five parallel
 loops: q/k/v; attention (the new keys and values written first; one token's cache entries split
-among the threads and joined after); the output projection with its residual; gate and up; down
+into spans at fixed offsets among the threads and joined after); the output projection with its residual; gate and up; down
 with its residual. Norms, the rotary embedding and SiLU run between them on the calling thread,
 and the whole layer stack is one call from Python. Between the loops the worker thread spins
 briefly (`specdraft.threads`): a sleeping one takes tens of microseconds to wake, and a step has
@@ -33,6 +33,7 @@ disk cache) and loaded when the layers are built, so no step pays for compiling.
 from __future__ import annotations
 
 import mmap
+import os
 
 import numba
 import numpy as np
@@ -44,13 +45,19 @@ from numba.extending import intrinsic
 from numba.typed import List
 
 from specdraft.backend import blocks
-from specdraft.backend.cache import RowKVCache
+from specdraft.backend.cache import SPAN, RowKVCache
 from specdraft.backend.layers import Pass
 from specdraft.backend.linear import FewRowsLinear, Int8Linear
 from specdraft.backend.weights import (adjacent_view, joined_projection, layer_linears, model_device, norm_eps, projections,
                                        silu_mlp)
 
-MAX_TOKENS = 32  # passes of up to this many tokens run here; larger ones run the eager layers (BLAS wins there)
+MAX_TOKENS = 32  # tokens a call of the layer stack computes
+# With SPECDRAFT_INVARIANT_PREFILL=1, passes longer than MAX_TOKENS (prefill chunks) run here too, in
+# calls of MAX_TOKENS tokens, so that a prompt's keys and values are those token-by-token decoding
+# writes (a prefix-cache hit's logits equal a cold run's bitwise), at 0.6-0.8x BLAS's prefill speed
+# beyond a few hundred tokens (`benchmarks/results/cpu_prefill.md`); by default they run the eager
+# layers (BLAS: the same tokens, logits equal to float rounding).
+LONG_PASSES = os.environ.get("SPECDRAFT_INVARIANT_PREFILL") == "1"
 _BLOCK = 16  # weight rows per parallel work item
 _SUM = {"reassoc", "contract"}  # sums spread over vector lanes, multiply-adds fused; no other liberty
 _AHEAD = 4  # weight rows a thread asks the memory for before it reads them (where `project` prefetches)
@@ -328,20 +335,20 @@ def _join(tops, totals, sums, out):  # pragma: no cover - compiled
                 o[d] /= total
 
 
-_SPAN = 64  # fewest cache entries a job of attention takes when one token's keys are split among threads
+_SPAN = SPAN  # cache entries a job of attention takes (a token's keys are split into spans at fixed offsets)
 
 
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, threads, out):  # pragma: no cover
+def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out):  # pragma: no cover
     """Write each token's k and v into its row's cache at its position, then attention: out [N, heads *
     head_dim]. qkv [N, (heads + 2 kv_heads) * head_dim] (q, k rotated); rows, positions [N]: each
     token's row in the window and position; visible [N, kv] bool (which cache entries each token
-    sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows;
-    threads: numba's (passed in: a call to numba from a kernel would keep it out of numba's disk cache).
+    sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows.
 
     A job is one token's query heads that share a kv head (they share its key and value loads) over
-    a span of the cache: with few tokens the entries are split into spans so that every thread has
-    work (flash-decoding), each span's softmax kept as (max, sum, weighted values) and joined after."""
+    a span of `_SPAN` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
+    result does not depend on the pass), each span's softmax kept as (max, sum, weighted values) and
+    joined after in order."""
     n, kv = qkv.shape[0], visible.shape[1]
     group = heads // kv_heads
     scale = np.float32(1.0 / np.sqrt(head_dim))
@@ -350,9 +357,11 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
             for d in range(head_dim):
                 keys[rows[t], g, positions[t], d] = qkv[t, (heads + g) * head_dim + d]
                 values[rows[t], g, positions[t], d] = qkv[t, (heads + kv_heads + g) * head_dim + d]
-    wanted = (2 * threads + n * kv_heads - 1) // (n * kv_heads)
-    spans = max(1, min(wanted, kv // _SPAN))
-    width = (kv + spans - 1) // spans
+    # Spans at fixed offsets (0, _SPAN, 2 _SPAN, ...), each computed over its whole width: a token's
+    # keys are split, and every span's sums run, the same way whatever pass the token is in.
+    width = _SPAN
+    spans = (kv + width - 1) // width
+    assert spans * width <= keys.shape[2], "the cache's capacity is a whole number of spans"
     # Every job fills its own (token, head, span) entries; no array expressions here (in a parallel
     # function numba would run each as a parallel loop of its own).
     tops = np.empty((n, heads, spans), np.float32)
@@ -360,12 +369,14 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
     sums = np.empty((n, heads, spans, head_dim), np.float32)
     for job in prange(n * kv_heads * spans):
         t, g, span = job // (kv_heads * spans), (job // spans) % kv_heads, job % spans
-        first, last = span * width, min(kv, span * width + width)
-        seen = visible[t, first:last]
-        k, v = keys[rows[t], g, first:last], values[rows[t], g, first:last]  # [span, head_dim]
-        scores = np.full((group, last - first), -np.inf, np.float32)
+        first = span * width
+        seen = np.zeros(width, np.bool_)
+        for j in range(min(width, kv - first)):
+            seen[j] = visible[t, first + j]
+        k, v = keys[rows[t], g, first : first + width], values[rows[t], g, first : first + width]  # [span, head_dim]
+        scores = np.full((group, width), -np.inf, np.float32)
         top = np.full(group, -np.inf, np.float32)
-        for j in range(last - first):
+        for j in range(width):
             if seen[j]:
                 kj = k[j]
                 for u in range(group):
@@ -376,15 +387,15 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
                         acc += query[d] * kj[d]
                     scores[u, j] = acc * scale
                     top[u] = max(top[u], scores[u, j])
-        weights, scratch = np.empty((group, last - first), np.float32), np.empty(last - first, np.int32)
+        weights, scratch = np.empty((group, width), np.float32), np.empty(width, np.int32)
         for u in range(group):
             if top[u] > -np.inf:  # a span with nothing seen adds nothing
-                for j in range(last - first):
+                for j in range(width):
                     scores[u, j] -= top[u]  # unseen entries (-inf) get weights that are never read
                 _exp(scores[u], weights[u], scratch)
         total = np.zeros(group, np.float32)
         attended = np.zeros((group, head_dim), np.float32)
-        for j in range(last - first):
+        for j in range(width):
             if seen[j]:
                 vj = v[j]
                 for u in range(group):
@@ -403,15 +414,15 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
 
 @njit(cache=True)
 def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
-           head_dim, threads, kernel):  # pragma: no cover - compiled
+           head_dim, kernel):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
     before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
-    eps [layers, 2]; threads: numba's. Returns the stream after the last layer."""
+    eps [layers, 2]. Returns the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
         norm, qkv_weights = before[i]
         qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim, kernel)
-        _attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, threads, attended)
+        _attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
         x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights, kernel)
     return x
@@ -571,14 +582,23 @@ class NumbaLayers:
 
     @staticmethod
     def takes(tokens: int) -> bool:
-        """Whether a pass of this many tokens runs here (larger ones run the eager layers)."""
-        return tokens <= MAX_TOKENS
+        """Whether a pass of this many tokens runs here: every pass where `LONG_PASSES` (a longer one
+        in calls of `MAX_TOKENS` tokens), else up to `MAX_TOKENS` (longer ones run the eager layers)."""
+        return LONG_PASSES or tokens <= MAX_TOKENS
 
     def stack(self, p: Pass) -> torch.Tensor:
-        """Every layer on the pass's tokens, attention and cache writes included, in one call."""
+        """Every layer on the pass's tokens, attention and cache writes included, in one call per
+        `MAX_TOKENS` tokens: a longer pass (a prefill chunk) runs as passes of that many in turn, so
+        that each of its tokens is computed exactly as a decode or verify step computes it (each
+        call writes its tokens' keys and values before attending: later calls see them)."""
         flat = torch.arange(p.batch * p.steps) if p.real is None else p.real  # [N] into [batch * T]
-        return self._run(p.x, p.flat(p.cos), p.flat(p.sin), flat // p.steps, p.positions.reshape(-1)[flat],
-                         p.mask[:, 0].reshape(p.batch * p.steps, -1)[flat], p.cache)
+        x, cos, sin = p.x, p.flat(p.cos), p.flat(p.sin)
+        rows, positions = flat // p.steps, p.positions.reshape(-1)[flat]
+        visible = p.mask[:, 0].reshape(p.batch * p.steps, -1)[flat]  # [N, kv]
+        parts = [self._run(x[i : i + MAX_TOKENS], cos[i : i + MAX_TOKENS], sin[i : i + MAX_TOKENS],
+                           rows[i : i + MAX_TOKENS], positions[i : i + MAX_TOKENS], visible[i : i + MAX_TOKENS], p.cache)
+                 for i in range(0, len(flat), MAX_TOKENS)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @staticmethod
     def use_torch_threads() -> None:
@@ -608,8 +628,7 @@ class NumbaLayers:
         keys, values = self._cache(cache)
         with torch.profiler.record_function("specdraft::numba_stack"):  # a profile's name for this call
             x = _stack(_array(x), _array(cos), _array(sin), _array(rows), _array(positions), _array(visible),
-                       keys, values, self._before, self._after, self._eps, *self._shape, numba.get_num_threads(),
-                       self._kernel)
+                       keys, values, self._before, self._after, self._eps, *self._shape, self._kernel)
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
