@@ -97,9 +97,9 @@ def test_a_static_cache_never_grows():
     capacity = rows.cache.capacity
     rows.add("a", active=True)
     rows.add("b", active=True)
-    with pytest.raises(RuntimeError, match="the fixed KV cache holds 2 rows of 80 positions"):
+    with pytest.raises(RuntimeError, match="the fixed KV cache holds 2 rows of 128 positions"):
         rows.add("c")
-    assert rows.cache.capacity == capacity == 64 + 16
+    assert rows.cache.capacity == capacity == 128  # 64 + 16, in whole spans (`cache.SPAN`)
 
 
 def test_static_shapes_need_our_own_forward():

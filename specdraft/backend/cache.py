@@ -18,7 +18,8 @@ SPAN = 128  # capacity is a whole number of these: attention kernels read a toke
 class RowKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                  slots: int = 1, capacity: int = 64, fixed: bool = False) -> None:
-        """fixed: allocated once at this size (captured CUDA graphs hold its addresses): never grows."""
+        """fixed: allocated once at this size (captured CUDA graphs hold its addresses): never grows.
+        Capacities are whole numbers of `SPAN` positions."""
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.fixed = fixed
         self.dtype, self.device = dtype, torch.device(device)
