@@ -105,7 +105,7 @@ def test_linear_rows_do_not_depend_on_the_row_count(rows, variant, monkeypatch):
     n_in, n_out = 1024, 96
     monkeypatch.setattr(tk, "MIN_SPLIT_WEIGHTS", 0)  # split this small weight as a large one is
     weight = (torch.randn(n_out, n_in, generator=g) / 32).to(DTYPE).to(TEST_DEVICE)
-    assert tk.splits_for(n_out, n_in) > 1
+    assert tk.tiling(n_out, n_in).splits > 1
     width = 2 * n_in if variant == "act+residual" else n_in
     x = torch.randn(rows, width, generator=g).to(DTYPE).to(TEST_DEVICE)
     kwargs = {"out_dtype": torch.float32}

@@ -80,9 +80,8 @@ class LlamaForward:
         if wanted and why is None:
             self.invariant = TritonLayers(model, self.layers, self.dtype, *shape)
         self.compiled: NumbaLayers | InductorLayers | None = None
-        if self.invariant is not None:  # every pass runs on the Triton kernels
-            pass
-        elif compiled and NumbaLayers.applies(model, self.layers, self.dtype):
+        compiled = compiled and self.invariant is None  # the Triton kernels run every pass
+        if compiled and NumbaLayers.applies(model, self.layers, self.dtype):
             self.compiled = NumbaLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
         elif compiled and InductorLayers.applies(model, self.layers, self.dtype):
             self.compiled = InductorLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads,
@@ -99,9 +98,10 @@ class LlamaForward:
         """The longest pass the compiled layers run (0: none are; longer passes run the eager layers)."""
         return 0 if self.compiled is None else self.compiled.max_tokens
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
                  logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids, positions: [batch, T]; mask: [batch, 1, T, kv] bool, True where a query may look;
+        """input_ids, positions: [batch, T]; mask: [batch, 1, T, kv] bool, True where a query may look
+        (None where the forward `reads_lengths`: attention then sees each token's positions up to its own);
         cache: a `RowKVCache` prepared for this pass (its layer i is the i-th layer run here);
         logits_at: [batch] the one position per row to return logits for, or None for all T;
         real: [N] flat indices into [batch, T] of the tokens to compute (None: all). Padding tokens

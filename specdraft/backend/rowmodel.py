@@ -237,8 +237,6 @@ class RowModel:
         positions = lengths[:, None] + torch.arange(steps, device=self.device)[None, :]  # [batch, T]
         kv_len = max(host_lengths) + steps  # padding may reach past the context limit; it is never committed
         self.cache.prepare(window, positions, kv_len)
-        # Row b's token at position t sees cache entries 0..t; stale entries past a row's length are hidden.
-        visible = torch.arange(kv_len, device=self.device)[None, None, :] <= positions[:, :, None]  # [batch, T, kv]
         real = None
         if counts is not None and self.packs and logits_at is None and min(counts) < steps:
             flat = np.flatnonzero(np.arange(steps)[None, :] < np.asarray(counts)[:, None])  # [N] into [batch * T]
@@ -247,9 +245,9 @@ class RowModel:
         with torch.inference_mode():
             if self._own is not None:
                 at = None if logits_at is None else torch.as_tensor(logits_at, dtype=torch.int64, device=self.device)
-                logits = self._own(input_ids, positions, visible[:, None], self.cache, at, real)
+                logits = self._own(input_ids, positions, self._mask(positions, kv_len), self.cache, at, real)
             else:
-                logits = self._stock(input_ids, positions, visible, logits_at)
+                logits = self._stock(input_ids, positions, self._visible(positions, kv_len), logits_at)
         self.forward_seconds += time.perf_counter() - start
         return Forwarded(logits, steady=True)
 
@@ -294,9 +292,8 @@ class RowModel:
         def run() -> torch.Tensor:
             steps = shape.input_ids.shape[1]
             positions = shape.lengths[:, None] + torch.arange(steps, device=self.device)[None, :]  # [bucket, T]
-            visible = torch.arange(kv, device=self.device)[None, None, :] <= positions[:, :, None]  # [bucket, T, kv]
             self.cache.prepare(slice(0, len(shape.lengths)), positions, kv)
-            return self._own(shape.input_ids, positions, visible[:, None], self.cache, shape.logits_at)
+            return self._own(shape.input_ids, positions, self._mask(positions, kv), self.cache, shape.logits_at)
 
         if not (self.static.graphs and self.device.type == "cuda"):
             return Forwarded(run(), steady=True)
@@ -315,6 +312,15 @@ class RowModel:
                 shape.logits = run()
         shape.graph.replay()
         return Forwarded(shape.logits.clone(), steady)  # a copy: the next replay overwrites the graph's output
+
+    def _visible(self, positions: torch.Tensor, kv: int) -> torch.Tensor:
+        """[batch, T, kv] bool: row b's token at position p sees cache entries 0..p (stale entries past a
+        row's length are hidden)."""
+        return torch.arange(kv, device=self.device)[None, None, :] <= positions[:, :, None]
+
+    def _mask(self, positions: torch.Tensor, kv: int) -> torch.Tensor | None:
+        """Our forward's attention mask [batch, 1, T, kv] bool; None where it reads positions itself."""
+        return None if self._own.reads_lengths else self._visible(positions, kv)[:, None]
 
     def _stock(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                logits_at: np.ndarray | None) -> torch.Tensor:

@@ -10,7 +10,7 @@ a shape fixed by the weights and the token's own position, never by the pass:
   (partial sums in float32, added in order 0, 1, ... by a second kernel). A token's output is the
   same in a tile of 1 real row or of 16. Optional prologues: the RMS norm of the input rows
   (`norm`: the sum of squares in the same blocks) and SiLU(gate) * up of a joined gate/up input
-  (`act`); epilogues: bias, the residual stream. Small weights are not split (`splits_for`).
+  (`act`); epilogues: bias, the residual stream. Small weights are not split (`tiling`).
 - `rope_write`: rotary embedding of q and k (transformers' `apply_rotary_pos_emb`, roundings and
   all) and the write of k and v into each token's cache slot at its position, one program a token.
 - `attention`: one program per (token, kv head, chunk of keys at fixed offsets 0, chunk, ...; the
@@ -75,11 +75,6 @@ def tiling(out_features: int, in_features: int, target: int = TARGET_PROGRAMS, b
         while tiles * splits * 2 <= target and blocks // (splits * 2) >= 4:
             splits *= 2
     return Tiling(block_o, block_k, splits, warps, stages)
-
-
-def splits_for(out_features: int, in_features: int) -> int:
-    """How many parts a linear of this weight shape splits its in-features into (`tiling`)."""
-    return tiling(out_features, in_features).splits
 
 
 @triton.jit

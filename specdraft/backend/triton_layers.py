@@ -63,7 +63,8 @@ def _kernels_fail(device: torch.device, dtype: torch.dtype) -> str | None:
         where = torch.zeros(2, dtype=torch.int32, device=device)
         q = k.rope_write(q[:, :48], x[:, :16], x[:, :16], where, where + 1, cache, cache.clone(), 1, 1, 16)
         k.attention(q, cache, cache, where, where + 1, 1, 1, 16)
-        torch.cuda.synchronize() if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         assert torch.isfinite(y).all()
     except Exception as exc:  # noqa: BLE001 - any failure means: run the torch modules instead
         why = f"the Triton kernels failed on this device: {type(exc).__name__}: {exc}".splitlines()[0]
