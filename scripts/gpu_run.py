@@ -301,12 +301,13 @@ def collect(out: Path, results: list[PartResult], started: str, budget: float, s
         raw = json.loads(domains.read_text())
         report["machine"] = raw["machine"]
         report["domains"] = {k: v for k, v in raw.items() if k != "rows"} | {"summary": summarise_domains(raw)}
-    steps = sorted(out.glob("gpu_step_*.json"))
+    # gpu_step writes `gpu_step_<device type>`; other files there (a tiling tried by hand) are not this run's
+    steps = [out / f"gpu_step_{kind}.json" for kind in ("cuda", "cpu") if (out / f"gpu_step_{kind}.json").is_file()]
     if steps:
-        step = json.loads(steps[-1].read_text())
+        step = json.loads(steps[0].read_text())
         report.setdefault("machine", step["machine"])
         report["gpu_step"] = step
-        report["gpu_step_md"] = steps[-1].with_suffix(".md").read_text()
+        report["gpu_step_md"] = steps[0].with_suffix(".md").read_text()
     return report
 
 

@@ -231,6 +231,9 @@ def test_one_report_holds_every_part_failures_included(tmp_path):
     (tmp_path / "domains.json").write_text(json.dumps(fake_domains()))
     (tmp_path / "gpu_step_cuda.json").write_text(json.dumps({"machine": "a GPU", "cost_ratio_c": 0.4}))
     (tmp_path / "gpu_step_cuda.md").write_text("# Verify step on cuda\n\n## 1b\n\n| batch | k |\n")
+    # a file another run left there, sorting after gpu_step_cuda: not this run's step (it was read once)
+    (tmp_path / "gpu_step_tiling_tried.json").write_text(json.dumps({"machine": "another GPU", "cost_ratio_c": 0.9}))
+    (tmp_path / "gpu_step_tiling_tried.md").write_text("# A tiling tried\n\n## stale\n")
     results = [run.PartResult("invariance", "pytest tests/test_invariance.py", 12.0, 70.0, 1, "E   assert 1 == 2\n",
                               {"passed": 20, "failed": 3}),
                run.PartResult("domains", "gpu_run.py --part domains", 50.0, 100.0, 0, "", {}),
