@@ -31,6 +31,7 @@ from specdraft.engine import Engine
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
+from specdraft.settings import Settings
 
 
 def run_once(engine: Engine, drafter: str, prompts: list[list[int]], max_tokens: int, domains: list[str]) -> dict:
@@ -97,8 +98,8 @@ def main() -> None:
     # Per batch size two engines over the same model, each learning its own costs: the cost-aware
     # policy ("auto"), and always drafting up to k ("fixed").
     drafters = {"auto": ["none", *names], "fixed": fixed}
-    engines = {policy: {b: build_runtime(loaded, drafters=drafters[policy], k=args.k, max_batch=b, policy=policy,
-                                         prefix_cache_mb=0).engine
+    engines = {policy: {b: build_runtime(loaded, Settings(drafters=drafters[policy], k=args.k, max_batch=b, policy=policy,
+                                                          prefix_cache_mb=0)).engine
                         for b in batches}
                for policy in ("auto", "fixed") if drafters[policy]}
     methods = [("none", "auto", "none")] + [(f"{n}", "auto", n) for n in names] + [(f"{n}-fixed", "fixed", n) for n in fixed]

@@ -75,7 +75,9 @@ def _buffer_bytes() -> int:
 
 def _stored(module):
     """The tensor a module's weights are read from: its GGUF blocks or its weight."""
-    return module.blocks if hasattr(module, "blocks") else module.weight
+    from specdraft.backend.blocks import BlockEmbedding, BlockLinear
+
+    return module.blocks if isinstance(module, (BlockLinear, BlockEmbedding)) else module.weight
 
 
 def weight_bytes_per_token(model) -> int:

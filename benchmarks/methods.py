@@ -20,6 +20,7 @@ from benchmarks import peers
 from specdraft.models import LoadedModel, load_model
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
+from specdraft.settings import Settings
 
 OURS = ("none", "ngram", "hybrid", "ngram+memory", "none+cache", "ngram+cache", "hybrid+cache")
 CACHED = "+cache"  # a method's name ends so: its own engine, with the prefix cache
@@ -63,18 +64,18 @@ class Methods:
         plain = [n for n in names if n in OURS and n != "ngram+memory" and not n.endswith(CACHED)]
         self._engines = {}
         if plain:
-            engine = build_runtime(loaded, drafters=plain, k=k, max_batch=1, prefix_cache_mb=0).engine
+            engine = build_runtime(loaded, Settings(drafters=plain, k=k, max_batch=1, prefix_cache_mb=0)).engine
             self._engines.update({n: (engine, n) for n in plain})
         for x in long_ks:
-            self._engines[f"ngram k={x}"] = (build_runtime(loaded, drafters=["ngram"], k=x, max_batch=1,
-                                                           prefix_cache_mb=0).engine, "ngram")
+            self._engines[f"ngram k={x}"] = (build_runtime(loaded, Settings(drafters=["ngram"], k=x, max_batch=1,
+                                                                            prefix_cache_mb=0)).engine, "ngram")
         for name in (n for n in names if n.endswith(CACHED)):
             drafter = name.removesuffix(CACHED)
-            self._engines[name] = (build_runtime(loaded, drafters=[drafter], k=k, max_batch=1).engine, drafter)
+            self._engines[name] = (build_runtime(loaded, Settings(drafters=[drafter], k=k, max_batch=1)).engine, drafter)
         self._memory = None
         if "ngram+memory" in names:
-            runtime = build_runtime(loaded, drafters=["ngram"], k=k, max_batch=1, prefix_cache_mb=0,
-                                    drafter_options={"ngram": {"memory": True}})
+            runtime = build_runtime(loaded, Settings(drafters=["ngram"], k=k, max_batch=1, prefix_cache_mb=0,
+                                                     drafter_options={"ngram": {"memory": True}}))
             self._engines["ngram+memory"] = (runtime.engine, "ngram")
             self._memory = runtime.engine.drafters["ngram"].memory
         self._peers: dict[str, Callable] = {}

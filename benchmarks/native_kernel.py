@@ -40,11 +40,11 @@ def _width(weights: tuple) -> int:
 
 
 def projections_once(sets: dict, n: int, xs: dict, outs: dict) -> None:
-    from specdraft.backend.numba_layers import _NONE, project
+    from specdraft.backend.numba_layers import NO_RESIDUAL, project
 
     weights, kernel = sets
     for i, w in enumerate(weights):
-        project(w, xs[_width(w)], outs[i], _NONE, kernel)
+        project(w, xs[_width(w)], outs[i], NO_RESIDUAL, kernel)
 
 
 def main() -> None:

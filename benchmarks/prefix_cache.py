@@ -35,6 +35,7 @@ from benchmarks.load import body, stream
 from specdraft.models import load_model
 from specdraft.params import DEFAULT_PREFIX_CACHE_MB, SamplingParams
 from specdraft.runtime import build_runtime, encode_prompt
+from specdraft.settings import Settings
 
 
 async def replay(url: str, conversations, max_tokens: int) -> list[dict]:
@@ -81,8 +82,8 @@ def summarize(rows: list[dict]) -> dict:
 def lossless_on_domains(prompts: int, max_tokens: int) -> dict:
     """Per domain: outputs of the cached engine (cold, repeated, second turn) equal to the uncached one's."""
     loaded = load_model(None, device=None, dtype="auto")
-    cached = build_runtime(loaded, max_batch=1).engine
-    plain = build_runtime(loaded, max_batch=1, prefix_cache_mb=0).engine
+    cached = build_runtime(loaded, Settings(max_batch=1)).engine
+    plain = build_runtime(loaded, Settings(max_batch=1, prefix_cache_mb=0)).engine
     params = SamplingParams(max_tokens=max_tokens)
     out = {}
     for domain in DOMAINS:

@@ -25,6 +25,7 @@ from specdraft.api.protocol import metrics_json
 from specdraft.models import load_model
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
+from specdraft.settings import Settings
 
 CALIBRATION_PROMPTS = 2  # per domain, as benchmarks.self_draft splits them
 
@@ -43,7 +44,8 @@ def main() -> None:
     names = ["none", *[n.strip() for n in args.drafters.split(",") if n.strip()]]
     # One engine per drafter, as the CLI builds one; its state right after calibration is what every
     # request starts from.
-    engines = {name: build_runtime(loaded, drafters=[name], k=args.k, max_batch=1, prefix_cache_mb=0).engine for name in names}
+    engines = {name: build_runtime(loaded, Settings(drafters=[name], k=args.k, max_batch=1, prefix_cache_mb=0)).engine
+               for name in names}
     fresh = {name: copy.deepcopy(engine.policy) for name, engine in engines.items()}
     prompts = [(d, p.id, encode_prompt(loaded.tokenizer, p.messages))
                for d in DOMAINS for p in load_domain(d, CALIBRATION_PROMPTS + args.held_out)[CALIBRATION_PROMPTS:]]

@@ -4,8 +4,9 @@
     llm = LLM()
     outs = llm.generate(["prompt a", "prompt b"], SamplingParams(max_tokens=64), SpeculationParams("ngram"))
 
-`LLM`, `RequestOutput` (`specdraft.llm`) and `TokenLogprob` (`specdraft.verifier`) load torch and are imported on first use, so that
-importing the package (the CLI does) stays light.
+`LLM`, `RequestOutput` (`specdraft.llm`: the engine's `Completion`) and `TokenLogprob` (`specdraft.verifier`)
+load torch and are imported on first use, so that importing the package (the CLI does) stays light;
+`Settings` (`specdraft.settings`: how an engine is built, `LLM(model, settings)`) does not.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ threads.configure()
 
 from specdraft.drafters import Draft, Drafter, register  # noqa: E402
 from specdraft.params import ResponseFormat, SamplingParams, SpeculationParams  # noqa: E402
+from specdraft.settings import Settings  # noqa: E402
 
 if TYPE_CHECKING:
     from specdraft.llm import LLM, RequestOutput
     from specdraft.verifier import TokenLogprob
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "ResponseFormat", "SamplingParams", "SpeculationParams",
-           "TokenLogprob", "__version__", "register"]
+__all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "ResponseFormat", "SamplingParams", "Settings",
+           "SpeculationParams", "TokenLogprob", "__version__", "register"]
 _LAZY = {"LLM": "specdraft.llm", "RequestOutput": "specdraft.llm", "TokenLogprob": "specdraft.verifier"}
 
 

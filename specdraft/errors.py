@@ -4,11 +4,12 @@
 
 class RequestError(ValueError):
     """A request the engine cannot serve as given (the message names the problem; `param`, where
-    known, the request field it is about, as OpenAI's errors name it)."""
+    known, the request field it is about, as OpenAI's errors name it; `code`, where OpenAI has one for
+    the problem, such as "context_length_exceeded")."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 class ModelNotFoundError(Exception):

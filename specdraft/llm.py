@@ -9,7 +9,10 @@
 
 `generate` (raw text or token ids, no chat template) and `chat` (messages, chat template applied)
 decode all their prompts together, by continuous batching on the one engine, and return one
-`RequestOutput` per prompt, in order; `stream` yields one request's `Delta`s as steps produce them.
+`RequestOutput` per prompt, in order: the engine's `Completion` (text, token_ids, prompt_token_ids,
+finish_reason, error, logprobs, and `metrics`, the request's `RequestMetrics`: steps, draft_tokens,
+accepted_tokens, acceptance_rate, tokens_per_second, ...); `stream` yields one request's `Delta`s as
+steps produce them.
 Every prompt is checked before any is submitted: bad input raises `RequestError` (a ValueError)
 naming the problem. A request whose drafter fails ends with finish_reason "error" and its `error`;
 the others finish as usual. A step that raises (a fault of the engine itself) raises from the call,
@@ -24,50 +27,33 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
-from specdraft.engine import Delta, RequestMetrics
+from specdraft.engine import Completion, Delta
 from specdraft.errors import RequestError
 from specdraft.models import LoadedModel
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
-from specdraft.verifier import TokenLogprob
+from specdraft.settings import Settings
 
 Prompt = str | Sequence[int]  # raw text, or token ids (vLLM's token prompts)
 Conversation = Sequence[Mapping[str, Any]]  # chat messages: {"role": ..., "content": ...}
 PerPrompt = SamplingParams | SpeculationParams | Sequence[Any] | None  # one for all prompts, or one each
 
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """One finished request. finish_reason: "stop" (an EOS token or a stop string), "length"
-    (max_tokens or the model's context), "error" (`error` says why; `text` holds what came before),
-    or "cancelled". metrics: the engine's figures for the request (`RequestMetrics`), among them
-    steps, draft_tokens, accepted_tokens, acceptance_rate, mean_accepted_length and tokens_per_second.
-    logprobs: one `TokenLogprob` per token of `token_ids` where `SamplingParams.logprobs` asked for them
-    (a stream's deltas carry their own tokens' entries)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    metrics: RequestMetrics
-    error: str | None = None
-    logprobs: list[TokenLogprob] | None = None
+RequestOutput = Completion  # a finished request, by the name vLLM's users know
 
 
 class LLM:
     """model: a name or path as the CLI takes it (default: the embedded model), or a `LoadedModel`
-    already loaded; options: `build_runtime`'s, passed through (drafter, drafters, k, max_batch,
-    device, dtype, draft_model, max_context, drafter_options, policy, enforce_eager, calibrate,
-    prefix_cache_mb, weights).
+    already loaded; settings: the engine's (`Settings`, default `Settings()`); options: `Settings` fields
+    by name, over `settings` (`LLM(model, drafters=["none", "ngram"], k=4)`).
     `runtime` holds what was built (`runtime.skipped`: drafter plugins that failed to build)."""
 
-    def __init__(self, model: str | LoadedModel | None = None, **options: Any) -> None:
-        self.runtime = build_runtime(model, **options)
+    def __init__(self, model: str | LoadedModel | None = None, settings: Settings | None = None, **options: Any) -> None:
+        if settings is not None and not isinstance(settings, Settings):
+            raise TypeError(f"settings must be a Settings, got {type(settings).__name__}")
+        self.runtime = build_runtime(model, (settings or Settings()).replace(**options))
         self.engine = self.runtime.engine
         self.tokenizer = self.runtime.target.tokenizer
         self._live: set[str] = set()  # requests submitted here and not finished
@@ -75,7 +61,7 @@ class LLM:
 
     # -- calls ---------------------------------------------------------------------------------
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: PerPrompt = None,
-                 speculation_params: PerPrompt = None) -> list[RequestOutput]:
+                 speculation_params: PerPrompt = None) -> list[Completion]:
         """Complete raw text or token ids (one prompt or a list), no chat template. Each params
         argument is one value for every prompt or a list of one per prompt; speculation None is the
         engine's default drafter, draft length and policy."""
@@ -84,16 +70,16 @@ class LLM:
         return self._decode(self._requests(prompt_ids, sampling_params, speculation_params))
 
     def chat(self, messages: Conversation | Sequence[Conversation], sampling_params: PerPrompt = None,
-             speculation_params: PerPrompt = None) -> list[RequestOutput]:
+             speculation_params: PerPrompt = None) -> list[Completion]:
         """Answer one conversation or a list of them, each with the model's chat template applied."""
         many = _is_list(messages) and not _is_conversation(messages)
         prompt_ids = self._encode_all(list(messages) if many else [messages], chat=True)
         return self._decode(self._requests(prompt_ids, sampling_params, speculation_params))
 
     def stream(self, prompt: Prompt | Conversation, sampling_params: SamplingParams | None = None,
-               speculation_params: SpeculationParams | None = None) -> Generator[Delta, None, RequestOutput]:
+               speculation_params: SpeculationParams | None = None) -> Generator[Delta, None, Completion]:
         """Yield one request's deltas as the engine produces them; the last has its finish_reason (and
-        the generator returns the `RequestOutput`). The prompt is raw text, token ids, or a
+        the generator returns the `Completion`). The prompt is raw text, token ids, or a
         conversation (chat template applied). It is checked now and submitted on the first `next`;
         closing the generator early cancels the request."""
         prompt_ids = self._encode_all([prompt], chat=_is_conversation(prompt))
@@ -119,11 +105,7 @@ class LLM:
             return encode_prompt(self.tokenizer, prompt, chat=False)
         if not _is_token_ids(prompt):
             raise RequestError(f"a prompt must be text or a list of token ids, got {type(prompt).__name__}")
-        vocab = self.engine.verifier.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        return [int(t) for t in prompt]
+        return [int(t) for t in prompt]  # checked against the vocabulary with the rest (`Engine.validate`)
 
     def _requests(self, prompt_ids: list[list[int]], sampling_params: PerPrompt,
                   speculation_params: PerPrompt) -> list[tuple[list[int], SamplingParams, SpeculationParams]]:
@@ -136,7 +118,7 @@ class LLM:
                 for i, (ids, params, speculation) in enumerate(zip(prompt_ids, samplings, speculations))]
 
     # -- decoding ------------------------------------------------------------------------------
-    def _decode(self, requests: list[tuple[list[int], SamplingParams, SpeculationParams]]) -> list[RequestOutput]:
+    def _decode(self, requests: list[tuple[list[int], SamplingParams, SpeculationParams]]) -> list[Completion]:
         ids = [self._submit(*request) for request in requests]
         waiting = set(ids)
         try:
@@ -146,9 +128,9 @@ class LLM:
             for request_id in waiting:
                 self._cancel(request_id)
             raise
-        return [self._collect(request_id) for request_id in ids]
+        return [self.engine.collect(request_id) for request_id in ids]
 
-    def _stream(self, request: tuple[list[int], SamplingParams, SpeculationParams]) -> Generator[Delta, None, RequestOutput]:
+    def _stream(self, request: tuple[list[int], SamplingParams, SpeculationParams]) -> Generator[Delta, None, Completion]:
         request_id = self._submit(*request)
         buffer = self._streamed[request_id] = deque()
         finished = False
@@ -163,7 +145,7 @@ class LLM:
                 yield delta
         finally:  # also when the consumer closes the generator: the request is freed either way
             del self._streamed[request_id]
-            output = self._collect(request_id) if finished else self._cancel(request_id)
+            output = self.engine.collect(request_id) if finished else self._cancel(request_id)
         return output
 
     def _submit(self, prompt_ids: list[int], params: SamplingParams, speculation: SpeculationParams) -> str:
@@ -181,16 +163,11 @@ class LLM:
                 self._live.discard(delta.request_id)
         return deltas
 
-    def _cancel(self, request_id: str) -> RequestOutput:
+    def _cancel(self, request_id: str) -> Completion:
         if request_id in self._live:
             self._live.discard(request_id)
             self.engine.cancel(request_id)
-        return self._collect(request_id)
-
-    def _collect(self, request_id: str) -> RequestOutput:
-        done = self.engine.collect(request_id)
-        return RequestOutput(done.request_id, done.prompt_token_ids, done.text, done.token_ids, done.finish_reason,
-                             done.metrics, done.error, done.logprobs)
+        return self.engine.collect(request_id)
 
 
 def _is_list(value: Any) -> bool:

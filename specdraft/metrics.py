@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from specdraft.backend.prefix import PrefixStats
-from specdraft.engine import Completion
+from specdraft.engine import Completion, EngineStats
 
 STEP_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -55,9 +54,10 @@ class ServerMetrics:
         """A request refused before it reached the engine (bad input, overload)."""
         self.requests.labels(outcome=outcome).inc()
 
-    def render(self, running: int, waiting: int, prefixes: PrefixStats | None = None) -> bytes:
-        self.running.set(running)
-        self.queue_depth.set(waiting)
+    def render(self, stats: EngineStats) -> bytes:
+        self.running.set(stats.running)
+        self.queue_depth.set(stats.waiting)
+        prefixes = stats.prefix_cache
         if prefixes is not None:
             self.prefix_bytes.set(prefixes.bytes)
             self.prefix_evictions.set(prefixes.evictions)

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
-from specdraft.backend.linear import use_few_rows_linears, use_int8_linears
+from specdraft.backend import blocks
+from specdraft.backend.int8 import use_int8_linears
+from specdraft.backend.linear import use_few_rows_linears
+from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
 from specdraft.params import WEIGHTS, cache_dir
 
@@ -167,13 +170,8 @@ def native_weights(choice: str, gguf: Path | None, device: torch.device, dtype: 
         problem = f"native weights run on CPU, not {device.type}"
     elif dtype != torch.float32:
         problem = f"native weights compute in float32, not {str(dtype).removeprefix('torch.')}"
-    else:
-        from specdraft.backend import blocks
-
-        try:
-            blocks.kernel()
-        except (RuntimeError, OSError) as exc:
-            problem = f"the block kernel is not available here: {exc}"
+    elif blocks.reader([blocks.Storage.BLOCKS], device) is not blocks.Reader.KERNEL:
+        problem = f"the block kernel is not available here: {blocks.kernel_problem()}"
     if problem is not None and choice == "native":
         raise ValueError(f"--weights native: {problem}")
     return problem is None
@@ -222,9 +220,7 @@ def load_model(
     if few_rows_linears is None:
         few_rows_linears = device.type == "cpu"
     if native:
-        from specdraft.backend.blocks import use_gguf_blocks
-
-        native = use_gguf_blocks(model, gguf) > 0
+        native = blocks.use_gguf_blocks(model, gguf) > 0
     if few_rows_linears:
         use_few_rows_linears(model)
     eos = model.generation_config.eos_token_id
@@ -261,9 +257,7 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
 def linear_bytes(model: torch.nn.Module) -> int:
     """Bytes of the weights (or GGUF blocks) of a model's linear layers, the output layer included:
     what its decode step reads, less the norms and one embedding row."""
-    layers = [m for m in model.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
-    tensors = {t.data_ptr(): t for m in layers for t in (getattr(m, "blocks", None), getattr(m, "weight", None),
-                                                         getattr(m, "scales", None)) if t is not None}
+    tensors = {t.data_ptr(): t for m in model.modules() for t in read_tensors(m)}
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

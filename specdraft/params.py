@@ -8,17 +8,27 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Mapping
 
 MAX_SPECULATIVE_TOKENS = 64  # the longest draft any request may ask for
 DEFAULT_NUM_SPECULATIVE_TOKENS = 5  # an engine's longest draft, unless it is given one
-# How a request's draft length is chosen each step: `auto` lets the cost-aware policy
-# (`specdraft.policy`) pick it from measured costs and acceptance (0 included); `fixed` drafts as far
-# as the drafter goes, up to k, every step (vLLM's behaviour: measures a drafter as it is).
-POLICIES = ("auto", "fixed")
-DEFAULT_POLICY = "auto"
+
+
+class Policy(StrEnum):
+    """How a request's draft length is chosen each step: AUTO lets the cost-aware policy
+    (`specdraft.policy`) pick it from measured costs and acceptance (0 included); FIXED drafts as far
+    as the drafter goes, up to k, every step (vLLM's behaviour: measures a drafter as it is)."""
+
+    AUTO = "auto"
+    FIXED = "fixed"
+
+
+POLICIES = tuple(policy.value for policy in Policy)  # as requests, flags and options spell them
+DEFAULT_POLICY = Policy.AUTO
 DEFAULT_MAX_BATCH = 8  # rows an engine decodes together, unless it is given a number
+PREFILL_CHUNK = 512  # prompt tokens a prefill call takes at once; an engine's prefill budget a step, by default
 DEFAULT_MAX_QUEUED = 64  # requests that may wait for a row in a server, unless it is given a number
 DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafters keep (the n-gram memory)
 # MiB of earlier requests' keys and values an engine keeps for prompts that start alike (0: none; see
@@ -141,10 +151,10 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def check_policy(policy: object, name: str = "policy") -> str:
+def check_policy(policy: object, name: str = "policy") -> Policy:
     if policy not in POLICIES:
         raise ValueError(f"{name} must be one of {', '.join(POLICIES)}, got {policy!r}")
-    return policy
+    return Policy(policy)
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,7 @@ class SpeculationParams:
 
     drafter: str | None = None
     num_speculative_tokens: int | None = None
-    policy: str | None = None
+    policy: Policy | None = None  # given as a `Policy` or its name
 
     def __post_init__(self) -> None:
         if self.drafter is not None and (not isinstance(self.drafter, str) or not self.drafter):
@@ -167,4 +177,4 @@ class SpeculationParams:
         if self.num_speculative_tokens is not None:
             check_num_speculative_tokens(self.num_speculative_tokens)
         if self.policy is not None:
-            check_policy(self.policy)
+            object.__setattr__(self, "policy", check_policy(self.policy))

@@ -16,11 +16,10 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from specdraft.backend.prefix import PrefixStats
-from specdraft.engine import Completion, Delta, Engine
+from specdraft.engine import Completion, Delta, Engine, EngineStats
 from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, SamplingParams, SpeculationParams
 
 log = logging.getLogger("specdraft.service")
@@ -119,11 +118,9 @@ class EngineService:
             self._inbox.append(_Cancel(request_id))
             self._wake.notify()
 
-    def load(self) -> tuple[int, int, PrefixStats | None]:
-        """(running rows, requests waiting for one or for their prefill, the prefix cache's figures or
-        None): a snapshot, for metrics."""
-        prefixes = self.engine.verifier.prefixes
-        return self.engine.running, self.engine.waiting, None if prefixes is None else replace(prefixes.stats)
+    def load(self) -> EngineStats:
+        """A snapshot of the engine, for metrics."""
+        return self.engine.stats()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Refuse new requests, let the admitted ones finish for up to `timeout` seconds, cancel the

@@ -14,7 +14,8 @@ import torch
 from transformers import DynamicCache
 
 from specdraft.backend import RowModel, llama
-from specdraft.backend.linear import FewRowsLinear, Int8Linear, use_int8_linears
+from specdraft.backend.int8 import Int8Linear, use_int8_linears
+from specdraft.backend.linear import FewRowsLinear
 from tests.conftest import TINY_VOCAB, make_tiny_model
 
 

@@ -1,27 +1,33 @@
 """Native weights (`specdraft.backend.blocks`): a GGUF's Q4_1/Q8_0 blocks read in place give bitwise
 the logits of their dense float32 copy.
 
-The kernel alone: for every token count, blocks and their dequantised float32 rows give bitwise the
-same projections (biases, residuals, odd rows, a row tail past the last 8 lanes); a token's sums do
-not depend on the pass it is in; the AVX2 code equals the portable loops; both are within float
-rounding of a float64 product. Dequantising (torch, the kernel, and gguf's own reference) gives the
-same values. A tiny random Llama written as a Q4_1/Q8_0 GGUF file (q/k rows permuted as llama.cpp
-writes them) and read back: its logits equal the dense model's bitwise for passes of 1, 6, 32 tokens
-and a prefill chunk; its greedy continuation is Hugging Face `generate`'s. The embedded model: every
-linear swapped, the blocks' values are transformers' dense weights, the same passes bitwise equal,
-and a fifth of the bytes. Loading: `weights` is checked, and `native` where it cannot be says why."""
+The kernel states its kinds, their sizes and its `Projection` as Python does. One function says which
+code reads weights (`blocks.reader`): the kernel for float32 rows and blocks where it compiles, else
+numba's loops for all-float32 or all-int8 weights, else torch; without the kernel, blocks dequantise
+by torch and `native` says why not. The kernel alone: for every token count, blocks and their
+dequantised float32 rows give bitwise the same projections (biases, residuals, odd rows, a row tail
+past the last 8 lanes); a token's sums do not depend on the pass it is in; the AVX2 code equals the
+portable loops; both are within float rounding of a float64 product. Dequantising (torch, the
+kernel, and gguf's own reference) gives the same values. A tiny random Llama written as a Q4_1/Q8_0
+GGUF file (q/k rows permuted as llama.cpp writes them) and read back: its logits equal the dense
+model's bitwise for passes of 1, 6, 32 tokens and a prefill chunk; its greedy continuation is Hugging
+Face `generate`'s. The embedded model (slow: loaded twice, native and dense): every linear swapped,
+the blocks' values are transformers' dense weights, the same passes bitwise equal, and a fifth of
+the bytes. Loading: `weights` is checked, and `native` where it cannot be says why."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from specdraft.backend import RowModel, blocks
+from specdraft.backend.blocks import Reader, Storage, cpp_kernel
 from specdraft.backend.linear import use_few_rows_linears
-from specdraft.backend.numba_layers import _NONE, MAX_TOKENS, NumbaLayers, project
+from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, NumbaLayers, project
 from tests.conftest import TINY_VOCAB, hf_greedy, make_tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -37,10 +43,58 @@ def random_blocks(rng, kind: int, rows: int, width: int) -> np.ndarray:
     return gguf.quants.quantize(weights, qtype)
 
 
-def run(kernel: int, weights: tuple, x: np.ndarray, residual: np.ndarray = _NONE) -> np.ndarray:
+def run(kernel: int, weights: tuple, x: np.ndarray, residual: np.ndarray = NO_RESIDUAL) -> np.ndarray:
     y = np.empty((x.shape[0], weights[0].shape[0]), np.float32)
     project(weights, x, y, residual, kernel)
     return y
+
+
+def test_the_kernel_states_the_kinds_their_sizes_and_its_projection_as_python_does():
+    compiled = blocks.kernel()
+    stated = {kind: compiled.kind(kind) for kind in range(len(blocks.NAMES) + 1)}  # and one number past them
+    assert stated == {**{kind: (name, *blocks.unit(kind)) for kind, name in blocks.NAMES.items()},
+                      len(blocks.NAMES): None}
+    fields = blocks.Projection._fields
+    assert [compiled.offset(field) for field in fields] == [8 * i for i in range(len(fields))]
+    assert compiled.offset(None) == 8 * len(fields) and compiled.offset("nothing") == -1
+
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+FLOAT32, BLOCKS, INT8, OTHER = Storage.FLOAT32, Storage.BLOCKS, Storage.INT8, Storage.OTHER
+READERS = [  # (stored, device, the reader with the kernel, without it)
+    ({FLOAT32}, CPU, Reader.KERNEL, Reader.NUMBA),
+    ({BLOCKS}, CPU, Reader.KERNEL, Reader.TORCH),
+    ({FLOAT32, BLOCKS}, CPU, Reader.KERNEL, Reader.TORCH),
+    ({INT8}, CPU, Reader.NUMBA, Reader.NUMBA),
+    ({FLOAT32, INT8}, CPU, Reader.TORCH, Reader.TORCH),
+    ({BLOCKS, INT8}, CPU, Reader.TORCH, Reader.TORCH),
+    ({FLOAT32, OTHER}, CPU, Reader.TORCH, Reader.TORCH),
+    (set(), CPU, Reader.TORCH, Reader.TORCH),
+    ({FLOAT32}, CUDA, Reader.TORCH, Reader.TORCH),
+    ({BLOCKS}, CUDA, Reader.TORCH, Reader.TORCH),
+]
+
+
+def no_kernel():
+    raise RuntimeError("no C++ compiler found")
+
+
+@pytest.mark.parametrize("stored, device, with_kernel, without", READERS)
+def test_one_function_says_which_code_reads_weights(stored, device, with_kernel, without, monkeypatch):
+    assert blocks.reader(stored, device) is with_kernel
+    monkeypatch.setattr(cpp_kernel, "kernel", no_kernel)
+    assert blocks.reader(stored, device) is without
+
+
+def test_without_the_kernel_blocks_dequantise_by_torch_and_native_weights_say_why(monkeypatch):
+    from specdraft.models import native_weights
+
+    w = torch.from_numpy(random_blocks(np.random.default_rng(4), blocks.Q4_1, 5, 64))
+    monkeypatch.setattr(cpp_kernel, "kernel", no_kernel)
+    assert torch.equal(blocks.dense_values(w, blocks.Q4_1, 64), blocks.dequantize(w, blocks.Q4_1, 64))
+    assert not native_weights("auto", Path("m.gguf"), CPU, torch.float32)
+    with pytest.raises(ValueError, match=r"the block kernel is not available here: no C\+\+ compiler found"):
+        native_weights("native", Path("m.gguf"), CPU, torch.float32)
 
 
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
@@ -120,7 +174,7 @@ def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_
             writer.add_tensor(name, quantized, raw_shape=quantized.shape, raw_dtype=qtype)
             values = gguf.quants.dequantize(quantized, qtype)
             if heads:  # undo the order as transformers does
-                values = values[blocks._rotary_order(values.shape[0], heads)]
+                values = values[blocks.rotary_order(values.shape[0], heads)]
             module.weight.copy_(torch.from_numpy(values))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -196,6 +250,7 @@ def embedded_dense():
     return load_model(None, device="cpu", dtype="float32", weights="dense")
 
 
+@pytest.mark.slow
 def test_the_embedded_model_reads_every_projection_as_blocks_holding_the_dense_values(embedded, embedded_dense):
     assert embedded.weights == "native" and embedded_dense.weights == "dense"
     model = embedded.model
@@ -208,6 +263,7 @@ def test_the_embedded_model_reads_every_projection_as_blocks_holding_the_dense_v
     assert sum(stored.values()) < 100e6  # 96.6 MB of blocks and norms, against 538 MB dense
 
 
+@pytest.mark.slow
 def test_the_embedded_model_gives_the_dense_logits_bitwise_for_every_pass(embedded, embedded_dense):
     prompt = embedded.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 3)
     assert len(prompt) > MAX_TOKENS
@@ -233,6 +289,7 @@ def test_weights_are_checked_and_native_where_it_cannot_be_says_why(tmp_path):
         load_model(str(tmp_path), weights="native")
 
 
+@pytest.mark.slow
 def test_the_default_self_draft_says_plainly_when_it_reads_more_than_a_native_target(embedded, embedded_dense, caplog):
     from specdraft.models import linear_bytes, load_draft_model
 

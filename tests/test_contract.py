@@ -22,6 +22,7 @@ from specdraft.engine import Engine
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.policy import CostModel
 from specdraft.runtime import build_runtime
+from specdraft.settings import Settings
 from specdraft.verifier import Verifier
 from tests.conftest import ToyTokenizer, hf_greedy, loaded, make_tiny_model, shallow_copy_of
 
@@ -154,8 +155,8 @@ def pair():
 def hybrid_runtime(pair, memory: bool):
     target, draft = pair
     options = {"ngram": {"memory": True}} if memory else None
-    return build_runtime(target, drafters=["hybrid"], draft_model=draft, k=4, max_batch=1, drafter_options=options,
-                         policy="fixed", calibrate=False)
+    return build_runtime(target, Settings(drafters=["hybrid"], draft_model=draft, k=4, max_batch=1,
+                                          drafter_options=options, policy="fixed", calibrate=False))
 
 
 def test_ngram_memory_reaches_the_hybrids_ngram_part(pair):
@@ -178,8 +179,8 @@ def test_ngram_memory_reaches_the_hybrids_ngram_part(pair):
 
 def test_ngram_and_the_hybrids_ngram_part_share_one_memory_and_one_draft_model(pair):
     target, draft = pair
-    runtime = build_runtime(target, drafters=["ngram", "model", "hybrid"], draft_model=draft, k=4, max_batch=1,
-                            drafter_options={"ngram": {"memory": True}}, calibrate=False)
+    runtime = build_runtime(target, Settings(drafters=["ngram", "model", "hybrid"], draft_model=draft, k=4, max_batch=1,
+                                             drafter_options={"ngram": {"memory": True}}, calibrate=False))
     drafters = runtime.engine.drafters
     assert drafters["ngram"].memory is not None and drafters["hybrid"].ngram.memory is drafters["ngram"].memory
     assert drafters["hybrid"].model.rows.model is drafters["model"].rows.model  # one draft model, two rows of it
@@ -188,14 +189,15 @@ def test_ngram_and_the_hybrids_ngram_part_share_one_memory_and_one_draft_model(p
 def test_options_for_a_drafter_not_served_are_refused_by_name(pair):
     target, _ = pair
     with pytest.raises(ValueError, match="'model'.*not among the drafters"):
-        build_runtime(target, drafters=["none", "ngram"], drafter_options={"model": {"dtype": "float32"}}, calibrate=False)
+        build_runtime(target, Settings(drafters=["none", "ngram"], drafter_options={"model": {"dtype": "float32"}},
+                                       calibrate=False))
     with pytest.raises(ValueError, match="no option 'max_m'"):
-        build_runtime(target, drafters=["ngram"], drafter_options={"ngram": {"max_m": 3}}, calibrate=False)
+        build_runtime(target, Settings(drafters=["ngram"], drafter_options={"ngram": {"max_m": 3}}, calibrate=False))
 
 
 def test_the_engine_owns_the_defaults_of_a_request(pair):
     target, _ = pair
-    runtime = build_runtime(target, drafters=["none", "ngram"], k=3, policy="fixed", calibrate=False)
+    runtime = build_runtime(target, Settings(drafters=["none", "ngram"], k=3, policy="fixed", calibrate=False))
     filled = runtime.engine.validate([1, 2, 3], SpeculationParams())
     assert filled == SpeculationParams("none", 3, "fixed")
     assert runtime.engine.validate([1, 2, 3], SpeculationParams("ngram", 2, "auto")) == SpeculationParams("ngram", 2, "auto")

@@ -77,11 +77,14 @@ def test_batch_of_eight_matches_each_prompt_alone(embedded, embedded_stock, comp
 
 def test_sampling_with_seed_is_reproducible(embedded):
     ids = encode_prompt(embedded.tokenizer, E2E_PROMPTS["prose-story"])
-    params = SamplingParams(max_tokens=48, temperature=0.8, top_p=0.95, seed=1234)
 
-    def run():
+    def run(seed: int):
+        params = SamplingParams(max_tokens=48, temperature=0.8, top_p=0.95, seed=seed)
         engine = Engine(Verifier(embedded.model), {"ngram": create_drafter("ngram", k=5)}, embedded.tokenizer,
                         embedded.eos_token_ids, embedded.max_context, k=5)
         return engine.run([(ids, params)])[0].token_ids
 
-    assert run() == run()
+    first = run(1234)
+    assert first == run(1234)
+    # the negative control: sampling that silently became greedy (or ignored its seed) would pass the above
+    assert run(4321) != first

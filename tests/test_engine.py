@@ -142,7 +142,7 @@ def test_context_limit_is_never_exceeded(tiny_model, references):
 
 def test_prompt_that_fills_the_context_is_rejected(tiny_model):
     engine = make_engine(tiny_model, create_drafter("none"), max_context=8)
-    with pytest.raises(RequestError, match="prompt has 8 tokens; the model's context is 8"):
+    with pytest.raises(RequestError, match="prompt has 8 tokens; this model's context is 8 tokens"):
         engine.submit(list(range(8)), SamplingParams())
     with pytest.raises(RequestError, match="prompt is empty"):
         engine.submit([], SamplingParams())

@@ -11,7 +11,7 @@ import torch
 
 from specdraft.backend import RowModel
 from specdraft.backend.inductor import MAX_TOKENS, InductorLayers
-from specdraft.backend.linear import use_int8_linears
+from specdraft.backend.int8 import use_int8_linears
 from specdraft.backend.numba_layers import NumbaLayers
 from tests.conftest import make_tiny_model, row_passes
 

@@ -19,8 +19,9 @@ import torch
 
 from specdraft.backend import PREFILL_CHUNK, RowModel, blocks, numba_layers
 from specdraft.backend.inductor import InductorLayers
-from specdraft.backend.linear import Int8Linear, use_int8_linears
-from specdraft.backend.numba_layers import _NONE, _SPAN, MAX_TOKENS, NumbaLayers, _attend, project, step_weights
+from specdraft.backend.cache import SPAN
+from specdraft.backend.int8 import Int8Linear, use_int8_linears
+from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, NumbaLayers, attend, project, step_weights
 from tests.conftest import TINY_VOCAB, make_tiny_model, row_passes
 
 ATOL = 2e-5  # the same sums in another order
@@ -136,7 +137,7 @@ def test_a_projection_equals_the_product_for_every_row_and_token_count(out, resi
             dequantised = w.astype(np.float64)
         b = rng.standard_normal(out, dtype=np.float32)
         x = rng.standard_normal((n, 70), dtype=np.float32)
-        r = rng.standard_normal((n, out), dtype=np.float32) if residual else _NONE
+        r = rng.standard_normal((n, out), dtype=np.float32) if residual else NO_RESIDUAL
         y = np.full((n, out), np.nan, np.float32)
         project((w, scales, b, -1), x, y, r, 0)  # numba's loops
         want = x.astype(np.float64) @ dequantised.T + b + (r if residual else 0)
@@ -174,12 +175,12 @@ def attention_reference(q, keys, values, visible):
     return np.einsum("nhk,hkd->nhd", weights, np.repeat(values, heads // kv_heads, axis=0))
 
 
-@pytest.mark.parametrize("tokens, kv", [(1, 5), (1, 2 * _SPAN), (1, 5 * _SPAN + 7), (2, 5 * _SPAN), (5, 3 * _SPAN)])
+@pytest.mark.parametrize("tokens, kv", [(1, 5), (1, 2 * SPAN), (1, 5 * SPAN + 7), (2, 5 * SPAN), (5, 3 * SPAN)])
 def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
     """...and each token's output is the same bitwise when it is attended alone (spans at fixed offsets)."""
     heads, kv_heads, head_dim = 4, 1, 16  # one kv head: one token's entries split into spans
     rng = np.random.default_rng(kv)
-    capacity = -(-kv // _SPAN) * _SPAN  # as the cache holds it: whole spans
+    capacity = -(-kv // SPAN) * SPAN  # as the cache holds it: whole spans
     cache = rng.standard_normal((2, 1, kv_heads, capacity, head_dim), dtype=np.float32)  # keys, values; one row
     qkv = rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
     positions = np.arange(kv - tokens, kv)
@@ -188,7 +189,7 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
         visible[t, (p - 9 if t == 0 else 0) : p + 1] = True
     keys, values = cache[0], cache[1]
     out = np.full((tokens, heads * head_dim), np.nan, np.float32)
-    _attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out)
+    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out)
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
     want = attention_reference(q, keys[0, :, :kv].astype(np.float64), values[0, :, :kv].astype(np.float64), visible)
     np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
@@ -197,7 +198,7 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
     for t in range(tokens):
         alone = np.full((1, heads * head_dim), np.nan, np.float32)
         seen = visible[t : t + 1, : positions[t] + 1]  # as its own pass would see the cache
-        _attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], seen, keys, values, heads, kv_heads,
+        attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], seen, keys, values, heads, kv_heads,
                 head_dim, alone)
         np.testing.assert_array_equal(alone[0], out[t])
 

@@ -204,17 +204,19 @@ def test_drafters_command_lists_every_drafter_its_origin_and_options(broken):
 
 # -- the CLI ---------------------------------------------------------------------------------------
 class Built(Exception):
-    """Raised by a stand-in for `build_runtime`: the CLI got as far as building, with these keywords."""
+    """Raised by a stand-in for `build_runtime`: the CLI got as far as building, with these settings."""
 
 
 @pytest.fixture
 def build_keywords(monkeypatch):
+    import specdraft.llm
     import specdraft.runtime
 
-    def capture(**keywords):
-        raise Built(keywords)
+    def capture(model, settings):
+        raise Built(vars(settings))  # each field by name
 
     monkeypatch.setattr(specdraft.runtime, "build_runtime", capture)
+    monkeypatch.setattr(specdraft.llm, "build_runtime", capture)  # generate builds through `LLM`
 
     def run(*argv: str) -> dict:
         from specdraft.api.cli import main

@@ -14,6 +14,7 @@ from specdraft.backend.prefix import PrefixCache
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime
+from specdraft.settings import Settings
 from specdraft.verifier import Verifier
 from tests.conftest import ToyTokenizer, hf_greedy, loaded, make_tiny_model, shallow_copy_of
 
@@ -110,7 +111,7 @@ def conversation(engine: Engine, turns: int = 3, speculation: SpeculationParams 
 
 def test_a_conversation_hits_the_history_and_decodes_as_without_it(pair):
     target, _ = pair
-    off = Engine(Verifier(target.model), build_runtime(target, drafters=["none"], calibrate=False).engine.drafters,
+    off = Engine(Verifier(target.model), build_runtime(target, Settings(drafters=["none"], calibrate=False)).engine.drafters,
                  ToyTokenizer(), (), 256, calibrate=False)
     on = Engine(Verifier(target.model, prefix_cache_bytes=1 << 20), off.drafters, ToyTokenizer(), (), 256, calibrate=False)
     cold, warm = conversation(off), conversation(on)
@@ -127,9 +128,9 @@ def test_a_conversation_hits_the_history_and_decodes_as_without_it(pair):
 def test_every_drafter_decodes_a_conversation_with_hits_as_none_without(pair, drafter):
     target, draft = pair
     name, options = drafter.split("-")[0], ({"ngram": {"memory": True}} if drafter.endswith("memory") else None)
-    reference = conversation(build_runtime(target, drafters=["none"], calibrate=False, prefix_cache_mb=0).engine)
-    runtime = build_runtime(target, drafters=[name], draft_model=draft if name in ("model", "hybrid") else None, k=4,
-                            policy="fixed", calibrate=False, drafter_options=options)
+    reference = conversation(build_runtime(target, Settings(drafters=["none"], calibrate=False, prefix_cache_mb=0)).engine)
+    runtime = build_runtime(target, Settings(drafters=[name], draft_model=draft if name in ("model", "hybrid") else None, k=4,
+                                             policy="fixed", calibrate=False, drafter_options=options))
     for salt in (None, "again"):  # the second pass has its own salt: cold, while the memory has learned
         turns = conversation(runtime.engine, salt=salt)
         assert [o for _, o, _ in turns] == [o for _, o, _ in reference]
@@ -138,9 +139,9 @@ def test_every_drafter_decodes_a_conversation_with_hits_as_none_without(pair, dr
 
 def test_a_self_draft_copies_the_targets_cached_entries(pair):
     target, _ = pair
-    runtime = build_runtime(target, drafters=["model"], k=4, policy="fixed", calibrate=False,
-                            drafter_options={"model": {"dtype": "float32"}})
-    reference = conversation(build_runtime(target, drafters=["none"], calibrate=False, prefix_cache_mb=0).engine)
+    runtime = build_runtime(target, Settings(drafters=["model"], k=4, policy="fixed", calibrate=False,
+                                             drafter_options={"model": {"dtype": "float32"}}))
+    reference = conversation(build_runtime(target, Settings(drafters=["none"], calibrate=False, prefix_cache_mb=0)).engine)
     turns = conversation(runtime.engine)
     assert [o for _, o, _ in turns] == [o for _, o, _ in reference]
     assert turns[2][2] > 0
@@ -149,14 +150,14 @@ def test_a_self_draft_copies_the_targets_cached_entries(pair):
 def test_seeded_sampling_gives_the_same_output_with_a_hit(pair):
     target, _ = pair
     params = SamplingParams(max_tokens=16, temperature=0.9, seed=1234)
-    off = conversation(build_runtime(target, drafters=["ngram"], calibrate=False, prefix_cache_mb=0).engine, params=params)
-    on = conversation(build_runtime(target, drafters=["ngram"], calibrate=False).engine, params=params)
+    off = conversation(build_runtime(target, Settings(drafters=["ngram"], calibrate=False, prefix_cache_mb=0)).engine, params=params)
+    on = conversation(build_runtime(target, Settings(drafters=["ngram"], calibrate=False)).engine, params=params)
     assert [o for _, o, _ in on] == [o for _, o, _ in off] and on[2][2] > 0
 
 
 def test_a_request_cancelled_mid_prefill_leaves_nothing_a_later_hit_could_read(pair):
     target, _ = pair
-    engine = build_runtime(target, drafters=["none"], max_batch=2, calibrate=False).engine
+    engine = build_runtime(target, Settings(drafters=["none"], max_batch=2, calibrate=False)).engine
     engine.prefill_budget = 8  # prompt tokens per step while another request decodes
     busy = engine.submit([3, 4, 5], SamplingParams(max_tokens=40))
     engine.step()  # `busy` decodes from here on
@@ -164,7 +165,7 @@ def test_a_request_cancelled_mid_prefill_leaves_nothing_a_later_hit_could_read(p
     victim = engine.submit(prompt, SamplingParams(max_tokens=4))
     engine.step()
     engine.step()  # a few of its 50 tokens are prefilled
-    assert 0 < engine._prefilling[0].prefilled < len(prompt)
+    assert 0 < engine.request(victim).prefilled < len(prompt)
     engine.cancel(victim)
     while engine.has_work:
         engine.step()
@@ -177,7 +178,7 @@ def test_a_request_cancelled_mid_prefill_leaves_nothing_a_later_hit_could_read(p
 
 def test_memory_stays_within_the_budget_under_distinct_long_prompts(pair):
     target, _ = pair
-    runtime = build_runtime(target, drafters=["ngram"], calibrate=False, prefix_cache_mb=1)
+    runtime = build_runtime(target, Settings(drafters=["ngram"], calibrate=False, prefix_cache_mb=1))
     prefixes = runtime.engine.verifier.prefixes
     rng = np.random.default_rng(1)
     per_token = None
@@ -192,12 +193,12 @@ def test_memory_stays_within_the_budget_under_distinct_long_prompts(pair):
 
 def test_prefix_cache_mb_is_checked():
     with pytest.raises(ValueError, match="prefix_cache_mb"):
-        build_runtime(loaded(make_tiny_model()), drafters=["none"], calibrate=False, prefix_cache_mb=-1)
+        build_runtime(loaded(make_tiny_model()), Settings(drafters=["none"], calibrate=False, prefix_cache_mb=-1))
 
 
 def test_requests_admitted_together_share_the_system_prompt_the_first_one_prefilled(pair):
     target, _ = pair
-    engine = build_runtime(target, drafters=["ngram"], max_batch=4, calibrate=False).engine
+    engine = build_runtime(target, Settings(drafters=["ngram"], max_batch=4, calibrate=False)).engine
     system = list(range(10, 40))
     prompts = [system + [50 + i, 60 + i, 70 + i] for i in range(3)]
     done = engine.run([(p, SamplingParams(max_tokens=8)) for p in prompts])
@@ -208,17 +209,16 @@ def test_requests_admitted_together_share_the_system_prompt_the_first_one_prefil
 
 def test_prefill_shares_a_steps_budget_with_the_verified_tokens_and_always_advances(pair):
     target, _ = pair
-    engine = build_runtime(target, drafters=["none"], max_batch=8, calibrate=False, prefix_cache_mb=0).engine
-    engine.prefill_budget = 12
-    for i in range(5):
-        engine.submit([3 + i, 4, 5], SamplingParams(max_tokens=30))
-    engine.step()  # five rows decode from here on
-    late = engine.submit(list(range(10, 70)), SamplingParams(max_tokens=4))
-    engine.step()  # the first step after: the last one verified 5 tokens, so 12 - 5 = 7 prompt tokens
-    assert engine._prefilling[0].prefilled == 7
-    engine._verified = 100  # a step that verified many tokens still leaves a quarter of the budget
-    engine.step()
-    assert engine._prefilling[0].prefilled == 7 + 3
-    while engine.has_work:
-        engine.step()
-    assert engine.collect(late).token_ids == hf_greedy(target.model, list(range(10, 70)), 4)
+    prompt = list(range(10, 70))
+    for rows, prefilled in ((5, 7), (11, 3)):  # 12 - 5 = 7; 12 - 11 = 1, below a quarter of the budget: 3
+        engine = build_runtime(target, Settings(drafters=["none"], max_batch=16, calibrate=False, prefix_cache_mb=0)).engine
+        engine.prefill_budget = 12
+        for i in range(rows):
+            engine.submit([3 + i, 4, 5], SamplingParams(max_tokens=30))
+        engine.step()  # the rows decode from here on, a token each a step
+        late = engine.submit(prompt, SamplingParams(max_tokens=4))
+        engine.step()  # the first step after: the last one verified `rows` tokens
+        assert engine.request(late).prefilled == prefilled
+        while engine.has_work:
+            engine.step()
+        assert engine.collect(late).token_ids == hf_greedy(target.model, prompt, 4)

@@ -122,6 +122,24 @@ def test_good_requests_still_work(server):
         assert response.json()["usage"]["completion_tokens"] >= 1
 
 
+@pytest.mark.parametrize("endpoint, change, param", [
+    ("completion", {"prompt": "x " * 400}, "prompt"),
+    ("completion", {"prompt": [5] * 256}, "prompt"),
+    ("chat", {"messages": [{"role": "user", "content": "x " * 400}], "max_tokens": None}, "messages"),
+    ("chat", {"max_tokens": 10**9}, "max_tokens"),
+])
+def test_what_the_context_cannot_hold_is_context_length_exceeded(server, endpoint, change, param):
+    """The engine's intake check refuses a prompt that leaves no room (naming the field it came in);
+    a max_tokens beyond the room left is refused too, as OpenAI does: both with OpenAI's code."""
+    body = {**(OK_CHAT if endpoint == "chat" else OK_COMPLETION), **change}
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    response = httpx.post(f"{server}{path}", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == param, error
+    assert "this model's context is 256" in error["message"]
+
+
 def test_admission_is_bounded_with_429_never_a_hang(tiny_dir):
     with live_server("--model", str(tiny_dir), "--served-model-name", MODEL, "--max-model-len", "256",
                      "--max-batch-size", "1", "--max-queue", "1", "--drafters", "none") as url:

@@ -1,19 +1,21 @@
 """`specdraft` command line: `generate` (one prompt), `serve` (the OpenAI-compatible server) and
 `drafters` (every drafter, built-in or plugin, with its options).
 
-Options are parsed and checked here, once; bad input exits non-zero with one line naming it."""
+Options are parsed here, the engine's into one `Settings` (which checks them); bad input exits non-zero
+with one line naming it."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 
 from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, is_builtin, uses
-from specdraft.params import (DEFAULT_MAX_QUEUED, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY, DEFAULT_PREFIX_CACHE_MB,
-                              DEFAULT_SAVE_EVERY, POLICIES, WEIGHTS)
+from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_PREFIX_CACHE_MB, DEFAULT_SAVE_EVERY, POLICIES, WEIGHTS
+from specdraft.settings import DTYPES, Settings
 
 # Served by default, with every plugin; the first is the default drafter.
 SERVED_BUILTINS = [DEFAULT_DRAFTER, *(name for name in ("ngram", "none", "model", "hybrid") if name != DEFAULT_DRAFTER)]
@@ -78,24 +80,27 @@ def _drafter_options(value: str) -> dict[str, dict]:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the model and its engine, shared by generate and serve. An option that sets a
+    `Settings` field is stored under the field's name (`settings_from` reads them); one left out where
+    the field has a default of its own (SUPPRESS) is not set, so that the default has one owner."""
     parser.add_argument("--model", default=None, help="HF id, local directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=None, choices=drafter_names(),
                         help="how drafts are proposed: a built-in drafter or an installed plugin (`specdraft drafters` "
                              f"lists them; none = plain decoding). Default: the first of serve's --drafters, else {DEFAULT_DRAFTER}")
     parser.add_argument("--drafter-options", type=_drafter_options, default={}, metavar="JSON",
                         help='options by drafter, e.g. \'{"ngram": {"max_n": 4}}\' (`specdraft drafters` lists them)')
-    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
+    parser.add_argument("--policy", default=argparse.SUPPRESS, choices=POLICIES,
                         help="how each step's draft length is chosen: auto = the cost-aware policy (drafts only where "
                              "it pays); fixed = as long as the drafter goes, up to k, every step (measures a drafter as it is)")
     parser.add_argument("--draft-model", default=None,
                         help="draft model for the model and hybrid drafters: HF id, directory or .gguf sharing the "
                              "target's vocabulary (default: self-int8, an int8 copy of the target)")
-    parser.add_argument("-k", "--num-speculative-tokens", type=_draft_length, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
-                        help="longest draft per step (0..64; 0 = plain decoding)")
+    parser.add_argument("-k", "--num-speculative-tokens", dest="k", type=_draft_length, default=argparse.SUPPRESS,
+                        metavar="NUM_SPECULATIVE_TOKENS", help="longest draft per step (0..64; 0 = plain decoding)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=DTYPES,
                         help="auto: float32 on CPU, bfloat16 on CUDA; float32 gives exact parity with plain decoding on a GPU")
-    parser.add_argument("--weights", default="auto", choices=WEIGHTS,
+    parser.add_argument("--weights", default=argparse.SUPPRESS, choices=WEIGHTS,
                         help="a GGUF model's Q4_1/Q8_0 layers read as the file's blocks (native: a fifth of the "
                              "bytes a token; auto takes it on CPU) or as a float32 copy (dense); same output")
     parser.add_argument("--enforce-eager", action="store_true", help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
@@ -120,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     structured.add_argument("--json-schema", type=_json_schema, default=None, metavar="FILE",
                             help="constrain the output to JSON valid under the JSON Schema in FILE")
     structured.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    gen.set_defaults(max_batch=1, prefix_cache_mb=0)  # one request: nothing could reuse what it computed
 
     serve = sub.add_parser("serve", help="serve an OpenAI-compatible completions API (SSE streaming)")
     add_model_options(serve)
@@ -128,13 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "every installed plugin)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000)
-    serve.add_argument("--max-batch-size", type=_positive("--max-batch-size"), default=16, help="rows decoded together")
+    serve.add_argument("--max-batch-size", dest="max_batch", type=_positive("--max-batch-size"), default=16,
+                       metavar="MAX_BATCH_SIZE", help="rows decoded together")
     serve.add_argument("--max-queue", type=_integer("--max-queue", 0), default=DEFAULT_MAX_QUEUED,
                        help="requests that may wait for a row; beyond them a request gets 429")
-    serve.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
+    serve.add_argument("--max-model-len", dest="max_context", type=_positive("--max-model-len"), default=None, metavar="MAX_MODEL_LEN",
                        help="context length to serve (default: the model's)")
     serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
-    serve.add_argument("--prefix-cache-mb", type=_integer("--prefix-cache-mb", 0), default=DEFAULT_PREFIX_CACHE_MB,
+    serve.add_argument("--prefix-cache-mb", type=_integer("--prefix-cache-mb", 0), default=argparse.SUPPRESS,
                        metavar="MB", help="keep earlier requests' keys and values, up to this many MiB, for prompts that "
                             f"start alike (multi-turn chats, shared system prompts); 0 turns it off (default: {DEFAULT_PREFIX_CACHE_MB})")
     serve.add_argument("--ngram-memory", nargs="?", const="", default=None, metavar="PATH",
@@ -176,13 +183,17 @@ def _port(value: str) -> int:
     return _integer("--port", 0, 65535)(value)
 
 
+def settings_from(args: argparse.Namespace, **worked_out) -> Settings:
+    """The engine's settings from a command's options: every `Settings` field it has an option (or a
+    default) for, under the field's name, and those it `worked_out` from several."""
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(Settings) if hasattr(args, field.name)}
+    return Settings(**{**given, **worked_out})
+
+
 def _generate(args: argparse.Namespace) -> int:
-    from specdraft.errors import RequestError
     from specdraft.params import ResponseFormat, SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if not prompt.strip():
-        raise RequestError("prompt is empty")
     response_format = args.json_schema or (ResponseFormat.json_object() if args.json_object else None)
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -193,21 +204,21 @@ def _generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
         response_format=response_format,
     )
-    from specdraft.runtime import build_runtime, encode_prompt  # loads torch: after the cheap checks
+    settings = settings_from(args)
+    from specdraft.llm import LLM  # loads torch: after the cheap checks
+    from specdraft.runtime import encode_prompt
 
-    runtime = build_runtime(model=args.model, drafter=args.drafter, k=args.num_speculative_tokens, max_batch=1,
-                            device=args.device, dtype=args.dtype, draft_model=args.draft_model,
-                            drafter_options=args.drafter_options, policy=args.policy, enforce_eager=args.enforce_eager,
-                            prefix_cache_mb=0, weights=args.weights)  # one request: nothing could reuse what it computed
-    engine = runtime.engine
-    prompt_ids = encode_prompt(runtime.target.tokenizer, prompt, chat=not args.no_chat)
-    request_id = engine.submit(prompt_ids, params)
-    while engine.has_work:
-        for delta in engine.step():
-            if not args.json:
-                sys.stdout.write(delta.text)
-                sys.stdout.flush()
-    completion = engine.collect(request_id)
+    llm = LLM(args.model, settings)
+    stream = llm.stream(encode_prompt(llm.tokenizer, prompt, chat=not args.no_chat), params)
+    while True:
+        try:
+            delta = next(stream)
+        except StopIteration as end:
+            completion = end.value
+            break
+        if not args.json:
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
     grammar = completion.metrics.grammar
     if grammar is not None and not grammar.complete:
         print(f"specdraft: warning: the output ended ({completion.finish_reason}) before its JSON was complete; "
@@ -237,21 +248,18 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError("--ngram-memory needs the ngram or hybrid drafter among --drafters (or another built on ngram)")
         path = {"memory_path": args.ngram_memory} if args.ngram_memory else {}
         options["ngram"] = {**options.get("ngram", {}), "memory": True, **path}
+    settings = settings_from(args, drafters=drafters, drafter_options=options)
     import uvicorn
 
     from specdraft.api.server import create_app
     from specdraft.runtime import build_runtime
 
-    runtime = build_runtime(model=args.model, drafter=args.drafter, drafters=drafters, k=args.num_speculative_tokens,
-                            max_batch=args.max_batch_size, device=args.device, dtype=args.dtype,
-                            draft_model=args.draft_model, max_context=args.max_model_len, drafter_options=options,
-                            policy=args.policy, enforce_eager=args.enforce_eager, prefix_cache_mb=args.prefix_cache_mb,
-                            weights=args.weights)
+    runtime = build_runtime(args.model, settings)
     app = create_app(runtime, max_queued=args.max_queue, save_every=args.ngram_memory_save_every,
                      model_name=args.served_model_name)
     print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "
           f"(drafters: {', '.join(sorted(runtime.engine.drafters))}; default {runtime.drafter_name}, "
-          f"k <= {args.num_speculative_tokens}, policy {args.policy})", file=sys.stderr, flush=True)
+          f"k <= {settings.k}, policy {settings.policy})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -146,7 +146,7 @@ class Api:
         return {"status": "ok", "model": self.name, "running": self.engine.running, "waiting": self.engine.waiting}
 
     async def prometheus(self):
-        return Response(self.metrics.render(*self.service.load()), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(self.metrics.render(self.service.load()), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": protocol.created(),
@@ -155,11 +155,7 @@ class Api:
 
     async def completions(self, body: CompletionRequest, request: Request):
         prompt = body.prompt
-        if isinstance(prompt, list) and isinstance(prompt[0], int):
-            vocab = self.engine.verifier.vocab_size
-            bad = next((t for t in prompt if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):  # token ids: `_serve` checks them
             prompt_ids = list(prompt)
         else:
             text = prompt[0] if isinstance(prompt, list) else prompt
@@ -178,22 +174,18 @@ class Api:
         if body.model is not None and body.model != self.name:
             raise ApiError(404, f"the model {body.model!r} does not exist here; this server serves {self.name!r}",
                            "not_found_error", "model", "model_not_found")
-        room = engine.max_context - len(prompt_ids)
-        if room < 1:
-            raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context is {engine.max_context} "
-                                "tokens, leaving no room to generate", param="messages" if kind == "chat" else "prompt",
-                           code="context_length_exceeded")
-        if max_tokens is None:
-            max_tokens = room  # chat's default: to the end of the context
-        elif max_tokens > room:
+        room = engine.max_context - len(prompt_ids)  # tokens the context leaves to generate
+        try:  # chat's default max_tokens: to the end of the context (a prompt that leaves none, validate refuses)
+            params = body.sampling_params(max(room, 1) if max_tokens is None else max_tokens)
+            speculation = await run_in_threadpool(engine.validate, prompt_ids, body.speculation_params(), params,
+                                                  "messages" if kind == "chat" else "prompt")
+        except (RequestError, ValueError) as exc:
+            known = isinstance(exc, RequestError)
+            raise ApiError(400, str(exc), param=exc.param if known else None, code=exc.code if known else None) from None
+        if max_tokens is not None and max_tokens > room:  # OpenAI refuses what the context cannot hold; we would cut it
             raise ApiError(400, f"max_tokens is {max_tokens}, but the prompt has {len(prompt_ids)} tokens and this model's "
                                 f"context is {engine.max_context}: at most {room} tokens can be generated",
                            param="max_tokens", code="context_length_exceeded")
-        try:
-            params = body.sampling_params(max_tokens)
-            speculation = await run_in_threadpool(engine.validate, prompt_ids, body.speculation_params(), params)
-        except (RequestError, ValueError) as exc:
-            raise ApiError(400, str(exc), param=exc.param if isinstance(exc, RequestError) else None) from None
         try:
             request_id, queue = self.service.submit(prompt_ids, params, speculation)
         except Overloaded as exc:

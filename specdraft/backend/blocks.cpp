@@ -17,10 +17,11 @@
 // below; others compile the portable loops (the compiler vectorises them; fmaf is an instruction
 // wherever the machine has FMA). Both give the same sums.
 //
-// Called from numba's parallel loops, one call per block of rows (`specdraft.backend.blocks`).
-// Every argument is a 64-bit integer (pointers included), so numba calls it by address.
+// Called from numba's parallel loops, one call per block of rows (`specdraft.backend.blocks.cpp_kernel`):
+// a `Projection` by address, and the rows [start, end) to compute.
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -30,9 +31,27 @@
 #define SPECDRAFT_AVX2 1
 #endif
 
+// What a call computes, y[t, r] = (w[r] . x[t] + bias[r]) (+ residual[t, r]), passed by address:
+// every field 8 bytes, in the order of `specdraft.backend.blocks.cpp_kernel.Projection`'s
+// (`specdraft_projection_offset` says where each is, for a test to compare).
+struct Projection {
+    int64_t kind;            // F32, Q4_1 or Q8_0
+    const uint8_t* w;        // [out, row_bytes]: float32 rows or blocks of `kind`
+    int64_t row_bytes;
+    int64_t width;           // weights in a row
+    const float* x;          // [n, xs]: the tokens
+    int64_t n;
+    int64_t xs;
+    float* y;                // [n, ys]
+    int64_t ys;
+    const float* bias;       // [out]
+    const float* residual;   // [n, rs], or null: none
+    int64_t rs;
+};
+
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2 };
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2 };  // as `blocks.format` numbers them (`specdraft_kind`)
 constexpr int64_t kLanes = 8;
 constexpr int64_t kBlock = 32;     // weights in a GGUF block
 constexpr int64_t kRows = 8;       // rows a decode tile reads together
@@ -349,12 +368,11 @@ void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float
 
 }  // namespace
 
-extern "C" void specdraft_project(int64_t kind, int64_t w_, int64_t row_bytes, int64_t width, int64_t x_, int64_t n,
-                                  int64_t xs, int64_t y_, int64_t ys, int64_t bias_, int64_t residual_, int64_t rs,
-                                  int64_t start, int64_t end) {
-    const uint8_t* w = (const uint8_t*)w_;
-    const float* x = (const float*)x_;
-    Out out{(float*)y_, ys, (const float*)bias_, (const float*)residual_, rs};
+extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t end) {
+    const int64_t kind = p->kind, row_bytes = p->row_bytes, width = p->width, n = p->n, xs = p->xs;
+    const uint8_t* w = p->w;
+    const float* x = p->x;
+    Out out{p->y, p->ys, p->bias, p->residual, p->rs};
     if (n == 1) {
         int64_t r = start;
         for (; r + kRows <= end; r += kRows) decode_rows<kRows>(kind, w, row_bytes, width, x, r, out);
@@ -397,18 +415,47 @@ extern "C" void specdraft_project(int64_t kind, int64_t w_, int64_t row_bytes, i
 }
 
 // Rows [start, end) of w as float32 values into y (stride ys): the dense weight, for passes that
-// multiply by it elsewhere (prefill chunks, by BLAS). Same signature as specdraft_project.
-extern "C" void specdraft_expand(int64_t kind, int64_t w_, int64_t row_bytes, int64_t width, int64_t, int64_t, int64_t,
-                                 int64_t y_, int64_t ys, int64_t, int64_t, int64_t, int64_t start, int64_t end) {
-    const uint8_t* w = (const uint8_t*)w_;
-    float* y = (float*)y_;
+// multiply by it elsewhere (prefill chunks, by BLAS). Reads kind, w, row_bytes, width, y and ys.
+extern "C" void specdraft_expand(const Projection* p, int64_t start, int64_t end) {
     for (int64_t r = start; r < end; ++r) {
-        if (kind == F32) {
-            std::memcpy(y + r * ys, w + r * row_bytes, width * 4);
+        if (p->kind == F32) {
+            std::memcpy(p->y + r * p->ys, p->w + r * p->row_bytes, p->width * 4);
         } else {
-            expand_values(kind, w + r * row_bytes, width, y + r * ys);
+            expand_values(p->kind, p->w + r * p->row_bytes, p->width, p->y + r * p->ys);
         }
     }
+}
+
+// The format and the boundary as this file states them, for Python to compare with its own
+// statement (`specdraft.backend.blocks.format`, `cpp_kernel.Projection`; tests/test_blocks.py).
+
+// A kind's name, and into weights and bytes those of its unit (a float32 weight, or a block); null
+// for a number that is no kind.
+extern "C" const char* specdraft_kind(int64_t kind, int64_t* weights, int64_t* bytes) {
+    switch (kind) {
+        case F32: *weights = 1; *bytes = 4; return "F32";
+        case Q4_1: *weights = kBlock; *bytes = block_bytes(Q4_1); return "Q4_1";
+        case Q8_0: *weights = kBlock; *bytes = block_bytes(Q8_0); return "Q8_0";
+    }
+    return nullptr;
+}
+
+// Where a `Projection` holds the field so named (null: its size); -1 where it has none.
+extern "C" int64_t specdraft_projection_offset(const char* field) {
+    if (field == nullptr) return sizeof(Projection);
+    static const struct {
+        const char* name;
+        size_t offset;
+    } fields[] = {{"kind", offsetof(Projection, kind)}, {"w", offsetof(Projection, w)},
+                  {"row_bytes", offsetof(Projection, row_bytes)}, {"width", offsetof(Projection, width)},
+                  {"x", offsetof(Projection, x)}, {"n", offsetof(Projection, n)}, {"xs", offsetof(Projection, xs)},
+                  {"y", offsetof(Projection, y)}, {"ys", offsetof(Projection, ys)},
+                  {"bias", offsetof(Projection, bias)}, {"residual", offsetof(Projection, residual)},
+                  {"rs", offsetof(Projection, rs)}};
+    for (const auto& f : fields) {
+        if (std::strcmp(field, f.name) == 0) return int64_t(f.offset);
+    }
+    return -1;
 }
 
 extern "C" int64_t specdraft_blocks_version() {

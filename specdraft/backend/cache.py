@@ -23,7 +23,8 @@ class RowKVCache:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.fixed = fixed
         self.dtype, self.device = dtype, torch.device(device)
-        self.lengths: list[int] = []  # per slot, on the host: no device sync to know a row's length
+        # per slot, on the host (no device sync to know a row's length); written here only (`commit`, `truncate`)
+        self.lengths: list[int] = []
         self._keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
         self._values: list[torch.Tensor] = []
         self.generation = 0  # counts allocations: buffers fetched by `window_buffers` stay valid while it holds
@@ -118,6 +119,15 @@ class RowKVCache:
             self._keys[layer][slot, :, start : start + n] = entries[0, layer]
             self._values[layer][slot, :, start : start + n] = entries[1, layer]
         self.lengths[slot] = start + n
+
+    def commit(self, slot: int, n: int) -> None:
+        """Keep the next n entries the last pass wrote for the row (its length grows by n)."""
+        self.lengths[slot] += n
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Roll the row back to its first `length` positions."""
+        assert 0 <= length <= self.lengths[slot], (length, self.lengths[slot])
+        self.lengths[slot] = length
 
     def swap_rows(self, a: int, b: int) -> None:
         if a == b:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.backend.layers import Pass, attend
-from specdraft.backend.linear import Int8Linear
+from specdraft.backend.int8 import Int8Linear
 from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, plain_linear, projection,
                                        silu_mlp)
 

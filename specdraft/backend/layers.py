@@ -4,8 +4,8 @@ writing the pass's keys and values into the cache), `head(stream) -> logits`; `m
 longest pass it runs (None: any).
 
 - `EagerLayers` (here): the model's own torch modules, layer by layer, attention by torch's SDPA.
-- `NumbaLayers` (`numba_layers.py`): on CPU, float32 or int8 weights, numba kernels for the whole
-  stack, attention included, in one call.
+- `NumbaLayers` (`numba_layers.py`): on CPU, float32, GGUF-block or int8 weights, numba kernels for
+  the whole stack, attention included, in one call.
 - `InductorLayers` (`inductor.py`): on CPU, other float dtypes, inductor's compiled parts around
   torch's attention (`attend`, as here).
 """

@@ -1,7 +1,5 @@
-"""Linear layers models are loaded with: `FewRowsLinear` (the target on CPU, same results as
-`nn.Linear`) and `Int8Linear` (a draft copy of a model with int8 weights).
-
-`FewRowsLinear`: a linear layer that stays fast for the few rows a decode or verify step feeds it.
+"""`FewRowsLinear`, the linear layer models are loaded with on CPU (same results as `nn.Linear`): a
+linear layer that stays fast for the few rows a decode or verify step feeds it.
 
 A decode step multiplies 1 row by every weight matrix, a verify step k + 1 rows per request. On CPU,
 torch's `F.linear` (x @ W.T) sends such skinny products down BLAS paths that read the weights far
@@ -53,57 +51,13 @@ class FewRowsLinear(torch.nn.Module):
 def use_few_rows_linears(model: torch.nn.Module) -> int:
     """Replace every plain `nn.Linear` in `model` by a `FewRowsLinear` over the same parameters;
     return how many were replaced. For the loader, which owns the model it builds."""
-    return _replace_linears(model, FewRowsLinear)
+    return replace_linears(model, FewRowsLinear, (torch.nn.Linear,))
 
 
-class Int8Linear(torch.nn.Module):
-    """Weight-only int8 linear layer (per output channel scales) for draft copies of a model.
-
-    A draft step reads every weight once, so a quarter of the bytes is most of the speed. On CPU a
-    pass of a few tokens reads these weights in numba's kernels (float32 activations,
-    `numba_layers`); called as a module (prefill, larger passes) it dequantises into the activations'
-    dtype, except bf16 activations on CPU, which run `torch._weight_int8pack_mm` (the int8 kernel
-    gpt-fast and torchao use). Outputs are in the activations' dtype. Only for drafts: results differ
-    from the full-precision layer (that is what verification is for).
-    """
-
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        source = linear.dense() if hasattr(linear, "dense") else linear.weight  # GGUF blocks: dequantised
-        weight = source.detach().float()  # [out, in]
-        scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
-        self.register_buffer("weight", torch.round(weight / scales[:, None]).to(torch.int8))
-        self.register_buffer("scales", scales.to(torch.bfloat16 if weight.device.type == "cpu" else source.dtype))
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [n, in]
-        if rows.device.type == "cpu" and rows.dtype == torch.bfloat16:
-            out = torch._weight_int8pack_mm(rows.contiguous(), self.weight, self.scales)
-        else:
-            out = F.linear(rows, self.weight.to(rows.dtype)) * self.scales.to(rows.dtype)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
-
-
-def _replace_linears(model: torch.nn.Module, make, kinds: tuple[type, ...] = (torch.nn.Linear,),
-                     blocks: bool = False) -> int:
-    """Replace the children of these types (and, with `blocks`, layers of GGUF blocks: any with a
-    `dense()` weight) by `make(child)`."""
+def replace_linears(model: torch.nn.Module, make, kinds: tuple[type, ...]) -> int:
+    """Replace every child of exactly one of these types by `make(child)`; return how many."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) in kinds or (blocks and hasattr(child, "blocks") and hasattr(child, "dense"))]
+             if type(child) in kinds]
     for parent, name, child in swaps:
         setattr(parent, name, make(child))
     return len(swaps)
-
-
-def use_int8_linears(model: torch.nn.Module) -> int:
-    """Replace every plain `nn.Linear` (and layer of GGUF blocks, `blocks.BlockLinear`) in `model` by
-    an `Int8Linear`; return how many. For a draft copy that its builder owns (the copy stops
-    referring to the full-precision weights)."""
-    return _replace_linears(model, Int8Linear, (torch.nn.Linear, FewRowsLinear), blocks=True)

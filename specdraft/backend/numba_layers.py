@@ -5,7 +5,7 @@ the CPU step runs.
 Projections: float32 rows and GGUF blocks are read by the compiled kernel (`blocks.cpp`, called by
 address from `_project_native`'s parallel loop), which sums both one way, so native and dense weights
 give bitwise the same logits; int8 draft copies, and float32 weights where no kernel compiles, by
-numba's own loops (`_project`, below).
+numba's own loops (`_project`, below). Which reads a model's weights: `blocks.reader`.
 
 A CPU decode step is bound by reading the weights, so what matters is how fast a projection of a
 few tokens streams its weight rows. Inductor's reduction (`inductor.InductorLayers`) sums each row
@@ -47,9 +47,8 @@ from numba.typed import List
 from specdraft.backend import blocks
 from specdraft.backend.cache import SPAN, RowKVCache
 from specdraft.backend.layers import Pass
-from specdraft.backend.linear import FewRowsLinear, Int8Linear
-from specdraft.backend.weights import (adjacent_view, joined_projection, layer_linears, model_device, norm_eps, projections,
-                                       silu_mlp)
+from specdraft.backend.weights import (adjacent_view, joined_projection, linears_reader, model_device, norm_eps,
+                                       projections, silu_mlp)
 
 MAX_TOKENS = 32  # tokens a call of the layer stack computes
 # With SPECDRAFT_INVARIANT_PREFILL=1, passes longer than MAX_TOKENS (prefill chunks) run here too, in
@@ -162,10 +161,11 @@ def _project_native(weights, x, y, residual, kernel):  # pragma: no cover - comp
     w, _, b, kind = weights
     out = w.shape[0]
     r, rs = (residual.ctypes.data, residual.shape[1]) if residual.shape[0] > 0 else (0, 0)
-    for block in prange((out + _BLOCK - 1) // _BLOCK):
-        start, end = block * _BLOCK, min(out, block * _BLOCK + _BLOCK)
-        blocks.call(kernel, kind, w.ctypes.data, w.shape[1], x.shape[1], x.ctypes.data, x.shape[0], x.shape[1],
-              y.ctypes.data, y.shape[1], b.ctypes.data, r, rs, start, end)
+    for block in prange((out + _BLOCK - 1) // _BLOCK):  # the Projection made here: a parallel loop takes none in
+        projection = blocks.Projection(kind=kind, w=w.ctypes.data, row_bytes=w.shape[1], width=x.shape[1],
+                                       x=x.ctypes.data, n=x.shape[0], xs=x.shape[1], y=y.ctypes.data,
+                                       ys=y.shape[1], bias=b.ctypes.data, residual=r, rs=rs)
+        blocks.call(kernel, projection, block * _BLOCK, min(out, block * _BLOCK + _BLOCK))
 
 
 @njit(cache=True)
@@ -270,7 +270,7 @@ def _rotate(y, start, heads, head_dim, cos, sin):  # pragma: no cover - compiled
                 y[t, o + d + half] = c * cos[t, d + half] + a * sin[t, d + half]
 
 
-_NONE = np.zeros((0, 0), np.float32)
+NO_RESIDUAL = np.zeros((0, 0), np.float32)  # `project`'s residual where a projection adds none (no rows)
 
 
 @njit(cache=True)
@@ -279,7 +279,7 @@ def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
     qkv = np.empty((x.shape[0], qkv_weights[0].shape[0]), np.float32)
-    project(qkv_weights, h, qkv, _NONE, kernel)
+    project(qkv_weights, h, qkv, NO_RESIDUAL, kernel)
     _rotate(qkv, 0, heads, head_dim, cos, sin)
     _rotate(qkv, heads * head_dim, kv_heads, head_dim, cos, sin)
     return qkv
@@ -293,7 +293,7 @@ def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_
     h = np.empty_like(x)
     _rms_norm(y, norm, eps, h)
     gate_up = np.empty((x.shape[0], gate_up_weights[0].shape[0]), np.float32)
-    project(gate_up_weights, h, gate_up, _NONE, kernel)
+    project(gate_up_weights, h, gate_up, NO_RESIDUAL, kernel)
     act = np.empty((x.shape[0], gate_up.shape[1] // 2), np.float32)
     _silu_gate(gate_up, act)
     out = np.empty_like(x)
@@ -307,7 +307,7 @@ def _head(x, norm, eps, weights, kernel):  # pragma: no cover - compiled
     h = np.empty_like(x)
     _rms_norm(x, norm, eps, h)
     logits = np.empty((x.shape[0], weights[0].shape[0]), np.float32)
-    project(weights, h, logits, _NONE, kernel)
+    project(weights, h, logits, NO_RESIDUAL, kernel)
     return logits
 
 
@@ -335,18 +335,15 @@ def _join(tops, totals, sums, out):  # pragma: no cover - compiled
                 o[d] /= total
 
 
-_SPAN = SPAN  # cache entries a job of attention takes (a token's keys are split into spans at fixed offsets)
-
-
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out):  # pragma: no cover
+def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out):  # pragma: no cover
     """Write each token's k and v into its row's cache at its position, then attention: out [N, heads *
     head_dim]. qkv [N, (heads + 2 kv_heads) * head_dim] (q, k rotated); rows, positions [N]: each
     token's row in the window and position; visible [N, kv] bool (which cache entries each token
     sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows.
 
     A job is one token's query heads that share a kv head (they share its key and value loads) over
-    a span of `_SPAN` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
+    a span of `SPAN` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
     result does not depend on the pass), each span's softmax kept as (max, sum, weighted values) and
     joined after in order."""
     n, kv = qkv.shape[0], visible.shape[1]
@@ -357,9 +354,9 @@ def _attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_d
             for d in range(head_dim):
                 keys[rows[t], g, positions[t], d] = qkv[t, (heads + g) * head_dim + d]
                 values[rows[t], g, positions[t], d] = qkv[t, (heads + kv_heads + g) * head_dim + d]
-    # Spans at fixed offsets (0, _SPAN, 2 _SPAN, ...), each computed over its whole width: a token's
+    # Spans at fixed offsets (0, SPAN, 2 SPAN, ...), each computed over its whole width: a token's
     # keys are split, and every span's sums run, the same way whatever pass the token is in.
-    width = _SPAN
+    width = SPAN
     spans = (kv + width - 1) // width
     assert spans * width <= keys.shape[2], "the cache's capacity is a whole number of spans"
     # Every job fills its own (token, head, span) entries; no array expressions here (in a parallel
@@ -422,7 +419,7 @@ def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, e
     for i in range(len(before)):
         norm, qkv_weights = before[i]
         qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim, kernel)
-        _attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended)
+        attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
         x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights, kernel)
     return x
@@ -520,12 +517,10 @@ def step_weights(model: torch.nn.Module, layers: list[torch.nn.Module], native: 
         [_group_weights([model.lm_head], native)]
 
 
-def native_kernel(model: torch.nn.Module, layers: list[torch.nn.Module]) -> "blocks.Kernel | None":
-    """The compiled kernel that reads these layers' weights (float32 rows or GGUF blocks), or None
-    where numba's loops do: int8 weights, or no kernel on this machine (then float32 weights only)."""
-    if any(type(m) is Int8Linear for m in layer_linears(model, layers)):
-        return None
-    return blocks.kernel_or_none()
+def native_kernel(model: torch.nn.Module, layers: list[torch.nn.Module]) -> blocks.Kernel | None:
+    """The compiled kernel where it reads these layers' weights (float32 rows or GGUF blocks), or None
+    where numba's loops do (int8 weights, or no kernel on this machine): `blocks.reader` decides."""
+    return blocks.kernel() if linears_reader(model, layers) is blocks.Reader.KERNEL else None
 
 
 class NumbaLayers:
@@ -568,16 +563,12 @@ class NumbaLayers:
 
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
-        """Whether the layers are plain (SiLU MLP, RMS norms, linears all float32, GGUF blocks or
-        float32, or all int8 `Int8Linear`s) on CPU, with float32 activations. Blocks need the
-        compiled kernel (`blocks.kernel`)."""
+        """Whether the layers are plain (SiLU MLP, RMS norms) on CPU, with float32 activations, and
+        their linears read by the compiled kernel or numba's loops (`blocks.reader`: all float32 or
+        GGUF blocks where the kernel compiles, else all float32 or all int8 `Int8Linear`s)."""
         if model_device(model).type != "cpu" or dtype != torch.float32:
             return False
-        linears = layer_linears(model, layers)
-        float32 = all(type(m) in (torch.nn.Linear, FewRowsLinear) and m.weight.dtype == torch.float32 for m in linears)
-        native = all(isinstance(m, blocks.BlockLinear) or (type(m) in (torch.nn.Linear, FewRowsLinear) and
-                                                         m.weight.dtype == torch.float32) for m in linears)
-        read = float32 or all(type(m) is Int8Linear for m in linears) or (native and blocks.kernel_or_none() is not None)
+        read = linears_reader(model, layers) in (blocks.Reader.KERNEL, blocks.Reader.NUMBA)
         return all(silu_mlp(layer.mlp) for layer in layers) and read
 
     @staticmethod

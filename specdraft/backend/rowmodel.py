@@ -20,10 +20,11 @@ import torch
 
 from specdraft.backend import llama
 from specdraft.backend.cache import RowKVCache
+from specdraft.backend.prefix import PrefixCache
+from specdraft.params import PREFILL_CHUNK
 
 # Prompt tokens per prefill pass, and per step while other rows decode (the engine), or per drafting
 # call while a draft model catches up (the model drafter): one size, so a step stays bounded.
-PREFILL_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class RowModel:
     def commit(self, window: slice, counts: Sequence[int]) -> None:
         """Keep counts[b] of the tokens the last pass wrote for the b-th row of `window`."""
         for slot, n in zip(range(window.start, window.stop), counts):
-            self.cache.lengths[slot] += int(n)
+            self.cache.commit(slot, int(n))
             self.committed_tokens += int(n)
 
     def take_entries(self, row_id: str, source: RowModel, stop: int) -> int:
@@ -190,11 +191,19 @@ class RowModel:
         self.cache.copy_from(source.cache, source.slot(row_id), self.slot(row_id), start, stop)
         return stop - start
 
+    def read_prefix(self, row_id: str, prefixes: PrefixCache, salt: str | None, tokens: Sequence[int], limit: int) -> int:
+        """Fill the empty row with the stored entries of the longest prefix of `tokens` (at most `limit`)
+        that `prefixes` holds under `salt`; return how many positions it took."""
+        return prefixes.read(self.cache, self._slot[row_id], salt, tokens, limit)
+
+    def store_prefix(self, row_id: str, prefixes: PrefixCache, salt: str | None, tokens: Sequence[int]) -> None:
+        """Keep the row's committed entries of its first len(tokens) positions (`tokens`, at most its
+        length) in `prefixes` under `salt`."""
+        prefixes.store(self.cache, self._slot[row_id], salt, tokens)
+
     def truncate(self, row_id: str, length: int) -> None:
         """Roll a row back to its first `length` tokens."""
-        slot = self._slot[row_id]
-        assert 0 <= length <= self.cache.lengths[slot], (length, self.cache.lengths[slot])
-        self.cache.lengths[slot] = length
+        self.cache.truncate(self._slot[row_id], length)
 
     @property
     def active_window(self) -> slice:

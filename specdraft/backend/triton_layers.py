@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from specdraft.backend.layers import Pass
-from specdraft.backend.weights import joined_projection, layer_linears, model_device, norm_eps, silu_mlp
+from specdraft.backend.weights import float_linear, joined_projection, layer_linears, model_device, norm_eps, silu_mlp
 
 
 def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype) -> str | None:
@@ -42,8 +42,7 @@ def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype
     if not all(silu_mlp(layer.mlp) for layer in layers):
         return "the MLPs must be SiLU-gated"
     linears = [m for m in layer_linears(model, layers) if m is not None]
-    if any(not hasattr(m, "weight") or not isinstance(m.weight, torch.Tensor) or m.weight.dtype != dtype
-           or hasattr(m, "scales") for m in linears):
+    if any(not float_linear(m) or m.weight.dtype != dtype for m in linears):
         return f"every projection must be a float linear layer with {dtype} weights"
     return _kernels_fail(device, dtype)
 

@@ -1,12 +1,15 @@
 """A decoder layer's weights as the compiled CPU steps read them (`numba_layers`, `inductor`): its
-linears, each as (weight, bias, scales), q/k/v and gate/up joined into one buffer each; and whether a
-model is large enough for compiling a step to pay."""
+linears, each as (weight, bias, scales), q/k/v and gate/up joined into one buffer each; how each
+holds its weight (`storage`) and so which code reads them (`linears_reader`); and whether a model is
+large enough for compiling a step to pay."""
 
 from __future__ import annotations
 
 import torch
 
-from specdraft.backend.linear import FewRowsLinear, Int8Linear
+from specdraft.backend.blocks import BlockEmbedding, BlockLinear, Reader, Storage, reader
+from specdraft.backend.int8 import Int8Linear
+from specdraft.backend.linear import FewRowsLinear
 
 MIN_WEIGHT_BYTES = 64 << 20  # smaller models keep the eager layers by default (`worth_compiling`)
 
@@ -22,13 +25,45 @@ def worth_compiling(model: torch.nn.Module) -> bool:
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device a model's token embedding is on (a float weight or GGUF blocks)."""
     embedding = model.get_input_embeddings()
-    return embedding.weight.device if hasattr(embedding, "weight") else next(embedding.buffers()).device
+    return embedding.blocks.device if isinstance(embedding, BlockEmbedding) else embedding.weight.device
 
 
 def activation_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype a model's embedding gives its activations (GGUF blocks: float32)."""
     embedding = model.get_input_embeddings()
-    return embedding.weight.dtype if hasattr(embedding, "weight") else torch.float32
+    return torch.float32 if isinstance(embedding, BlockEmbedding) else embedding.weight.dtype
+
+
+def storage(module: torch.nn.Module | None) -> Storage:
+    """How a linear layer holds its weight: GGUF blocks (`BlockLinear`), int8 rows (`Int8Linear`),
+    float32 rows (`nn.Linear`, `FewRowsLinear`), or otherwise (another dtype or layer, or None)."""
+    if isinstance(module, BlockLinear):
+        return Storage.BLOCKS
+    if type(module) is Int8Linear:
+        return Storage.INT8
+    if type(module) in (torch.nn.Linear, FewRowsLinear) and module.weight.dtype == torch.float32:
+        return Storage.FLOAT32
+    return Storage.OTHER
+
+
+def linears_reader(model: torch.nn.Module, layers: list[torch.nn.Module]) -> Reader:
+    """The code that reads the linears of `layers` and the output layer (`blocks.reader`)."""
+    return reader({storage(m) for m in layer_linears(model, layers)}, model_device(model))
+
+
+def read_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """What a step reads of a linear layer: its GGUF blocks, or its weight (and an int8 one's
+    scales); nothing of other modules."""
+    if isinstance(module, BlockLinear):
+        return [module.blocks]
+    if type(module) is Int8Linear:
+        return [module.weight, module.scales]
+    return [module.weight] if isinstance(module, (torch.nn.Linear, FewRowsLinear)) else []
+
+
+def float_linear(module: torch.nn.Module) -> bool:
+    """A float linear layer: torch's, or `FewRowsLinear`."""
+    return isinstance(module, (torch.nn.Linear, FewRowsLinear))
 
 
 def plain_linear(module: torch.nn.Module) -> bool:

@@ -28,66 +28,17 @@ run there) reaches a factory that declares a `resources` parameter (`Resources`;
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol, Sequence, TypeVar, runtime_checkable
 
-import numpy as np
-
+from specdraft.draft import EMPTY_DRAFT, Draft  # noqa: F401 - part of the contract a drafter reads here
 from specdraft.params import SamplingParams
 
 if TYPE_CHECKING:  # the protocol module stays light: listing drafters must not import torch
-    import torch
-
     from specdraft.backend import RowModel, StaticShapes
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Draft:
-    """Up to k proposed tokens for one request: a chain, each token following the one before.
-
-    `probs` is q, the distribution each token was drawn from (`[len(token_ids), vocab]`, after the
-    request's temperature / top-k / top-p), or None for deterministic drafters (q is one-hot).
-    `kind` names the evidence the draft rests on (the n-gram drafter's `copy3`: a copy after a
-    3-token suffix match); the cost-aware policy learns acceptance per kind, because kinds differ
-    far more than requests do ("": one kind). A frozen value, so that fields can be added (token
-    trees) without changing what existing drafters return.
-    """
-
-    token_ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))  # int32 [k]
-    probs: torch.Tensor | None = None  # [k, vocab]
-    kind: str = ""
-
-    def __post_init__(self) -> None:
-        assert self.token_ids.ndim == 1, self.token_ids.shape
-        if self.probs is not None:
-            assert self.probs.shape[0] == len(self.token_ids), (self.probs.shape, len(self.token_ids))
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    def prefix(self, n: int) -> Draft:
-        """The first n tokens (a step verifies a prefix of a longer draft)."""
-        if n >= len(self):
-            return self
-        if n <= 0:
-            return EMPTY_DRAFT
-        return Draft(self.token_ids[:n], None if self.probs is None else self.probs[:n], self.kind)
-
-    def problem(self, vocab_size: int) -> str | None:
-        """Why a target with this vocabulary cannot check the draft (None: it can)."""
-        if not len(self):
-            return None
-        low, high = int(self.token_ids.min()), int(self.token_ids.max())
-        if low < 0 or high >= vocab_size:
-            return f"draft token id {low if low < 0 else high} is outside the vocabulary (0..{vocab_size - 1})"
-        if self.probs is not None and tuple(self.probs.shape) != (len(self), vocab_size):
-            return f"draft probabilities have shape {tuple(self.probs.shape)}, expected ({len(self)}, {vocab_size})"
-        return None
-
-
-EMPTY_DRAFT = Draft()
 
 
 class Proposer(Protocol):
@@ -146,7 +97,16 @@ class SharesTargetCache(Protocol):
         keys and values it may copy for the context it lacks; called once, before any request."""
 
 
-Cost = Literal["free", "measured"]
+class Cost(StrEnum):
+    """What calling a free part costs the policy: FREE nothing (microseconds), MEASURED its timed calls."""
+
+    FREE = "free"
+    MEASURED = "measured"
+
+
+def drafter_failure(name: str, exc: Exception) -> str:
+    """Why a request fails when its drafter raises (a drafter's fault ends its own requests only)."""
+    return f"drafter {name!r} failed: {type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -166,7 +126,7 @@ class Parts:
     """
 
     free: Proposer | None
-    free_cost: Cost = "measured"
+    free_cost: Cost = Cost.MEASURED
     costly: CostlyPart | None = None
     costly_name: str = "costly"
     forced_tokens: bool = True
@@ -174,7 +134,7 @@ class Parts:
 
     def __post_init__(self) -> None:
         assert self.free is not None or self.costly is not None, "a drafter needs a part that drafts"
-        assert self.free_cost in ("free", "measured"), self.free_cost
+        object.__setattr__(self, "free_cost", Cost(self.free_cost))  # a declaration may spell it as a string
         assert not self.target_cache or self.costly is not None, "only a costly part shares the target's cache"
 
     def source(self, drafter: str, draft: Draft | None = None) -> str:
@@ -198,7 +158,7 @@ def parts_of(drafter: Drafter) -> Parts:
     """The drafter's declared parts; one that declares none is a single measured part: itself."""
     if isinstance(drafter, DeclaresParts):
         return drafter.parts
-    return Parts(free=drafter, free_cost="measured")
+    return Parts(free=drafter, free_cost=Cost.MEASURED)
 
 
 class Resources:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
+from specdraft.drafters.base import EMPTY_DRAFT, Cost, Draft, Parts
 from specdraft.drafters.model import ModelDrafter
 from specdraft.drafters.ngram import NgramDrafter
 from specdraft.drafters.registry import Part, register
@@ -50,7 +50,7 @@ class HybridDrafter:
         if min_match < 0:
             raise ValueError(f"min_match must be >= 0, got {min_match}")
         self.ngram, self.model = ngram, model
-        self.parts = Parts(ConfidentCopies(ngram, min_match), free_cost="free", costly=model, costly_name="model",
+        self.parts = Parts(ConfidentCopies(ngram, min_match), free_cost=Cost.FREE, costly=model, costly_name="model",
                            target_cache=model.target_copy)
 
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:

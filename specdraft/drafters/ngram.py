@@ -34,7 +34,7 @@ from numba import njit, types
 from numba.typed import List
 
 from specdraft.drafters import memory as mem
-from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts, Resources
+from specdraft.drafters.base import EMPTY_DRAFT, Cost, Draft, Parts, Resources
 from specdraft.drafters.buffers import grown
 from specdraft.drafters.memory import NgramMemory
 from specdraft.drafters.registry import register
@@ -219,7 +219,7 @@ class NgramDrafter:
         self.adaptive, self.adapt_from_batch, self.strong_copy_n = adaptive, adapt_from_batch, strong_copy_n
         self.eos = np.asarray(sorted(set(eos_token_ids)), dtype=np.int32)
         self.memory = memory
-        self.parts = Parts(self, free_cost="free")  # microseconds a draft: asked at full length first
+        self.parts = Parts(self, free_cost=Cost.FREE)  # microseconds a draft: asked at full length first
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
         self._meta = np.zeros((0, META_FIELDS), dtype=np.int64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdraft.drafters.registry import register
-from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
+from specdraft.drafters.base import EMPTY_DRAFT, Cost, Draft, Parts
 from specdraft.params import SamplingParams
 
 
@@ -13,7 +13,7 @@ class NoDrafter:
     @property
     def parts(self) -> Parts:
         # Its (empty) drafts cost nothing; it is plain decoding, constrained or not: no forced tokens.
-        return Parts(self, free_cost="free", forced_tokens=False)
+        return Parts(self, free_cost=Cost.FREE, forced_tokens=False)
 
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         pass

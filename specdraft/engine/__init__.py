@@ -5,7 +5,7 @@ in `step.py` (they return what happened; the loop applies it), structured output
 `requests.py` (`Request`, `RequestMetrics`, `Delta`, `Completion`)."""
 
 from specdraft.engine.engine import Engine
-from specdraft.engine.requests import Completion, Delta, GrammarMetrics, Request, RequestMetrics
+from specdraft.engine.requests import Completion, Delta, EngineStats, GrammarMetrics, Request, RequestMetrics
 from specdraft.errors import RequestError
 
-__all__ = ["Completion", "Delta", "Engine", "GrammarMetrics", "Request", "RequestError", "RequestMetrics"]
+__all__ = ["Completion", "Delta", "Engine", "EngineStats", "GrammarMetrics", "Request", "RequestError", "RequestMetrics"]

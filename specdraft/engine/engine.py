@@ -16,18 +16,16 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
-from specdraft.backend import PREFILL_CHUNK
-from specdraft.drafters.base import Drafter, Parts, parts_of
+from specdraft.drafters.base import Drafter, Parts, drafter_failure, parts_of
 from specdraft.engine import constrain
 from specdraft.engine.calibrate import calibrate as calibrate_policy
-from specdraft.engine.requests import Completion, Delta, GrammarMetrics, Request, RequestMetrics
+from specdraft.engine.requests import Completion, Delta, EngineStats, GrammarMetrics, Phase, Request, RequestMetrics
 from specdraft.engine.step import Stages
 from specdraft.errors import RequestError
 from specdraft.grammar import GrammarCompiler
-from specdraft.params import (DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY, SamplingParams,
+from specdraft.params import (DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY, PREFILL_CHUNK, SamplingParams,
                               SpeculationParams, check_num_speculative_tokens, check_policy)
 from specdraft.policy import DraftPolicy
 from specdraft.text import IncrementalDetokenizer
@@ -50,7 +48,6 @@ class Engine:
                  default_drafter: str | None = None, policy: str = DEFAULT_POLICY, calibrate: bool = True,
                  prefill_budget: int = PREFILL_CHUNK, grammar: GrammarCompiler | None = None) -> None:
         check_num_speculative_tokens(k, "k")
-        check_policy(policy)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if not drafters:
@@ -63,36 +60,42 @@ class Engine:
         for parts in self.parts.values():
             if parts.target_cache:
                 parts.costly.share_target(verifier.rows)
-        self.default_policy = policy
+        self.default_policy = check_policy(policy)
         self.eos = frozenset(eos_token_ids)
         self.max_context, self.k, self.max_batch, self.prefill_budget = max_context, k, max_batch, prefill_budget
         self.policy = DraftPolicy(k, packed=verifier.packs)
         self.stages = Stages(verifier, self.drafters, self.parts, max_context)
-        self._waiting: deque[Request] = deque()
-        self._prefilling: deque[Request] = deque()
-        self._running: dict[str, Request] = {}
+        # Every request from submission until it is collected, in submission order (rows are admitted
+        # and prefilled in that order); each knows its phase.
+        self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        self._done: dict[str, Request] = {}  # finished requests not yet collected
         self.prefill_seconds = 0.0  # time spent prefilling the target with prompts (the same whatever drafts)
-        self._verified = 0  # tokens the last decode step verified (they share a step's budget with prefill)
+        self._decoded = 0  # tokens the last decode step verified: the estimate of this step's (`_prefill_budget`)
         if calibrate:
             calibrate_policy(verifier, self.drafters, self.parts, self.policy, k, max_batch)
 
     # -- submission ----------------------------------------------------------------------
     def validate(self, prompt_ids: Sequence[int], speculation: SpeculationParams | None = None,
-                 params: SamplingParams | None = None) -> SpeculationParams:
-        """Raise RequestError if this engine cannot serve the request (its response format included,
-        when `params` are given); return its speculation settings with the defaults filled in. Reads
-        only the engine's fixed configuration and the grammar compiler (which locks): safe from any thread."""
+                 params: SamplingParams | None = None, prompt_param: str = "prompt") -> SpeculationParams:
+        """The one intake check of a request, whoever submits it (library, server, CLI): raise
+        RequestError if this engine cannot serve it (an empty prompt, a token id outside the vocabulary,
+        a prompt that leaves no room in the context, a drafter or draft length it lacks; its response
+        format, when `params` are given); return its speculation settings with the defaults filled in.
+        `prompt_param`: the request field the prompt came from, as errors name it. Reads only the
+        engine's fixed configuration and the grammar compiler (which locks): safe from any thread."""
+        if not len(prompt_ids):
+            raise RequestError("prompt is empty: give at least one token", param=prompt_param)
+        vocab = self.verifier.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param=prompt_param)
+        if len(prompt_ids) >= self.max_context:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {self.max_context} "
+                               "tokens, leaving no room to generate", param=prompt_param, code="context_length_exceeded")
         if params is not None and params.response_format is not None:
             constrain.grammar_of(self.grammar, params, bool(self.eos))
         speculation = speculation or SpeculationParams()
         drafter = speculation.drafter or self.default_drafter
-        if not len(prompt_ids):
-            raise RequestError("prompt is empty: give at least one token", param="prompt")
-        if len(prompt_ids) >= self.max_context:
-            raise RequestError(f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}, "
-                               "leaving no room to generate", param="prompt")
         if drafter not in self.drafters:
             raise RequestError(f"drafter {drafter!r} is not available here; choose one of: "
                                f"{', '.join(sorted(self.drafters))}", param="speculation")
@@ -110,63 +113,80 @@ class Engine:
         k, drafter = speculation.num_speculative_tokens, speculation.drafter
         request_id = request_id or f"req-{next(self._ids)}"
         metrics = RequestMetrics(k, drafter, grammar=None if grammar is None else GrammarMetrics())
-        self._waiting.append(Request(request_id, prompt_ids, params, drafter, k, speculation.policy,
-                                     IncrementalDetokenizer(self.tokenizer, params.stop), metrics, grammar=grammar,
-                                     logprobs=None if params.logprobs is None else []))
+        self._requests[request_id] = Request(request_id, prompt_ids, params, drafter, k, speculation.policy,
+                                             IncrementalDetokenizer(self.tokenizer, params.stop), metrics,
+                                             grammar=grammar, logprobs=None if params.logprobs is None else [])
         return request_id
 
     def cancel(self, request_id: str) -> None:
         """Stop a request now; its rows and drafter state are freed (it is collected as "cancelled")."""
-        for queue in (self._waiting, self._prefilling):
-            for request in list(queue):
-                if request.id == request_id:
-                    queue.remove(request)
-                    if queue is self._prefilling:
-                        self.verifier.remove(request.id)
-                    request.finish_reason = "cancelled"
-                    self._done[request.id] = request
-        if request_id in self._running:
-            self._retire(self._running[request_id])
+        request = self._requests.get(request_id)
+        if request is None or request.phase is Phase.DONE:
+            return
+        if request.phase is Phase.RUNNING:
+            self._retire(request)
+            return
+        if request.phase is not Phase.WAITING:
+            self.verifier.remove(request.id)
+        request.phase, request.finish_reason = Phase.DONE, "cancelled"
+
+    def request(self, request_id: str) -> Request:
+        """The request as the engine holds it (its phase, its prefill's progress): to read, not to change."""
+        return self._requests[request_id]
+
+    def _in(self, *phases: Phase) -> Iterator[Request]:
+        return (r for r in self._requests.values() if r.phase in phases)
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._prefilling or self._running)
+        return any(r.phase is not Phase.DONE for r in self._requests.values())
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        return sum(1 for _ in self._in(Phase.RUNNING))
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting) + len(self._prefilling)
+        return sum(1 for _ in self._in(Phase.WAITING, Phase.ADMITTED, Phase.PREFILLING))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self.running, self.waiting, self.verifier.prefix_stats())
 
     # -- the loop ------------------------------------------------------------------------
     def step(self) -> list[Delta]:
         """Admit waiting requests, prefill (`_prefill`), then one decode step over the running rows.
         A request whose prefill ends in this step also takes part in its decode step, so it may get
         two deltas."""
-        while self._waiting and len(self._running) + len(self._prefilling) < self.max_batch:
-            request = self._waiting.popleft()
+        rows = sum(1 for _ in self._in(Phase.ADMITTED, Phase.PREFILLING, Phase.RUNNING))
+        for request in list(self._in(Phase.WAITING))[: max(0, self.max_batch - rows)]:
             self.verifier.add(request.id, request.params, request.grammar)
-            self._prefilling.append(request)
-        deltas = self._prefill()
-        if self._running:
+            request.phase = Phase.ADMITTED
+        deltas = self._prefill(self._prefill_budget())
+        if self.running:
             deltas += self._decode()
         return deltas
 
-    def _prefill(self) -> list[Delta]:
-        """Prefill admitted prompts in order: all of them when no request is decoding, else up to
-        `prefill_budget` tokens less those the last decode step verified (a step's prompt and verified
-        tokens share one budget), never less than a quarter of it (a waiting prompt always advances,
-        however much the running rows draft). A prompt starts from the longest prefix of it that the
-        verifier's prefix cache holds, looked up when its prefill starts (not at admission): requests
-        admitted together that share a system prompt find it stored by the one prefilled before them."""
+    def _prefill_budget(self) -> int | None:
+        """Prompt tokens this step prefills (None: every admitted prompt whole, as no request decodes).
+        A step's prompt tokens and the tokens its decode step verifies share one budget,
+        `prefill_budget`: prefill takes what the decode step leaves, counted as what the last one
+        verified (this step's drafts are chosen after prefill), and never less than a quarter of it (a
+        waiting prompt always advances, however much the running rows draft)."""
+        if not self.running:
+            return None
+        return max(self.prefill_budget - self._decoded, self.prefill_budget // 4)
+
+    def _prefill(self, budget: int | None) -> list[Delta]:
+        """Prefill admitted prompts in order, up to `budget` tokens (None: all of them). A prompt starts
+        from the longest prefix of it that the verifier's prefix cache holds, looked up when its prefill
+        begins (not at admission): requests admitted together that share a system prompt find it stored
+        by the one prefilled before them."""
         deltas = []
-        budget = max(self.prefill_budget - self._verified, self.prefill_budget // 4) if self._running else None
-        while self._prefilling and (budget is None or budget > 0):
-            request = self._prefilling[0]
-            if not request.looked_up:
-                request.looked_up = True
+        for request in list(self._in(Phase.ADMITTED, Phase.PREFILLING)):
+            if budget is not None and budget <= 0:
+                break
+            if request.phase is Phase.ADMITTED:
+                request.phase = Phase.PREFILLING
                 request.prefilled = self.verifier.reuse(request.id, request.params.cache_salt, request.prompt_ids)
                 request.metrics.cached_tokens = request.prefilled
             rest = len(request.prompt_ids) - request.prefilled
@@ -180,8 +200,6 @@ class Engine:
                 budget -= take
             if first is not None:
                 self.verifier.keep(request.id, request.params.cache_salt, request.prompt_ids)
-                self._prefilling.popleft()
-                self._running[request.id] = request
                 deltas.append(self._retire_finished(self._begin(request, first)))
         return deltas
 
@@ -192,9 +210,9 @@ class Engine:
         try:
             self.drafters[request.drafter].begin(request.id, request.prompt_ids, request.params)
         except Exception as exc:  # noqa: BLE001 - the drafter's fault, reported on its request
-            return self._failed(request, f"drafter {request.drafter!r} failed: {type(exc).__name__}: {exc}")
+            return self._failed(request, drafter_failure(request.drafter, exc))
         self.policy.begin(request.id, request.drafter)
-        request.begun = True
+        request.phase = Phase.RUNNING
         request.metrics.first_token = time.perf_counter()
         if request.grammar is not None:
             request.metrics.grammar.seconds += first.grammar_seconds
@@ -203,8 +221,8 @@ class Engine:
     def _decode(self) -> list[Delta]:
         """One decode step (`Stages.run`), then what it returned applied: failures, then each verified
         row's tokens; the policy is told what the step did, and the requests that ended are retired."""
-        step = self.stages.run([self._running[r] for r in self.verifier.row_ids], self.policy)
-        deltas = [self._failed(self._running[row_id], why) for row_id, why in step.failed.items()]
+        step = self.stages.run([self._requests[r] for r in self.verifier.row_ids], self.policy)
+        deltas = [self._failed(row.request, row.failure) for row in step.failed]
         for outcome in step.outcomes():
             request = outcome.request
             request.metrics.record(outcome.drafted, outcome.accepted)
@@ -216,7 +234,7 @@ class Engine:
             deltas.append(self._emit(request, outcome.tokens, outcome.accepted, outcome.logprobs))
         report = step.report(time.perf_counter())
         self.policy.record(report)
-        self._verified = 0 if report.verify is None else sum(1 + n for n in report.verify.lengths)
+        self._decoded = 0 if report.verify is None else sum(1 + n for n in report.verify.lengths)
         return [self._retire_finished(delta) for delta in deltas]
 
     # -- applying a step -------------------------------------------------------------------
@@ -255,7 +273,7 @@ class Engine:
                 self.drafters[request.drafter].accept(request.id, kept)
             except Exception as exc:  # noqa: BLE001 - the drafter's fault: its request ends, with what it has
                 request.finish_reason = "error"
-                request.error = f"drafter {request.drafter!r} failed: {type(exc).__name__}: {exc}"
+                request.error = drafter_failure(request.drafter, exc)
         if request.finish_reason is not None:
             text += request.detok.flush()
         return Delta(request.id, kept, text, request.finish_reason, request.error, accepted=accepted,
@@ -268,24 +286,22 @@ class Engine:
 
     def _retire_finished(self, delta: Delta) -> Delta:
         if delta.finish_reason is not None:
-            self._retire(self._running[delta.request_id])
+            self._retire(self._requests[delta.request_id])
         return delta
 
     def _retire(self, request: Request) -> None:
         request.metrics.finished = time.perf_counter()
         self.verifier.keep(request.id, request.params.cache_salt, request.prompt_ids + request.generated)
         self.verifier.remove(request.id)
-        if request.begun:
-            request.begun = False
+        if request.phase is Phase.RUNNING:
             self.policy.end(request.id)
             try:
                 self.drafters[request.drafter].end(request.id)
             except Exception:  # noqa: BLE001 - the request is over either way; its drafter's fault is logged
                 log.exception("drafter %r failed to end request %s", request.drafter, request.id)
-        del self._running[request.id]
+        request.phase = Phase.DONE
         if request.finish_reason is None:
             request.finish_reason = "cancelled"
-        self._done[request.id] = request
 
     # -- conveniences --------------------------------------------------------------------
     def run(self, requests: Iterable[tuple], speculation: SpeculationParams | None = None) -> list[Completion]:
@@ -298,7 +314,9 @@ class Engine:
 
     def collect(self, request_id: str) -> Completion:
         """The finished request's completion (each finished request is collected once)."""
-        request = self._done.pop(request_id)
+        if self._requests[request_id].phase is not Phase.DONE:
+            raise KeyError(f"request {request_id!r} has not finished")
+        request = self._requests.pop(request_id)
         if request.grammar is not None:
             request.metrics.grammar.complete = constrain.complete(request)
         return Completion(request.id, request.detok.text, list(request.generated), list(request.prompt_ids),

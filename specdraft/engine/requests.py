@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 from specdraft.grammar import RowGrammar
-from specdraft.params import SamplingParams
+from specdraft.params import Policy, SamplingParams
 from specdraft.text import IncrementalDetokenizer
-from specdraft.verifier import TokenLogprob
+from specdraft.verifier import PrefixStats, TokenLogprob
 
 
 @dataclass
@@ -89,6 +90,18 @@ class RequestMetrics:
         return self.generated / elapsed if elapsed > 0 else 0.0
 
 
+class Phase(Enum):
+    """Where a request is: WAITING for a row; ADMITTED to one, its prefill not begun (the prefix cache
+    is asked for its prompt when it begins); PREFILLING; RUNNING (it has its first token, and its
+    drafter and the policy track it); DONE (finish_reason says why), until it is collected."""
+
+    WAITING = "waiting"
+    ADMITTED = "admitted"
+    PREFILLING = "prefilling"
+    RUNNING = "running"
+    DONE = "done"
+
+
 @dataclass
 class Request:
     id: str
@@ -96,16 +109,15 @@ class Request:
     params: SamplingParams
     drafter: str
     k: int  # longest draft per step
-    policy: str  # how each step's draft length is chosen (`specdraft.params.POLICIES`)
+    policy: Policy  # how each step's draft length is chosen
     detok: IncrementalDetokenizer
     metrics: RequestMetrics
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     last_token: int | None = None
     error: str | None = None  # why the request failed (finish_reason "error")
+    phase: Phase = Phase.WAITING
     prefilled: int = 0  # prompt tokens in the target's cache
-    looked_up: bool = False  # the prefix cache was asked for its prompt (when its prefill started)
-    begun: bool = False  # its drafter and the policy track it
     grammar: RowGrammar | None = None  # its response format's state (the verifier advances it)
     stop_string: bool = False  # it ended on a stop string (its text is cut there)
     logprobs: list[TokenLogprob] | None = None  # one per generated token, where its params ask for them
@@ -114,6 +126,16 @@ class Request:
         """Tokens it may still generate: its budget, and the model's context."""
         used = len(self.prompt_ids) + len(self.generated)
         return min(self.params.max_tokens - len(self.generated), max_context - used)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of an engine, for metrics: rows decoding, requests waiting for a row or for their
+    prefill, and the prefix cache's figures (None: it keeps none)."""
+
+    running: int
+    waiting: int
+    prefix_cache: PrefixStats | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +159,10 @@ class Delta:
 class Completion:
     """A finished request: finish_reason "stop" (an EOS token or a stop string), "length"
     (max_tokens or the model's context), "error" (`error` says why; `text` holds what came before)
-    or "cancelled". `logprobs`: one entry per token of `token_ids`, where the request asked for them."""
+    or "cancelled". metrics: the engine's figures for the request (`RequestMetrics`), among them steps,
+    draft_tokens, accepted_tokens, acceptance_rate, mean_accepted_length and tokens_per_second.
+    `logprobs`: one `TokenLogprob` per token of `token_ids`, where `SamplingParams.logprobs` asked for
+    them (a stream's deltas carry their own tokens' entries). `LLM` returns these too."""
 
     request_id: str
     text: str

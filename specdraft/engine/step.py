@@ -2,56 +2,60 @@
 
     limits -> free drafts -> plans -> lengths (the policy's choice) -> costly drafts -> the step's drafts -> verify
 
-Each stage takes what it needs and returns what happened, failures included (`Drafted`, `Verify`);
-`Stages.run` gathers them in the `Step`. No stage ends a request, emits a token or tells the policy
-anything: the engine's loop applies a step after it runs (emits, failures, retirements) and reports
-it to the policy once (`Step.report`). A drafter's fault fails its own requests only: a drafter
-that raises, breaks its contract (`specdraft.drafters.base`) or proposes a draft the target cannot
-check; so does a grammar that fails (`constrain`)."""
+A `Step` holds one record per running row (`Row`: its limit, its draft's source, its drafts, the
+length chosen, its grammar's forced tokens and time, its failure, its result) and the step's timings.
+Each stage fills in the rows it is given; `Stages.run` runs them in order. No stage ends a request,
+emits a token or tells the policy anything: the engine's loop applies a step after it runs (emits,
+failures, retirements) and reports it to the policy once (`Step.report`). A drafter's fault fails
+its own requests only: a drafter that raises, breaks its contract (`specdraft.drafters.base`) or
+proposes a draft the target cannot check; so does a grammar that fails (`constrain`)."""
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from specdraft.drafters.base import EMPTY_DRAFT, Draft, Drafter, Parts
+from specdraft.draft import EMPTY_DRAFT, Draft
+from specdraft.drafters.base import Cost, Drafter, Parts, drafter_failure
 from specdraft.engine import constrain
 from specdraft.engine.requests import Request
+from specdraft.params import Policy
 from specdraft.policy import CallTiming, DraftingTiming, DraftPolicy, RowPlan, StepReport, Verified, VerifyTiming
 from specdraft.verifier import StepResult, TokenLogprob, Verifier
 
 
 @dataclass
-class Drafted:
-    """What a drafting stage produced. `sources`: the policy's source of each row's draft (the free
-    stage names the costly part's for the rows it leaves to it, `waiting`); `forced_from`: where the
-    tokens the grammar forced start in a constrained row's draft; `unverified`: free drafts the step
-    left out (the policy checks them against what the row emits)."""
+class Row:
+    """One running row through a step. limit: the longest draft it may verify; source: its draft's
+    source, as the policy keeps estimates; free: its free part's draft at full length (None: it has
+    none, and `waits` for its drafter's costly part); costly: the costly part's draft; length: the
+    length the policy chose; chosen: the draft verified (None: none); unverified: a free draft the
+    step left out (the policy checks it against what the row emits); forced_from: where the tokens
+    its grammar forced start in its draft; failure: why the row ends in this step (None: it goes on)."""
 
-    drafts: dict[str, Draft] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
-    waiting: dict[str, list[Request]] = field(default_factory=dict)  # by drafter
-    forced_from: dict[str, int] = field(default_factory=dict)
-    unverified: dict[str, Draft] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    grammar_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    seconds: float = 0.0
-    asked: dict[str, bool] = field(default_factory=dict)  # measured drafters the policy was asked about: called?
-    calls: list[CallTiming] = field(default_factory=list)
-    drafting: list[DraftingTiming] = field(default_factory=list)
+    request: Request
+    limit: int
+    source: str = ""
+    free: Draft | None = None
+    waits: bool = False
+    costly: Draft | None = None
+    length: int = 0
+    chosen: Draft | None = None
+    unverified: Draft | None = None
+    forced_from: int | None = None
+    grammar_seconds: float = 0.0
+    failure: str | None = None
+    result: StepResult | None = None
 
+    @property
+    def id(self) -> str:
+        return self.request.id
 
-@dataclass(frozen=True)
-class Verify:
-    """What the verify pass did: each row's result, the rows whose grammar failed in it, and whether
-    the pass ran at its shape's steady cost (not a warm-up or capture of its shape)."""
-
-    results: dict[str, StepResult]
-    failed: dict[str, str]
-    seconds: float
-    steady: bool = True
+    @property
+    def drafted(self) -> int:
+        """Tokens of draft the row verified."""
+        return 0 if self.chosen is None else len(self.chosen)
 
 
 @dataclass(frozen=True)
@@ -72,65 +76,59 @@ class Outcome:
 
 @dataclass
 class Step:
-    """One decode step as the stages fill it in: the running rows (in the verifier's order) and the
-    longest draft each may verify, the free drafts at full length (`proposed`) and the costly ones
-    (`drafted`), the policy's plans and lengths, the drafts verified, the results, the rows that
-    fail and why, and the step's timings."""
+    """One decode step as the stages fill it in: its rows (in the verifier's order), the rows that
+    failed (in the order they did), the policy's plans, and the step's timings: free and costly
+    drafting, the verify pass (None: every row failed before it) and whether it ran at its shape's
+    steady cost (not a warm-up or capture of its shape); `asked`: the measured drafters the policy
+    was asked about, and whether it said to call them."""
 
-    rows: list[Request]
-    limits: dict[str, int]
+    rows: list[Row]
     started: float = field(default_factory=lambda: time.perf_counter())  # read through `time`: a test may simulate it
-    proposed: Drafted = field(default_factory=Drafted)
+    failed: list[Row] = field(default_factory=list)
     plans: list[RowPlan] = field(default_factory=list)
-    lengths: dict[str, int] = field(default_factory=dict)
-    drafted: Drafted = field(default_factory=Drafted)
-    chosen: Drafted = field(default_factory=Drafted)
-    verified: Verify | None = None
+    free_seconds: float = 0.0
+    costly_seconds: float = 0.0
+    verify_seconds: float | None = None
+    steady: bool = True
     drafting_rows: int = 0  # rows that shared the drafting time
+    asked: dict[str, bool] = field(default_factory=dict)
+    calls: list[CallTiming] = field(default_factory=list)
+    drafting: list[DraftingTiming] = field(default_factory=list)
 
     @property
-    def failed(self) -> dict[str, str]:
-        """Rows that end in this step, and why."""
-        return {**self.proposed.failed, **self.drafted.failed, **self.chosen.failed,
-                **(self.verified.failed if self.verified else {})}
+    def live(self) -> list[Row]:
+        return [row for row in self.rows if row.failure is None]
 
-    @property
-    def live(self) -> list[Request]:
-        failed = self.failed
-        return [r for r in self.rows if r.id not in failed]
+    def fail(self, rows: list[Row], why: str) -> None:
+        for row in rows:
+            row.failure = why
+            self.failed.append(row)
 
     @property
     def draft_seconds(self) -> float:
-        return self.proposed.seconds + self.drafted.seconds
+        return self.free_seconds + self.costly_seconds
 
     def outcomes(self) -> Iterator[Outcome]:
         """The verified rows that did not fail, in order."""
-        if self.verified is None:
+        if self.verify_seconds is None:
             return
         share = self.draft_seconds / self.drafting_rows
-        forced_from = {**self.proposed.forced_from, **self.chosen.forced_from}
-        for request in self.live:
-            result, drafted = self.verified.results[request.id], len(self.chosen.drafts.get(request.id, EMPTY_DRAFT))
-            grammar = self.proposed.grammar_seconds[request.id] + self.chosen.grammar_seconds[request.id]
-            yield Outcome(request, result.tokens, result.accepted, drafted, share, grammar + result.grammar_seconds,
-                          constrain.forced_tally(forced_from.get(request.id), drafted, result.accepted),
-                          result.logprobs)
+        for row in self.live:
+            result = row.result
+            yield Outcome(row.request, result.tokens, result.accepted, row.drafted, share,
+                          row.grammar_seconds + result.grammar_seconds,
+                          constrain.forced_tally(row.forced_from, row.drafted, result.accepted), result.logprobs)
 
     def report(self, now: float) -> StepReport:
         """The step as the policy learns from it; `now`: when the loop finished applying it."""
-        if self.verified is None:  # every row failed before the pass
-            return StepReport(tuple(self.plans), asked=self.proposed.asked, calls=tuple(self.proposed.calls),
-                              drafting=tuple(self.drafted.drafting))
-        results = self.verified.results
-        order = [r.id for r in self.rows if r.id in results]
-        lengths = [len(self.chosen.drafts.get(r, EMPTY_DRAFT)) for r in order]
-        rows = tuple(Verified(r, self.proposed.sources[r], n, results[r].accepted, tuple(results[r].tokens),
-                              tuple(self.chosen.unverified.get(r, EMPTY_DRAFT).token_ids.tolist()))
-                     for r, n in zip(order, lengths))
-        verify = VerifyTiming(tuple(lengths), self.verified.seconds, self.verified.steady)
-        other = now - self.started - self.verified.seconds - self.draft_seconds
-        return StepReport(tuple(self.plans), rows, verify, self.proposed.asked, tuple(self.proposed.calls),
-                          tuple(self.drafted.drafting), other)
+        if self.verify_seconds is None:
+            return StepReport(tuple(self.plans), asked=self.asked, calls=tuple(self.calls), drafting=tuple(self.drafting))
+        verified = [row for row in self.rows if row.result is not None]
+        rows = tuple(Verified(row.id, row.source, row.drafted, row.result.accepted, tuple(row.result.tokens),
+                              tuple((row.unverified or EMPTY_DRAFT).token_ids.tolist())) for row in verified)
+        verify = VerifyTiming(tuple(row.drafted for row in verified), self.verify_seconds, self.steady)
+        other = now - self.started - self.verify_seconds - self.draft_seconds
+        return StepReport(tuple(self.plans), rows, verify, self.asked, tuple(self.calls), tuple(self.drafting), other)
 
 
 class Stages:
@@ -141,182 +139,169 @@ class Stages:
                  max_context: int) -> None:
         self.verifier, self.drafters, self.parts, self.max_context = verifier, drafters, parts, max_context
 
-    def run(self, rows: list[Request], policy: DraftPolicy) -> Step:
+    def run(self, requests: list[Request], policy: DraftPolicy) -> Step:
         # The step adds one token of the target's own: a row drafts at most its room less one.
-        step = Step(rows, {r.id: max(0, min(r.k, r.room(self.max_context) - 1)) for r in rows})
-        step.proposed = self.free_drafts(step.live, step.limits, policy)
-        step.plans = self.plans(step.live, step.limits, step.proposed)
-        step.lengths = policy.choose(step.plans)
-        step.drafted = self.costly_drafts(step.proposed.waiting, step.lengths, step.proposed.sources)
-        step.chosen = self.chosen_drafts(step.live, step.proposed, step.drafted, step.lengths)
+        step = Step([Row(r, max(0, min(r.k, r.room(self.max_context) - 1))) for r in requests])
+        self.free_drafts(step, policy)
+        step.plans = self.plans(step.live)
+        lengths = policy.choose(step.plans)
+        for row in step.live:
+            row.length = lengths.get(row.id, 0)
+        self.costly_drafts(step)
+        self.chosen_drafts(step)
         step.drafting_rows = len(step.live)
         if step.live:
-            step.verified = self.verify(step.live, step.chosen.drafts)
+            self.verify(step)
         return step
 
     # -- the stages ----------------------------------------------------------------------------------
-    def free_drafts(self, rows: list[Request], limits: dict[str, int], policy: DraftPolicy) -> Drafted:
+    def free_drafts(self, step: Step, policy: DraftPolicy) -> None:
         """Each drafter's free or measured part drafts its rows at full length, so that the policy sees
         what they have (a measured part only where its call pays, see `DraftPolicy.worth_calling`);
         rows it leaves without a draft go to the drafter's costly part, if it has one."""
-        out = Drafted()
-        for name, group in _groups(rows).items():
+        batch = len(step.rows)
+        for name, group in _groups(step.rows).items():
             parts = self.parts[name]
-            drafted: dict[str, Draft] = {}
-            if parts.free is not None and _call_free(name, parts, group, limits, len(rows), policy, out.asked):
-                wanted = [limits[r.id] for r in group]
-                seconds, drafts, failed = _call(name, group, lambda: parts.free.propose([r.id for r in group], wanted))
-                if not failed:
-                    drafted, failed = _by_row(name, group, drafts, wanted)
-                out.seconds += seconds
-                out.failed.update(failed)
-                if parts.free_cost == "measured" and not failed:
-                    out.calls.append(CallTiming(name, {r.id: len(drafted[r.id]) for r in group}, seconds))
-            for request in group:
-                if request.id in out.failed:
+            drafts: list[Draft] | None = None
+            if parts.free is not None and _call_free(name, parts, group, batch, policy, step.asked):
+                wanted = [row.limit for row in group]
+                seconds, drafts, why = _call(name, lambda: parts.free.propose([row.id for row in group], wanted))
+                why = why or _broken(name, drafts, wanted)
+                step.free_seconds += seconds
+                if why is not None:
+                    step.fail(group, why)
                     continue
-                draft = drafted.get(request.id, EMPTY_DRAFT)
-                if request.grammar is not None:
-                    draft = self._legal(request, draft, limits[request.id], out)
+                if parts.free_cost is Cost.MEASURED:
+                    step.calls.append(CallTiming(name, {row.id: len(d) for row, d in zip(group, drafts)}, seconds))
+            for b, row in enumerate(group):
+                draft = EMPTY_DRAFT if drafts is None else drafts[b]
+                if row.request.grammar is not None:
+                    draft = self._legal(step, row, draft, row.limit)
                     if draft is None:
                         continue
                 if len(draft) or parts.costly is None:
-                    out.drafts[request.id] = draft
-                    out.sources[request.id] = parts.source(name, draft)
+                    row.free, row.source = draft, parts.source(name, draft)
                 else:
-                    out.waiting.setdefault(name, []).append(request)
-                    out.sources[request.id] = parts.source(name)
-        return out
+                    row.waits, row.source = True, parts.source(name)
 
-    def plans(self, rows: list[Request], limits: dict[str, int], proposed: Drafted) -> list[RowPlan]:
+    def plans(self, rows: list[Row]) -> list[RowPlan]:
         """The rows as the policy sees them: what a free draft has, or what a costly part may draft."""
-        plans = []
-        for request in rows:
-            cheap = request.id in proposed.drafts
-            avail = len(proposed.drafts[request.id]) if cheap else limits[request.id]
-            backlog = 0 if cheap else self.parts[request.drafter].costly.backlog(request.id)
-            plans.append(RowPlan(request.id, proposed.sources[request.id], limits[request.id], cheap, avail, backlog,
-                                 request.room(self.max_context), request.policy == "fixed"))
-        return plans
+        return [RowPlan(row.id, row.source, row.limit, not row.waits, row.limit if row.waits else len(row.free),
+                        self.parts[row.request.drafter].costly.backlog(row.id) if row.waits else 0,
+                        row.request.room(self.max_context), row.request.policy is Policy.FIXED)
+                for row in rows]
 
-    def costly_drafts(self, waiting: dict[str, list[Request]], lengths: dict[str, int],
-                      sources: dict[str, str]) -> Drafted:
+    def costly_drafts(self, step: Step) -> None:
         """Each costly part drafts its rows at the lengths the policy chose (where any is above 0)."""
-        out = Drafted()
-        for name, group in waiting.items():
-            wanted = [lengths[r.id] for r in group]
+        for name, group in _groups(step.rows).items():
+            group = [row for row in group if row.waits and row.failure is None]
+            wanted = [row.length for row in group]
             if max(wanted, default=0) == 0:
                 continue
             part = self.parts[name].costly
-            seconds, result, failed = _call(name, group, lambda: part.propose_costly([r.id for r in group], wanted))
-            out.seconds += seconds
-            if not failed:
-                drafted, failed = _by_row(name, group, result.drafts, wanted)
-                out.drafts.update(drafted)
-            out.failed.update(failed)
-            if not failed:
-                out.drafting.append(DraftingTiming(sources[group[0].id], max(wanted), seconds, result.pass_seconds,
-                                                   result.catch_up.tokens, result.catch_up.seconds))
-        return out
+            seconds, result, why = _call(name, lambda: part.propose_costly([row.id for row in group], wanted))
+            why = why or _broken(name, result.drafts, wanted)
+            step.costly_seconds += seconds
+            if why is not None:
+                step.fail(group, why)
+                continue
+            for row, draft in zip(group, result.drafts):
+                row.costly = draft
+            step.drafting.append(DraftingTiming(group[0].source, max(wanted), seconds, result.pass_seconds,
+                                                result.catch_up.tokens, result.catch_up.seconds))
 
-    def chosen_drafts(self, rows: list[Request], proposed: Drafted, drafted: Drafted,
-                      lengths: dict[str, int]) -> Drafted:
+    def chosen_drafts(self, step: Step) -> None:
         """The drafts this step verifies: the costly parts' (a constrained row's made legal, as free
         drafts were when drafted), and free drafts cut to their chosen lengths (a free draft the step
         leaves out is still checked, for free, against what the row emits: `unverified`)."""
-        out = Drafted()
-        for request in rows:
-            draft = drafted.drafts.get(request.id)
-            if draft is not None and request.grammar is not None:
-                draft = self._legal(request, draft, lengths[request.id], out)
+        for row in step.live:
+            draft = row.costly
+            if draft is not None and row.request.grammar is not None:
+                draft = self._legal(step, row, draft, row.length)
                 if draft is None:
                     continue
             if draft is None:
-                free = proposed.drafts.get(request.id)
-                if free is None:
+                if row.free is None:
                     continue
-                draft = free.prefix(lengths.get(request.id, 0))
-                if len(free) and not len(draft):
-                    out.unverified[request.id] = free
-            if self._checked(request, draft, out):
-                out.drafts[request.id] = draft
-        return out
+                draft = row.free.prefix(row.length)
+                if len(row.free) and not len(draft):
+                    row.unverified = row.free
+            if self._checked(step, row, draft):
+                row.chosen = draft
 
-    def _legal(self, request: Request, draft: Draft, limit: int, out: Drafted) -> Draft | None:
-        """A constrained row's draft made legal (`constrain.legal`), its time and forced tokens noted in
-        `out`; None where the draft cannot be checked or the grammar failed (the row fails)."""
-        if not self._checked(request, draft, out):  # the grammar takes vocabulary ids only
+    def _legal(self, step: Step, row: Row, draft: Draft, limit: int) -> Draft | None:
+        """A constrained row's draft made legal (`constrain.legal`), its time and forced tokens noted on
+        the row; None where the draft cannot be checked or the grammar failed (the row fails)."""
+        if not self._checked(step, row, draft):  # the grammar takes vocabulary ids only
             return None
-        legal = constrain.legal(request.grammar, draft, limit, self.parts[request.drafter].forced_tokens)
-        out.grammar_seconds[request.id] += legal.seconds
+        legal = constrain.legal(row.request.grammar, draft, limit, self.parts[row.request.drafter].forced_tokens)
+        row.grammar_seconds += legal.seconds
         if legal.error is not None:
-            out.failed[request.id] = legal.error
+            step.fail([row], legal.error)
             return None
         if legal.forced_from is not None:
-            out.forced_from[request.id] = legal.forced_from
+            row.forced_from = legal.forced_from
         return legal.draft
 
-    def _checked(self, request: Request, draft: Draft, out: Drafted) -> bool:
-        """Whether the target can check the draft; where it cannot, the row fails (noted in `out`)."""
+    def _checked(self, step: Step, row: Row, draft: Draft) -> bool:
+        """Whether the target can check the draft; where it cannot, the row fails."""
         problem = draft.problem(self.verifier.vocab_size)
         if problem is not None:
-            out.failed[request.id] = f"drafter {request.drafter!r} proposed a draft the target cannot check: {problem}"
+            step.fail([row], f"drafter {row.request.drafter!r} proposed a draft the target cannot check: {problem}")
         return problem is None
 
-    def verify(self, rows: list[Request], drafts: dict[str, Draft]) -> Verify:
-        """One verify pass over the rows (the other running rows sit it out)."""
+    def verify(self, step: Step) -> None:
+        """One verify pass over the live rows (the other running rows sit it out)."""
+        rows = step.live
         started = time.perf_counter()
-        results = self.verifier.step({r.id: r.last_token for r in rows},
-                                     {r.id: drafts[r.id] for r in rows if len(drafts.get(r.id, EMPTY_DRAFT))})
-        seconds = time.perf_counter() - started
-        return Verify(results, {r: result.error for r, result in results.items() if result.error is not None}, seconds,
-                      all(result.steady for result in results.values()))
+        results = self.verifier.step({row.id: row.request.last_token for row in rows},
+                                     {row.id: row.chosen for row in rows if row.drafted})
+        step.verify_seconds = time.perf_counter() - started
+        for row in rows:
+            row.result = results[row.id]
+            if row.result.error is not None:
+                step.fail([row], row.result.error)
+        step.steady = all(result.steady for result in results.values())
 
 
-def _call_free(name: str, parts: Parts, group: list[Request], limits: dict[str, int], batch: int, policy: DraftPolicy,
+def _call_free(name: str, parts: Parts, group: list[Row], batch: int, policy: DraftPolicy,
                asked: dict[str, bool]) -> bool:
     """Whether this step calls a drafter's free part: always a free one, or one with a row on the
     `fixed` policy; a measured one where a row may draft and the policy says its call pays."""
-    if parts.free_cost == "free" or any(r.policy == "fixed" for r in group):
+    if parts.free_cost is Cost.FREE or any(row.request.policy is Policy.FIXED for row in group):
         return True
-    wanted = [limits[r.id] for r in group]
+    wanted = [row.limit for row in group]
     if not any(wanted):
         return False
-    asked[name] = policy.worth_calling(name, [r.id for r in group], wanted, batch)
+    asked[name] = policy.worth_calling(name, [row.id for row in group], wanted, batch)
     return asked[name]
 
 
-def _groups(rows: list[Request]) -> dict[str, list[Request]]:
-    groups: dict[str, list[Request]] = {}
-    for request in rows:
-        groups.setdefault(request.drafter, []).append(request)
+def _groups(rows: list[Row]) -> dict[str, list[Row]]:
+    """The rows by drafter, in the order the drafters first appear."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(row.request.drafter, []).append(row)
     return groups
 
 
-def _call(name: str, group: list[Request], call: Callable[[], Any]) -> tuple[float, Any, dict[str, str]]:
-    """A drafter's batched call, timed: (seconds, its result, no failures), or, where the drafter
-    raises, (seconds, None, its requests' failures)."""
+def _call(name: str, call: Callable[[], Any]) -> tuple[float, Any, str | None]:
+    """A drafter's batched call, timed: (seconds, its result, None), or, where the drafter raises,
+    (seconds, None, why its requests fail)."""
     start = time.perf_counter()
     try:
         result = call()
     except Exception as exc:  # noqa: BLE001 - the drafter's fault, reported on its requests
-        return time.perf_counter() - start, None, _all(group, f"drafter {name!r} failed: {type(exc).__name__}: {exc}")
-    return time.perf_counter() - start, result, {}
+        return time.perf_counter() - start, None, drafter_failure(name, exc)
+    return time.perf_counter() - start, result, None
 
 
-def _by_row(name: str, group: list[Request], drafts: Any, limits: list[int]) -> tuple[dict[str, Draft], dict[str, str]]:
-    """A call's drafts by row, after checking that it kept the contract (one draft per request, none
-    longer than asked); where it did not, its requests' failures."""
-    if not isinstance(drafts, list) or len(drafts) != len(group) or not all(isinstance(d, Draft) for d in drafts):
+def _broken(name: str, drafts: Any, limits: list[int]) -> str | None:
+    """How a call's drafts break the contract (one draft per request, none longer than asked), if they do."""
+    if not isinstance(drafts, list) or len(drafts) != len(limits) or not all(isinstance(d, Draft) for d in drafts):
         count = len(drafts) if isinstance(drafts, list) else type(drafts).__name__
-        return {}, _all(group, f"drafter {name!r} broke its contract: propose must return a list of {len(group)} "
-                               f"Drafts, got {count}")
+        return f"drafter {name!r} broke its contract: propose must return a list of {len(limits)} Drafts, got {count}"
     for draft, limit in zip(drafts, limits):
         if len(draft) > limit:
-            return {}, _all(group, f"drafter {name!r} broke its contract: a draft of {len(draft)} tokens where at "
-                                   f"most {limit} were asked for")
-    return {r.id: d for r, d in zip(group, drafts)}, {}
-
-
-def _all(group: list[Request], error: str) -> dict[str, str]:
-    return {r.id: error for r in group}
+            return f"drafter {name!r} broke its contract: a draft of {len(draft)} tokens where at most {limit} were asked for"
+    return None

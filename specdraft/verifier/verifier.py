@@ -4,15 +4,15 @@ and rolls each row back by length. It never imports a drafter."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from specdraft.backend import RowModel, StaticShapes
-from specdraft.backend.prefix import PrefixCache
-from specdraft.drafters.base import EMPTY_DRAFT, Draft
+from specdraft.backend.prefix import PrefixCache, PrefixStats
+from specdraft.draft import EMPTY_DRAFT, Draft
 from specdraft.grammar import GrammarError, RowGrammar, mask_words, unpack
 from specdraft.params import SamplingParams
 from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms, request_seed
@@ -99,7 +99,7 @@ class Verifier:
         logits give the first token); return how many tokens it took. Its prefill goes on from there."""
         if self.prefixes is None:
             return 0
-        return self.prefixes.read(self.rows.cache, self.rows.slot(row_id), salt, prompt_ids, len(prompt_ids) - 1)
+        return self.rows.read_prefix(row_id, self.prefixes, salt, prompt_ids, len(prompt_ids) - 1)
 
     def keep(self, row_id: str, salt: str | None, token_ids: Sequence[int]) -> None:
         """Store the row's committed entries for later rows with the same salt; token_ids: the row's
@@ -107,7 +107,11 @@ class Verifier:
         committed, and a row whose grammar failed in a step committed tokens it never emitted)."""
         if self.prefixes is not None:
             length = self.rows.length(row_id)
-            self.prefixes.store(self.rows.cache, self.rows.slot(row_id), salt, token_ids[:length])
+            self.rows.store_prefix(row_id, self.prefixes, salt, token_ids[:length])
+
+    def prefix_stats(self) -> PrefixStats | None:
+        """A snapshot of the prefix cache's figures (None: it keeps none)."""
+        return None if self.prefixes is None else replace(self.prefixes.stats)
 
     def prefill(self, row_id: str, token_ids: Sequence[int], last: bool) -> StepResult | None:
         """Feed the next part of a row's prompt. After the last part the row joins the steps and its

@@ -1,0 +1,132 @@
+"""How an engine is built: `Settings`, every option documented and checked here, once. The library
+(`LLM(model, settings)` or `LLM(model, **options)`), the CLI (`specdraft generate|serve`) and the
+benchmarks each make one and hand it to `build_runtime`. What one request chooses is not here
+(`SamplingParams`, `SpeculationParams`); the server's own options (host, queue) are the CLI's."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, drafter_parts, uses
+from specdraft.params import (DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY,
+                              DEFAULT_PREFIX_CACHE_MB, WEIGHTS, Policy, check_num_speculative_tokens, check_policy)
+
+if TYPE_CHECKING:
+    from specdraft.models import LoadedModel
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """An engine's options, checked as they are made: a bad one raises ValueError naming it.
+    `LLM(model, k=4)` and `Settings(k=4)` take the same names."""
+
+    # The drafter a request gets when it names none (default: the first of `drafters`, else the
+    # registry's `DEFAULT_DRAFTER`): a built-in drafter or an installed plugin (`specdraft drafters`).
+    drafter: str | None = None
+    # Every drafter requests may choose (`drafter` is among them), each built once at start.
+    drafters: Sequence[str] | None = None
+    # The longest draft a step verifies, 0..64 (0: plain decoding); a request may ask for less.
+    k: int = DEFAULT_NUM_SPECULATIVE_TOKENS
+    # Rows (requests) decoded together.
+    max_batch: int = DEFAULT_MAX_BATCH
+    # The context length served, prompt and output together: at most the model's (None: the model's).
+    max_context: int | None = None
+    # How a request's draft length is chosen each step, unless it says: `auto` (the cost-aware policy,
+    # which drafts only where it pays) or `fixed` (as far as the drafter goes, up to k, every step).
+    policy: Policy = DEFAULT_POLICY  # given as a `Policy` or its name
+    # Each drafter's options by drafter name, `{"ngram": {"max_n": 4}}`: a name must be among the drafters
+    # or a part of one (a composite's part takes the options of the drafter it is, unless the composite
+    # names its own under the part's name).
+    drafter_options: Mapping[str, Mapping[str, Any]] | None = None
+    # The `model` drafter's draft model (and so that of every drafter built on it, `hybrid`): a name,
+    # directory or .gguf sharing the target's vocabulary, or a `LoadedModel` (default: self-int8, an int8
+    # copy of the target). Refused where no drafter uses it.
+    draft_model: str | LoadedModel | None = None
+    # Where the model runs: "cpu", "cuda", ... (default: cuda when present).
+    device: str | None = None
+    # The weights' and activations' dtype (`DTYPES`): auto is float32 on CPU and bfloat16 on CUDA.
+    dtype: str = "auto"
+    # A GGUF model's Q4_1/Q8_0 layers read as the file's blocks ("native") or as a float32 copy ("dense"),
+    # same logits; "auto" takes native where it applies, and dense with `enforce_eager` (eager layers
+    # would dequantise every block at every pass).
+    weights: str = "auto"
+    # Steps run eagerly: no CUDA graphs on CUDA, no compiled step on CPU.
+    enforce_eager: bool = False
+    # Measure the drafters' and the target's costs at start, for the `auto` policy.
+    calibrate: bool = True
+    # MiB of earlier requests' keys and values kept for later prompts that start alike (0: none).
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
+
+    def __post_init__(self) -> None:
+        if self.drafter is not None and not isinstance(self.drafter, str):
+            raise ValueError(f"drafter must be a drafter's name, got {self.drafter!r}")
+        if self.drafters is not None and (isinstance(self.drafters, str) or not isinstance(self.drafters, Sequence)):
+            raise ValueError(f"drafters must be a list of drafter names, got {self.drafters!r}")
+        unknown = [name for name in self.served if name not in drafter_names()]
+        if unknown:
+            raise ValueError(f"unknown drafter {unknown[0]!r}; choose one of: {', '.join(drafter_names())}")
+        check_num_speculative_tokens(self.k, "k")
+        _check_positive("max_batch", self.max_batch)
+        if self.max_context is not None:
+            _check_positive("max_context", self.max_context)
+        object.__setattr__(self, "policy", check_policy(self.policy))
+        self._check_drafter_options()
+        if self.draft_model is not None and not any(uses(name, "model") for name in self.served):
+            raise ValueError(f"a draft model is used by the model and hybrid drafters (and any built on model), not by "
+                             f"{', '.join(map(repr, self.served))}")
+        for name, value, choices in (("dtype", self.dtype, DTYPES), ("weights", self.weights, WEIGHTS)):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        for name in ("enforce_eager", "calibrate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.prefix_cache_mb, bool) or not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be an integer >= 0 (0 turns the prefix cache off), got {self.prefix_cache_mb!r}")
+
+    def _check_drafter_options(self) -> None:
+        """Each key names a drafter being built or one it is built on, and each drafter takes every
+        option given it: refused by name before anything loads, plugins' too."""
+        given = self.drafter_options or {}
+        if not isinstance(given, Mapping):
+            raise ValueError(f"drafter_options must map drafter names to their options, got {given!r}")
+        names = self.served
+        stray = sorted(set(given) - set(names) - {part for name in names for part in built_on(name)})
+        if stray:
+            raise ValueError(f"drafter options name {stray[0]!r}, which is not among the drafters: {', '.join(names)}")
+        for name, options in given.items():
+            if not isinstance(options, Mapping):
+                raise ValueError(f"the options of drafter {name!r} must be an object of option names, got {options!r}")
+            check_options(name, options)
+
+    @property
+    def served(self) -> list[str]:
+        """Every drafter built, the default first."""
+        return list(dict.fromkeys([*([self.drafter] if self.drafter else []), *(self.drafters or [])])) or [DEFAULT_DRAFTER]
+
+    @property
+    def default_drafter(self) -> str:
+        return self.served[0]
+
+    def replace(self, **changes: Any) -> Settings:
+        """These settings with `changes` (by field name), checked again; a name that is not a field is
+        refused by name."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                            f"the options: {', '.join(f.name for f in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **changes)
+
+
+def built_on(name: str) -> set[str]:
+    """The drafters a composite is built on, at any depth."""
+    parts = set(drafter_parts(name).values())
+    return parts.union(*(built_on(part) for part in parts))
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -1,0 +1,106 @@
+"""The documentation holds together: every relative link in README.md and docs/*.md reaches a file
+(and its `#anchor` a heading of that page, slugged as GitHub does), every docs page is linked from the
+README, the README stays short, and its first screen keeps the two commands CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+MAX_README_LINES = 300
+FIRST_SCREEN = 40  # lines
+COMMANDS = ("bash scripts/run.sh", "bash scripts/test.sh")
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target "title")
+CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
+HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
+HTML_ID = re.compile(r"""<a\s[^>]*\b(?:id|name)=["']([^"']+)["']""")
+
+
+def prose(text: str) -> str:
+    """The text with fenced code blocks blanked (a `[x](y)` inside code is not a link)."""
+    return FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
+def links(text: str) -> list[str]:
+    """Every link target in the page's prose, code spans and blocks left out (link text may wrap)."""
+    return [m.group(1) for m in LINK.finditer(CODE_SPAN.sub("", prose(text)))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup dropped, lower case, punctuation but `-` and `_` removed,
+    spaces to hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text stays
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "").replace("*", "")
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = prose(path.read_text())
+    seen: dict[str, int] = {}
+    out = set(HTML_ID.findall(text))
+    for match in HEADING.finditer(text):
+        base = slug(match.group(2))
+        n = seen.get(base, 0)  # GitHub numbers repeats: x, x-1, x-2
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link of `page` that reaches no file, or no heading of its page."""
+    broken = []
+    for target in links(page.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto: ...
+            continue
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / unquote(path_part)).resolve() if path_part else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and unquote(anchor).lower() not in anchors(dest):
+            broken.append(f"{target}: no such heading")
+    return broken
+
+
+def test_there_are_docs_pages():
+    assert DOCS, "docs/*.md"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path):
+    assert broken_links(page) == []
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {(ROOT / unquote(t.partition("#")[0])).resolve() for t in links(README.read_text())}
+    assert [p.name for p in DOCS if p.resolve() not in linked] == []
+
+
+def test_readme_is_short():
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines; the rest belongs in docs/"
+
+
+def test_first_screen_has_the_two_commands_and_ci_runs_the_test_one():
+    first = "\n".join(README.read_text().splitlines()[:FIRST_SCREEN])
+    assert [c for c in COMMANDS if re.search(rf"^{re.escape(c)}\b", first, re.M) is None] == []
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(rf"^{re.escape(COMMANDS[1])}\b", ci, re.M), ".ci/run must run the README's test command"
+
+
+def test_the_checker_sees_a_broken_link_and_anchor(tmp_path: Path):
+    """Negative control: the checks fail on a page with a missing file and a missing heading."""
+    (tmp_path / "other.md").write_text("# A `Title`, with punctuation!\n\n## Repeat\n\n## Repeat\n")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](other.md#a-title-with-punctuation) [ok](other.md#repeat-1) [ok](#here)\n"
+                    "# Here\n[gone](missing.md) [bad](other.md#nope) `[code](missing.md)`\n"
+                    "```\n[fenced](missing.md)\n```\n")
+    assert broken_links(page) == ["missing.md: no such file", "other.md#nope: no such heading"]
