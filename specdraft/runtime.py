@@ -12,6 +12,7 @@ from specdraft.engine import Engine, RequestError
 from specdraft.grammar import GrammarCompiler
 from specdraft.models import LoadedModel, load_model
 from specdraft.settings import Settings
+from specdraft.text import check_text
 from specdraft.verifier import Verifier
 
 log = logging.getLogger("specdraft")
@@ -100,10 +101,10 @@ def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: boo
 
 def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool = True) -> list[int]:
     """Token ids for a prompt: chat-templated (a string becomes one user turn) or raw text. Text that is
-    only whitespace is refused here, the one check of prompt text: it tokenizes to some tokens, which
-    the engine's intake check (`Engine.validate`) cannot tell from a prompt."""
-    if isinstance(prompt, str) and not prompt.strip():
-        raise RequestError("prompt is empty")
+    only whitespace is refused (`check_text`): it tokenizes to some tokens, which the engine's intake
+    check (`Engine.validate`) cannot tell from a prompt."""
+    if isinstance(prompt, str):
+        check_text(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)

@@ -1,8 +1,17 @@
-"""Incremental detokenization and stop-string matching for streamed output."""
+"""Prompt text's one check, incremental detokenization and stop-string matching for streamed output."""
 
 from __future__ import annotations
 
 from typing import Sequence
+
+from specdraft.errors import RequestError
+
+
+def check_text(prompt: str) -> str:
+    """Prompt text, refused where it is empty or only whitespace (light: the CLI checks before it loads a model)."""
+    if not prompt.strip():
+        raise RequestError("prompt is empty", param="prompt")
+    return prompt
 
 
 class IncrementalDetokenizer:

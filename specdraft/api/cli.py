@@ -193,7 +193,9 @@ def settings_from(args: argparse.Namespace, **worked_out) -> Settings:
 def _generate(args: argparse.Namespace) -> int:
     from specdraft.params import ResponseFormat, SamplingParams
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    from specdraft.text import check_text
+
+    prompt = check_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
     response_format = args.json_schema or (ResponseFormat.json_object() if args.json_object else None)
     params = SamplingParams(
         max_tokens=args.max_tokens,
