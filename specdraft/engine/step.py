@@ -38,7 +38,6 @@ class Row:
     limit: int
     source: str = ""
     free: Draft | None = None
-    waits: bool = False
     costly: Draft | None = None
     length: int = 0
     chosen: Draft | None = None
@@ -51,6 +50,11 @@ class Row:
     @property
     def id(self) -> str:
         return self.request.id
+
+    @property
+    def waits(self) -> bool:
+        """Whether the row waits for its drafter's costly part (a live row has a free draft or waits)."""
+        return self.free is None
 
     @property
     def drafted(self) -> int:
@@ -182,7 +186,7 @@ class Stages:
                 if len(draft) or parts.costly is None:
                     row.free, row.source = draft, parts.source(name, draft)
                 else:
-                    row.waits, row.source = True, parts.source(name)
+                    row.source = parts.source(name)
 
     def plans(self, rows: list[Row]) -> list[RowPlan]:
         """The rows as the policy sees them: what a free draft has, or what a costly part may draft."""
@@ -221,7 +225,7 @@ class Stages:
                 if draft is None:
                     continue
             if draft is None:
-                if row.free is None:
+                if row.waits:  # its costly part drafted nothing: verified with no draft
                     continue
                 draft = row.free.prefix(row.length)
                 if len(row.free) and not len(draft):
