@@ -50,6 +50,7 @@ class PinnedFile:
     member: str  # path of the data file inside the wheel
     member_sha256: str
     license: str
+    pip_options: tuple[str, ...] = ()  # for a wheel built per platform: the one pinned, whatever runs pip
 
 
 HUMANEVAL = PinnedFile(
@@ -100,7 +101,19 @@ FUNCTION_DOCS = {name: PinnedFile(package="bfcl-eval", version="2026.3.23", whee
                                   wheel_sha256=BFCL.wheel_sha256, member=f"bfcl_eval/data/multi_turn_func_doc/{file}",
                                   member_sha256=sha, license="Apache-2.0")
                  for name, (file, sha) in _FUNCTION_DOCS.items()}
-PINNED = (HUMANEVAL, BFCL, MTBENCH, BFCL_MULTI_TURN, *FUNCTION_DOCS.values())
+# The Lee background corpus (300 news articles, Lee, Pincombe & Welsh 2005), as gensim ships it for
+# its tests: public prose for measuring perplexity (`benchmarks.int8_quality`).
+LEE = PinnedFile(
+    package="gensim",
+    version="4.3.3",
+    wheel="gensim-4.3.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+    wheel_sha256="d662bf96e3d741b6ab61a54be842a7cbf5e45193008b2f4225c758cafd7f9cdc",
+    member="gensim/test/test_data/lee_background.cor",
+    member_sha256="5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb",
+    license="LGPL-2.1 (gensim)",
+    pip_options=("--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp"),
+)
+PINNED = (HUMANEVAL, BFCL, MTBENCH, BFCL_MULTI_TURN, *FUNCTION_DOCS.values(), LEE)
 
 
 def cache_root() -> Path:
@@ -116,16 +129,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _pip_command(spec: str, dest: Path) -> list[str]:
+def _pip_command(spec: str, dest: Path, options: tuple[str, ...] = ()) -> list[str]:
     return [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--ignore-requires-python",
-        "--disable-pip-version-check", "--no-input", "--quiet", "-d", str(dest), spec,
+        "--disable-pip-version-check", "--no-input", "--quiet", *options, "-d", str(dest), spec,
     ]
 
 
-def _pip_download(spec: str, dest: Path) -> None:
+def _pip_download(spec: str, dest: Path, options: tuple[str, ...] = ()) -> None:
     """Download one wheel, no dependencies, into dest."""
-    command = _pip_command(spec, dest)
+    command = _pip_command(spec, dest, options)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -143,7 +156,7 @@ def fetch(pinned: PinnedFile) -> Path:
         return target
     spec = f"{pinned.package}=={pinned.version}"
     with tempfile.TemporaryDirectory(prefix="specdraft-data-") as tmp:
-        _pip_download(spec, Path(tmp))
+        _pip_download(spec, Path(tmp), pinned.pip_options)
         wheel = Path(tmp) / pinned.wheel
         if not wheel.is_file():
             got = ", ".join(sorted(p.name for p in Path(tmp).iterdir())) or "nothing"

@@ -59,7 +59,7 @@ def main() -> None:
     from benchmarks.cpu_floor import built_as, step_models
     from benchmarks.verify_cost import measure
     from specdraft.backend import blocks
-    from specdraft.backend.numba_layers import NumbaLayers, project, step_weights
+    from specdraft.backend.numba_layers import NO_KERNEL, NumbaLayers, project, step_weights
     from specdraft.models import load_model
     from specdraft.params import SamplingParams
     from specdraft.verifier import Verifier
@@ -73,7 +73,7 @@ def main() -> None:
         with built_as(name):
             verifiers[name] = Verifier(model, compiled=True)  # places the weights as a step reads them
         layers = list(model.model.layers)
-        sets[name] = (step_weights(model, layers, native=name != "numba"), 0 if name == "numba" else kernel.address)
+        sets[name] = (step_weights(model, layers, native=name != "numba"), NO_KERNEL if name == "numba" else kernel.calls())
     NumbaLayers.use_torch_threads()
     rng = np.random.default_rng(0)
     streamed, equal = {}, {}

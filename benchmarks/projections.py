@@ -34,13 +34,13 @@ TOKENS = (1, 2, 3, 6, 9, 16, 32)
 
 def kernels() -> dict:
     """name -> (prepare(weights, n) -> state, run(state, xs) -> None, whether xs are torch tensors)."""
-    from specdraft.backend.numba_layers import project
+    from specdraft.backend.numba_layers import NO_KERNEL, project
 
     empty = np.zeros((0, 0), np.float32)
 
     def ours(state, xs):
         for w, y in state:
-            project(w, xs[w[0].shape[1]], y, empty, 0)  # numba's loops
+            project(w, xs[w[0].shape[1]], y, empty, NO_KERNEL)  # numba's loops
 
     def linear(state, xs):
         for w in state:

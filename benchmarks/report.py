@@ -42,7 +42,7 @@ class CellSummary:
     mean_accepted_length: float | None
     per_position_acceptance: list[float] | None
     drafting_share: float | None
-    lossless: float | None  # share of prompts whose output equals hf-generate's
+    lossless: float | None  # share of prompts whose output equals its reference's (hf-generate's, or int8 none's)
     lossless_count: int
     lossless_known: int
 
@@ -212,9 +212,9 @@ def _divergences(results: dict) -> list[str]:
     if not rows:
         return []
     return [
-        "## Outputs that differ from hf-generate",
+        "## Outputs that differ from their reference (hf-generate's, or specdraft-none's in int8)",
         "",
-        "First token index where the output leaves hf-generate's, and the target's top-2 logit margin "
+        "First token index where the output leaves its reference's, and the stock model's top-2 logit margin "
         "there (a margin near 0 is a near-tie: float rounding in a differently shaped forward can flip it).",
         "",
     ] + _table(["domain", "method", "prompt", "first differing token", "top-2 margin"], rows) + [""]
@@ -238,7 +238,9 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
         "*mean accepted* is the mean over decoding steps of accepted draft tokens (each step also yields "
         "one token from the target); *per position* is the acceptance rate at draft positions 1, 2, ... "
         "among steps whose draft reached that position. *Drafting share* is the share of wall time spent in "
-        "the drafter. *Lossless* is the share of prompts whose output equals `hf-generate`'s token for token. "
+        "the drafter. *Lossless* is the share of prompts whose output equals plain decoding's in the same "
+        "arithmetic token for token: `hf-generate`'s for float32, `specdraft-none`'s for int8 (the JSON's "
+        "`lossless_reference`). "
         "A dash means the value does not apply (no drafts, or a Hugging Face method that does not report it).",
         "",
     ]
@@ -251,15 +253,22 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
                if (d, m) in by_key else DASH for d in domains]
         for m in methods
     ]) + [""]
-    if results.get("native_over_dense"):
-        lines += ["## Native weights over dense float32 (median per prompt of tok/s ratios; medians in brackets)", "",
-                  f"`specdraft-<drafter>` reads the GGUF's blocks (weights: {results.get('weights', DASH)}), "
-                  "`specdraft-<drafter>-dense` a float32 copy; each prompt ran on both back to back.", ""]
-        ratios = {(r["domain"], r["drafter"]): r for r in results["native_over_dense"]}
-        drafters = list(dict.fromkeys(r["drafter"] for r in results["native_over_dense"]))
+    for key, title, ours, theirs, how in (
+            ("native_over_dense", "Native weights over dense float32", "native", "dense",
+             f"`specdraft-<drafter>` reads the GGUF's blocks (weights: {results.get('weights', DASH)}), "
+             "`specdraft-<drafter>-dense` a float32 copy"),
+            ("int8_over_float32", "The int8 arithmetic over float32", "int8", "float32",
+             f"`specdraft-<drafter>` computes in {results.get('arithmetic', DASH)}, `specdraft-<drafter>-float32` "
+             "in the float32 arithmetic, on the same native weights")):
+        if not results.get(key):
+            continue
+        lines += [f"## {title} (median per prompt of tok/s ratios; medians in brackets)", "",
+                  f"{how}; each prompt ran on both back to back.", ""]
+        ratios = {(r["domain"], r["drafter"]): r for r in results[key]}
+        drafters = list(dict.fromkeys(r["drafter"] for r in results[key]))
         lines += _table(["drafter"] + domains, [
-            [name] + [f"{_x(ratios[(d, name)]['median_ratio'])} ({ratios[(d, name)]['native_tok_s']:.1f} vs "
-                      f"{ratios[(d, name)]['dense_tok_s']:.1f})" if (d, name) in ratios else DASH for d in domains]
+            [name] + [f"{_x(ratios[(d, name)]['median_ratio'])} ({ratios[(d, name)][f'{ours}_tok_s']:.1f} vs "
+                      f"{ratios[(d, name)][f'{theirs}_tok_s']:.1f})" if (d, name) in ratios else DASH for d in domains]
             for name in drafters
         ]) + [""]
     header = ["method", "tok/s", "vs none", "vs hf-generate", "vs HF lookup", "acceptance", "mean accepted",

@@ -90,19 +90,20 @@ def repeat_slow_prompts(cells: dict, prompts: dict, ours: dict, tokenizer, times
     return out
 
 
-def native_over_dense(cells: dict, names: list[str]) -> list[dict]:
-    """Per domain and drafter: median tok/s on native weights over the same on dense ones, prompt by
-    prompt (the two ran the same prompt back to back)."""
+def over_variant(cells: dict, names: list[str], variant: str, ours: str, theirs: str) -> list[dict]:
+    """Per domain and drafter: median tok/s of `specdraft-<name>` over `specdraft-<name>-<variant>`
+    (dense weights, or the float32 arithmetic), prompt by prompt (the two ran the same prompt back to
+    back), and each one's median tok/s under the keys `ours`_tok_s and `theirs`_tok_s."""
     out = []
     for (domain, method), rows in cells.items():
         name = method.removeprefix("specdraft-")
-        if name not in names or (domain, f"{method}-dense") not in cells:
+        if name not in names or (domain, f"{method}-{variant}") not in cells:
             continue
-        dense = {r["id"]: r for r in cells[(domain, f"{method}-dense")]}
-        ratios = [r["tokens_per_second"] / dense[r["id"]]["tokens_per_second"] for r in rows if r["id"] in dense]
+        other = {r["id"]: r for r in cells[(domain, f"{method}-{variant}")]}
+        ratios = [r["tokens_per_second"] / other[r["id"]]["tokens_per_second"] for r in rows if r["id"] in other]
         out.append({"domain": domain, "drafter": name, "median_ratio": statistics.median(ratios),
-                    "native_tok_s": statistics.median(r["tokens_per_second"] for r in rows),
-                    "dense_tok_s": statistics.median(r["tokens_per_second"] for r in dense.values())})
+                    f"{ours}_tok_s": statistics.median(r["tokens_per_second"] for r in rows),
+                    f"{theirs}_tok_s": statistics.median(r["tokens_per_second"] for r in other.values())})
     return out
 
 
@@ -130,10 +131,15 @@ def main() -> None:
     parser.add_argument("--dense", action="store_true",
                         help="also run each specdraft drafter on the model's dense float32 weights (`--weights "
                              "dense`; methods `specdraft-<name>-dense`), interleaved, beside its native weights")
+    parser.add_argument("--arithmetic", default="auto", choices=("auto", "int8", "float32"),
+                        help="what specdraft's native weights compute in (auto: int8 where they load)")
+    parser.add_argument("--float32", action="store_true",
+                        help="also run each specdraft drafter in the float32 arithmetic (methods "
+                             "`specdraft-<name>-float32`), interleaved, beside the int8 one")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    loaded = load_model(args.model, device=None, dtype="auto")
+    loaded = load_model(args.model, device=None, dtype="auto", arithmetic=args.arithmetic)
     device = loaded.model.device
     # The peers run the stock Hugging Face model, as their users would; ours runs it as specdraft loads it.
     stock = load_model(args.model, device=device, dtype="auto", few_rows_linears=False, weights="dense") if loaded.few_rows_linears else loaded
@@ -145,12 +151,18 @@ def main() -> None:
     names = [n for n in names if n not in llm.runtime.skipped]
     ours = {f"specdraft-{n}": (lambda ids, n=n: run_specdraft(llm, n, ids, args.max_tokens)) for n in names}
     llms = [llm]
-    if args.dense:
-        dense = specdraft_llm(load_model(args.model, device=device, dtype="auto", weights="dense"), args.k, names,
+    variants = [("dense", {"weights": "dense"})] * args.dense + [("float32", {"arithmetic": "float32"})] * args.float32
+    for suffix, options in variants:  # each drafter again on another load of the model, beside the first
+        other = specdraft_llm(load_model(args.model, device=device, dtype="auto", **options), args.k, names,
                               args.draft_model, args.drafter_options)
-        llms.append(dense)
-        ours.update({f"specdraft-{n}-dense": (lambda ids, n=n: run_specdraft(dense, n, ids, args.max_tokens))
+        llms.append(other)
+        ours.update({f"specdraft-{n}-{suffix}": (lambda ids, n=n, e=other: run_specdraft(e, n, ids, args.max_tokens))
                      for n in names})
+    # Lossless means the output of plain decoding in the same arithmetic: Hugging Face `generate`'s for
+    # float32, specdraft-none's for int8 (its own arithmetic, which no peer computes).
+    int8_reference = "specdraft-none" if loaded.arithmetic == "int8" and "none" in names else "hf-generate"
+    reference_of = {m: int8_reference if m.startswith("specdraft-") and not m.endswith(("-dense", "-float32"))
+                    else "hf-generate" for m in ours}
     eos = stock.eos_token_ids
     hf_methods = {
         "hf-generate": lambda ids: run_hf(peers.hf_generate, stock.model, ids, args.max_tokens, eos),
@@ -178,12 +190,12 @@ def main() -> None:
         for domain in domains:
             for prompt in prompts[domain]:
                 ids = encode_prompt(loaded.tokenizer, prompt.messages)
-                reference = None
+                outputs: dict[str, list[int]] = {}
                 for method, fn in list(hf_methods.items()) + list(ours.items()):
                     bar.set_postfix_str(f"{domain} {prompt.id} {method}")
                     row = fn(ids)
-                    if method == "hf-generate":
-                        reference = row["token_ids"]
+                    outputs[method] = row["token_ids"]
+                    reference = outputs[reference_of.get(method, "hf-generate")]
                     row["lossless"] = row["token_ids"] == reference
                     if not row["lossless"]:
                         row["divergence"] = near_tie(stock.model, ids, reference, row["token_ids"])
@@ -199,7 +211,10 @@ def main() -> None:
         "repeats": repeats,
         "model": loaded.name,
         "weights": loaded.weights,  # specdraft-<name>'s; specdraft-<name>-dense: "dense"
-        "native_over_dense": native_over_dense(cells, names),
+        "arithmetic": loaded.arithmetic,  # specdraft-<name>'s; specdraft-<name>-float32: "float32"
+        "lossless_reference": reference_of,  # each specdraft method's: the plain decoding of its arithmetic
+        "native_over_dense": over_variant(cells, names, "dense", "native", "dense"),
+        "int8_over_float32": over_variant(cells, names, "float32", "int8", "float32"),
         "setup": ("specdraft runs the model with its FewRowsLinear layers (fast skinny products on CPU); "
                   "Hugging Face's methods run the stock model" if loaded.few_rows_linears
                   else "specdraft and Hugging Face run the same stock model"),

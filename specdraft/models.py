@@ -26,7 +26,7 @@ from specdraft.backend.int8 import use_int8_linears
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
-from specdraft.params import WEIGHTS, cache_dir
+from specdraft.params import ARITHMETIC, WEIGHTS, cache_dir
 
 log = logging.getLogger("specdraft")
 
@@ -53,6 +53,7 @@ class LoadedModel:
     compute_dtype: torch.dtype | None = None  # the activations' dtype where it is not the weights' (int8 copies)
     target_copy: bool = False  # a draft built from the target's own layers (`int8_copy`): its keys and values mean the target's
     weights: str = "dense"  # "native": its Q4_1/Q8_0 linears read the GGUF's blocks (`backend.blocks`); "dense": float
+    arithmetic: str = "float32"  # "int8": its native linears compute in the kernel's int8 arithmetic
 
 
 def default_device() -> torch.device:
@@ -155,26 +156,75 @@ def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
     return tokenizer, model
 
 
+def _native_from_pretrained(source: Path, gguf: Path):
+    """(tokenizer, model) for a GGUF whose Q4_1/Q8_0 layers are read as its blocks, built without a
+    float32 copy of them: the model's skeleton on the meta device, the file's blocks swapped in
+    (`blocks.use_gguf_blocks`), then only what is left (norms, layers of other types) read from the
+    converted directory's safetensors. None where that directory lacks a tensor the model needs."""
+    from accelerate import init_empty_weights
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    config = AutoConfig.from_pretrained(source, local_files_only=True)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # as loading would: a tied output layer is the embedding, and follows its blocks
+    if blocks.use_gguf_blocks(model, gguf) == 0:
+        return None
+    wanted = {name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"}
+    with safe_open(str(source / "model.safetensors"), framework="pt") as stored:
+        if not wanted <= set(stored.keys()):
+            return None
+        state = {name: stored.get_tensor(name) for name in wanted}
+    model.load_state_dict(state, strict=False, assign=True)
+    model.generation_config = GenerationConfig.from_pretrained(source, local_files_only=True)
+    return tokenizer, model
+
+
+def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why a model cannot load native weights (its Q4_1/Q8_0 layers read as the GGUF's blocks, on CPU
+    in float32, by the kernel compiled here), or None where it can."""
+    if gguf is None:
+        return "the model is not a GGUF file"
+    if device.type != "cpu":
+        return f"native weights run on CPU, not {device.type}"
+    if dtype != torch.float32:
+        return f"native weights compute in float32, not {str(dtype).removeprefix('torch.')}"
+    if blocks.reader([blocks.Storage.BLOCKS], device) is not blocks.Reader.KERNEL:
+        return f"the block kernel is not available here: {blocks.kernel_problem()}"
+    return None
+
+
 def native_weights(choice: str, gguf: Path | None, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a model loads with native weights (`weights`: auto, native or dense): its Q4_1/Q8_0
-    layers read as the GGUF's blocks on CPU in float32. `auto` takes them where they apply (a GGUF,
-    on CPU, float32, the kernel compiled here); `native` where they do not is an error saying why."""
+    """Whether a model loads with native weights (`weights`: auto, native or dense; `native_problem`).
+    `auto` takes them where they apply; `native` where they do not is an error saying why."""
     if choice not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}; got {choice!r}")
     if choice == "dense":
         return False
-    problem = None
-    if gguf is None:
-        problem = "the model is not a GGUF file"
-    elif device.type != "cpu":
-        problem = f"native weights run on CPU, not {device.type}"
-    elif dtype != torch.float32:
-        problem = f"native weights compute in float32, not {str(dtype).removeprefix('torch.')}"
-    elif blocks.reader([blocks.Storage.BLOCKS], device) is not blocks.Reader.KERNEL:
-        problem = f"the block kernel is not available here: {blocks.kernel_problem()}"
+    problem = native_problem(gguf, device, dtype)
     if problem is not None and choice == "native":
         raise ValueError(f"--weights native: {problem}")
     return problem is None
+
+
+# Whether `auto` computes native weights in int8: set by the measured quality of the embedded model
+# (perplexity within 1% of float32's, `benchmarks/int8_quality.py`, `benchmarks/results/int8/`).
+INT8_BY_DEFAULT = True
+
+
+def native_arithmetic(choice: str, native: str | None) -> str:
+    """What a model's native weights compute in (`arithmetic`: auto, int8 or float32; `native`: None
+    where the model loads them, else why not): int8 only on native weights, where `int8` without
+    them is an error saying why; `auto` is int8 there (`INT8_BY_DEFAULT`), float32 otherwise."""
+    if choice not in ARITHMETIC:
+        raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETIC)}; got {choice!r}")
+    if choice == "int8" and native is not None:
+        raise ValueError(f"--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: {native}")
+    if choice == "float32" or native is not None:
+        return "float32"
+    return "int8" if choice == "int8" or INT8_BY_DEFAULT else "float32"
 
 
 def load_model(
@@ -183,25 +233,31 @@ def load_model(
     dtype: str = "auto",
     few_rows_linears: bool | None = None,
     weights: str = "auto",
+    arithmetic: str = "auto",
 ) -> LoadedModel:
     """Load a target or draft model for decoding. `few_rows_linears` (default: on CPU) swaps its
     linear layers for `FewRowsLinear`, which keeps decode and verify steps fast on CPU; False gives
     the stock Hugging Face model (what the benchmark's peers run). `weights` (`native_weights`):
     a GGUF's Q4_1/Q8_0 layers as its blocks ("native", the default where it applies) or as float
-    ("dense"); the same logits either way."""
+    ("dense"); the same logits either way. `arithmetic` (`native_arithmetic`): what native weights
+    compute in, "int8" (each token quantised in blocks of 32, integer dot products; the default
+    where native weights load) or "float32" (the dense model's logits, bitwise)."""
     device = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
     gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
     native = native_weights(weights, gguf, device, torch_dtype)
+    computes = native_arithmetic(arithmetic, None if native else (native_problem(gguf, device, torch_dtype)
+                                                                  or "the weights asked for are dense"))
     if gguf is not None:
         source = convert_gguf(gguf)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    built = _native_from_pretrained(source, gguf) if native else None
     try:
         # Local files first: a model already on disk never touches the network.
-        tokenizer, model = _from_pretrained(source, torch_dtype, local_only=True)
+        tokenizer, model = built or _from_pretrained(source, torch_dtype, local_only=True)
     except OSError:
         if isinstance(source, Path) or _offline():
             raise ModelNotFoundError(
@@ -219,8 +275,14 @@ def load_model(
     model.requires_grad_(False)
     if few_rows_linears is None:
         few_rows_linears = device.type == "cpu"
-    if native:
+    if native and built is None:  # loaded dense after all: read the blocks now
         native = blocks.use_gguf_blocks(model, gguf) > 0
+    if native and computes == "int8":
+        problem = blocks.int8_problem(model)
+        if problem is not None and arithmetic == "int8":
+            raise ValueError(f"--arithmetic int8: {problem}")
+        computes = "float32" if problem is not None else "int8"
+        blocks.use_arithmetic(model, computes)
     if few_rows_linears:
         use_few_rows_linears(model)
     eos = model.generation_config.eos_token_id
@@ -230,7 +292,7 @@ def load_model(
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     path = Path(source) if isinstance(source, Path) else Path(str(source))
     return LoadedModel(model, tokenizer, name, path, max_context, eos_ids, few_rows_linears,
-                       weights="native" if native else "dense")
+                       weights="native" if native else "dense", arithmetic=computes if native else "float32")
 
 
 def vocab_size(loaded: LoadedModel) -> int:

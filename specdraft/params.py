@@ -37,6 +37,7 @@ DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafter
 DEFAULT_PREFIX_CACHE_MB = 1024
 MAX_LOGPROBS = 20  # the most likely tokens a request may ask to see at each position, as OpenAI allows
 WEIGHTS = ("auto", "native", "dense")  # how a GGUF model's layers are read (`models.native_weights`)
+ARITHMETIC = ("auto", "int8", "float32")  # what native weights compute in (`models.native_arithmetic`)
 
 
 def cache_dir() -> Path:

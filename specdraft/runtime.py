@@ -75,7 +75,8 @@ def build_runtime(model: str | LoadedModel | None = None, settings: Settings | N
     if settings.enforce_eager and weights == "auto":  # eager layers would dequantise every block at every pass
         weights = "dense"
     target = model if isinstance(model, LoadedModel) else load_model(model, device=settings.device,
-                                                                     dtype=settings.dtype, weights=weights)
+                                                                     dtype=settings.dtype, weights=weights,
+                                                                     arithmetic=settings.arithmetic)
     context = min(settings.max_context, target.max_context) if settings.max_context else target.max_context
     compiled = not settings.enforce_eager
     static = static_shapes(target, settings.max_batch, context, graphs=compiled)

@@ -175,10 +175,20 @@ def oracle_script(references: dict[tuple, list[int]], corrupt: Callable[[int, in
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct, fp32 on CPU (converted once into the cache dir), as
-    specdraft loads it (native: its Q4_1/Q8_0 layers read as the GGUF's blocks)."""
+    specdraft loads it (native: its Q4_1/Q8_0 layers read as the GGUF's blocks) in the float32
+    arithmetic: the dense model's logits bitwise, which Hugging Face parity is tested on."""
     from specdraft.models import load_model
 
-    return load_model(None, device="cpu", dtype="float32")
+    return load_model(None, device="cpu", dtype="float32", arithmetic="float32")
+
+
+@pytest.fixture(scope="session")
+def embedded_int8():
+    """The embedded model as specdraft loads it by default on CPU: native weights computing in the
+    int8 arithmetic (its own logits, not Hugging Face's)."""
+    from specdraft.models import load_model
+
+    return load_model(None, device="cpu", dtype="float32", arithmetic="int8")
 
 
 @pytest.fixture(scope="session")

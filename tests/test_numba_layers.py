@@ -21,7 +21,7 @@ from specdraft.backend import PREFILL_CHUNK, RowModel, blocks, numba_layers
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.cache import SPAN
 from specdraft.backend.int8 import Int8Linear, use_int8_linears
-from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, NumbaLayers, attend, project, step_weights
+from specdraft.backend.numba_layers import MAX_TOKENS, NO_KERNEL, NO_RESIDUAL, NumbaLayers, attend, project, step_weights
 from tests.conftest import TINY_VOCAB, make_tiny_model, row_passes
 
 ATOL = 2e-5  # the same sums in another order
@@ -96,13 +96,14 @@ def test_numba_layers_apply_to_plain_float32_layers_only(monkeypatch):
     assert not NumbaLayers.applies(model, layers, torch.float32)  # float32 and int8 linears mixed
     use_int8_linears(model)
     assert NumbaLayers.applies(model, layers, torch.float32)  # an int8 draft copy
-    assert isinstance(RowModel(model, dtype=torch.float32, compiled=True)._own.compiled, NumbaLayers)
+    compiled = RowModel(model, dtype=torch.float32, compiled=True)._own.compiled
+    assert isinstance(compiled, NumbaLayers)
     rows = RowModel(model, dtype=torch.bfloat16, compiled=True)  # bf16 activations: inductor's parts
     assert isinstance(rows._own.compiled, InductorLayers)
     monkeypatch.setattr(numba_layers, "LONG_PASSES", False)  # the default
-    assert NumbaLayers.takes(MAX_TOKENS) and not NumbaLayers.takes(MAX_TOKENS + 1)  # longer: the eager layers
+    assert compiled.takes(MAX_TOKENS) and not compiled.takes(MAX_TOKENS + 1)  # longer: the eager layers
     monkeypatch.setattr(numba_layers, "LONG_PASSES", True)  # SPECDRAFT_INVARIANT_PREFILL=1
-    assert NumbaLayers.takes(MAX_TOKENS) and NumbaLayers.takes(PREFILL_CHUNK)  # longer: in calls of MAX_TOKENS
+    assert compiled.takes(MAX_TOKENS) and compiled.takes(PREFILL_CHUNK)  # longer: in calls of MAX_TOKENS
     half = make_tiny_model(seed=14, dtype=torch.bfloat16, layers=1)
     assert not NumbaLayers.applies(half, list(half.model.layers), torch.float32)  # bf16 weights
 
@@ -139,11 +140,11 @@ def test_a_projection_equals_the_product_for_every_row_and_token_count(out, resi
         x = rng.standard_normal((n, 70), dtype=np.float32)
         r = rng.standard_normal((n, out), dtype=np.float32) if residual else NO_RESIDUAL
         y = np.full((n, out), np.nan, np.float32)
-        project((w, scales, b, -1), x, y, r, 0)  # numba's loops
+        project((w, scales, b, -1), x, y, r, NO_KERNEL)  # numba's loops
         want = x.astype(np.float64) @ dequantised.T + b + (r if residual else 0)
         np.testing.assert_allclose(y, want, rtol=0, atol=1e-4, err_msg=f"{n} tokens")
         if not int8:  # the compiled kernel, float32 rows as bytes
-            project((w.view(np.uint8), scales, b, blocks.F32), x, y, r, blocks.kernel().address)
+            project((w.view(np.uint8), scales, b, blocks.F32), x, y, r, blocks.kernel().calls())
             np.testing.assert_allclose(y, want, rtol=0, atol=1e-4, err_msg=f"{n} tokens, compiled kernel")
 
 

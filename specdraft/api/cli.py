@@ -14,7 +14,7 @@ import os
 import sys
 
 from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, is_builtin, uses
-from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_PREFIX_CACHE_MB, DEFAULT_SAVE_EVERY, POLICIES, WEIGHTS
+from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_PREFIX_CACHE_MB, DEFAULT_SAVE_EVERY, ARITHMETIC, POLICIES, WEIGHTS
 from specdraft.settings import DTYPES, Settings
 
 # Served by default, with every plugin; the first is the default drafter.
@@ -103,6 +103,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default=argparse.SUPPRESS, choices=WEIGHTS,
                         help="a GGUF model's Q4_1/Q8_0 layers read as the file's blocks (native: a fifth of the "
                              "bytes a token; auto takes it on CPU) or as a float32 copy (dense); same output")
+    parser.add_argument("--arithmetic", default=argparse.SUPPRESS, choices=ARITHMETIC,
+                        help="what native weights compute in: int8 (activations quantised in blocks of 32, integer "
+                             "dot products: fastest), float32 (the dense model's arithmetic, bitwise); auto: int8 "
+                             "where native weights load. Speculation is lossless in either")
     parser.add_argument("--enforce-eager", action="store_true", help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
 
 

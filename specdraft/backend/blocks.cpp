@@ -47,6 +47,10 @@ struct Projection {
     const float* bias;       // [out]
     const float* residual;   // [n, rs], or null: none
     int64_t rs;
+    int8_t* qx;              // [n, width]: the tokens quantised (`specdraft_quantize`), or null: float32 arithmetic
+    float* xd;               // [n, width / 32]: each quantised block's scale
+    float* xsum;             // [n, width / 32]: each quantised block's scale times the sum of its values
+    int32_t* xtotal;         // [n, width / 32]: the sum of each quantised block's values
 };
 
 namespace {
@@ -366,6 +370,214 @@ void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float
     for (int t = 0; t < T; ++t) out.put(t, r, sums[t]);
 }
 
+// ---- int8 arithmetic (a `Projection` whose qx is set; Q4_1 and Q8_0 weights as tiles) ----
+//
+// Each token's x is quantised in blocks of 32 (`quantize_token`): d = max |x| / 127, q = x * (1 / d)
+// rounded to the nearest integer, ties to even (all 0 where d = 0), s = d * (sum of q). A weight
+// block against a token's block is then an integer sum i = sum_j wq_j * q_j, exact in every path,
+// and the row's sum for the token is, block after block in order,
+//   acc = fma(dw * d, float(i), acc)      (i is below 2^24 in magnitude: exact as a float)
+//   acc = fma(mw, s, acc)                 (Q4_1's offset: mw * sum_j x_j ~ mw * d * sum_j q_j)
+// from acc = 0, then y = acc + bias (+ residual) as `Out::put` adds them. The paths differ only in
+// how they reach each i (VNNI's `vpdpbusd`, AVX2's `vpmaddubsw` + `vpmaddwd`, or portable loops);
+// every float operation is the one above, per row and token, so every path and pass width gives
+// bitwise the same sums.
+//
+// The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
+// same bytes rearranged): rows 8g .. 8g + 7 and block b at w + 8g * row_bytes + b * 8 * block bytes,
+//   d[8] float16 (Q4_1: then m[8]), then the integers as 32-byte vectors whose byte 4r + e is row
+//   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
+//   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128.
+// A group's 4 activations, broadcast, then meet all 8 rows in one instruction that sums them per row.
+
+constexpr int64_t kTileRows = 8;     // rows a tile interleaves (a vector's lanes)
+constexpr int64_t kInt8Tokens = 16;  // tokens a tile's sums are held for at once
+constexpr int64_t kInt8Ahead = 4096;  // bytes of tiles read ahead of the one computed (memory's latency)
+
+int64_t tile_bytes(int64_t kind) { return kTileRows * block_bytes(kind); }
+int64_t tile_header(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
+
+// A block of 32 activations quantised: q, and returns the sum of q; d and s as above. Every path
+// computes the same values: the maximum is exact, the rest one IEEE operation each.
+#ifdef SPECDRAFT_AVX2
+int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], top = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        top = _mm256_max_ps(top, _mm256_and_ps(v[i], magnitude));
+    }
+    __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    __m128 t2 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
+    const float scale = _mm_cvtss_f32(_mm_max_ss(t2, _mm_shuffle_ps(t2, t2, 1))) / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+    const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
+    __m256i n[4], total = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        n[i] = _mm256_cvtps_epi32(_mm256_min_ps(high, _mm256_max_ps(low, r)));
+        total = _mm256_add_epi32(total, n[i]);
+    }
+    // 32 -> 16 -> 8 bits, then the 4-byte groups back in element order
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+    _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_hadd_epi32(t, t);
+    const int32_t sum = _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
+    d = scale;
+    s = scale * float(sum);
+    return sum;
+}
+#else
+int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+    float top = 0.0f;
+    for (int j = 0; j < kBlock; ++j) top = std::fmax(top, std::fabs(x[j]));
+    const float scale = top / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < kBlock; ++j) {
+        float v = std::nearbyint(x[j] * inverse);  // the default rounding: to nearest, ties to even
+        v = std::fmin(127.0f, std::fmax(-127.0f, v));
+        q[j] = int8_t(v);
+        sum += int32_t(v);
+    }
+    d = scale;
+    s = scale * float(sum);
+    return sum;
+}
+#endif
+
+void quantize_token(const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
+    for (int64_t b = 0; b < width / kBlock; ++b) total[b] = quantize_block(x + b * kBlock, q + b * kBlock, d[b], s[b]);
+}
+
+// Row r's (0..7) integer weight j (0..31) of a tile: Q4_1's 0..15, Q8_0's -128..127.
+inline int32_t tile_weight(int64_t kind, const uint8_t* tile, int r, int j) {
+    const int group = j / 4, e = j % 4;
+    if (kind == Q4_1) {
+        uint8_t byte = tile[32 + 32 * (group % 4) + 4 * r + e];
+        return group < 4 ? byte & 15 : byte >> 4;
+    }
+    return int32_t(tile[16 + 32 * group + 4 * r + e]) - 128;
+}
+
+// The float operations of a tile's block for one token, row by row (the portable loops').
+inline void tile_block_sums(int64_t kind, const uint8_t* tile, const int32_t i[kTileRows], float dx, float sx,
+                            float* acc) {
+    for (int r = 0; r < kTileRows; ++r) {
+        float a = std::fmaf(half_to_float(load_u16(tile + 2 * r)) * dx, float(i[r]), acc[r]);
+        if (kind == Q4_1) a = std::fmaf(half_to_float(load_u16(tile + 16 + 2 * r)), sx, a);
+        acc[r] = a;
+    }
+}
+
+#ifdef SPECDRAFT_AVX2
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(SPECDRAFT_NO_VNNI)
+#define SPECDRAFT_VNNI 2
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#elif defined(__AVXVNNI__) && !defined(SPECDRAFT_NO_VNNI)
+#define SPECDRAFT_VNNI 1
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+#endif
+
+inline __m256i broadcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+
+// Rows 8g .. 8g + 7 against tokens [t0, t0 + T), T <= kInt8Tokens.
+void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t kind = p.kind, blocks = p.width / kBlock, bytes = tile_bytes(kind), head = tile_header(kind);
+    const __m256i nibble = _mm256_set1_epi8(15);
+    __m256 acc[kInt8Tokens];
+    for (int64_t t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* tile = p.w + g * kTileRows * p.row_bytes + b * bytes;
+        for (int64_t line = 0; line < bytes; line += 64) prefetch(tile + kInt8Ahead + line);  // every line, ahead
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)tile));
+        __m256 mw = _mm256_setzero_ps();
+        __m256i w[8];
+        if (kind == Q4_1) {
+            mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(tile + 16)));
+            for (int v = 0; v < 4; ++v) {
+                __m256i raw = _mm256_loadu_si256((const __m256i*)(tile + head + 32 * v));
+                w[v] = _mm256_and_si256(raw, nibble);
+                w[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+            }
+        } else {
+            for (int G = 0; G < 8; ++G) w[G] = _mm256_loadu_si256((const __m256i*)(tile + head + 32 * G));
+#ifndef SPECDRAFT_VNNI
+            for (int G = 0; G < 8; ++G) w[G] = _mm256_xor_si256(w[G], _mm256_set1_epi8(char(0x80)));  // w + 128 -> w
+#endif
+        }
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t token = t0 + t, at = token * blocks + b;
+            const int8_t* x = p.qx + token * p.width + b * kBlock;
+#ifdef SPECDRAFT_VNNI  // four chains of dependent sums, not one; Q8_0: (w + 128) . x = w . x + 128 * (sum of x)
+            __m256i chain[4] = {kind == Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(-128 * p.xtotal[at]),
+                                _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int G = 0; G < 8; ++G) chain[G % 4] = dot_add(chain[G % 4], w[G], broadcast4(x + 4 * G));
+            const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(chain[0], chain[1]), _mm256_add_epi32(chain[2], chain[3]));
+#else
+            __m256i sums;
+            if (kind == Q4_1) {  // 16-bit sums of 16 products, each <= 15 * 127: no saturation
+                __m256i pairs = _mm256_maddubs_epi16(w[0], broadcast4(x));
+                for (int G = 1; G < 8; ++G) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[G], broadcast4(x + 4 * G)));
+                sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+            } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
+                sums = _mm256_setzero_si256();
+                for (int G = 0; G < 8; ++G) {
+                    __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[G]), _mm256_sign_epi8(broadcast4(x + 4 * G), w[G]));
+                    sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                }
+            }
+#endif
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(p.xd[at])), _mm256_cvtepi32_ps(sums), acc[t]);
+            if (kind == Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xsum[at]), acc[t]);
+        }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+        alignas(32) float sums[kTileRows];
+        _mm256_store_ps(sums, acc[t]);
+        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+    }
+}
+
+#else  // portable loops: the same integer sums and float operations
+
+void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t blocks = p.width / kBlock, bytes = tile_bytes(p.kind);
+    float acc[kInt8Tokens][kTileRows] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* tile = p.w + g * kTileRows * p.row_bytes + b * bytes;
+        int32_t w[kTileRows][kBlock];
+        for (int r = 0; r < kTileRows; ++r)
+            for (int j = 0; j < kBlock; ++j) w[r][j] = tile_weight(p.kind, tile, r, j);
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t token = t0 + t, at = token * blocks + b;
+            const int8_t* x = p.qx + token * p.width + b * kBlock;
+            int32_t i[kTileRows];
+            for (int r = 0; r < kTileRows; ++r) {
+                i[r] = 0;
+                for (int j = 0; j < kBlock; ++j) i[r] += w[r][j] * int32_t(x[j]);
+            }
+            tile_block_sums(p.kind, tile, i, p.xd[at], p.xsum[at], acc[t]);
+        }
+    }
+    for (int64_t t = 0; t < T; ++t)
+        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, acc[t][r]);
+}
+
+#endif
+
+void int8_project(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    for (int64_t g = start / kTileRows; g < end / kTileRows; ++g)
+        for (int64_t t = 0; t < p.n; t += kInt8Tokens) int8_group(p, g, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
+}
+
+
 }  // namespace
 
 extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t end) {
@@ -373,6 +585,10 @@ extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t en
     const uint8_t* w = p->w;
     const float* x = p->x;
     Out out{p->y, p->ys, p->bias, p->residual, p->rs};
+    if (p->qx != nullptr && kind != F32) {  // int8 arithmetic: the tokens quantised already (`specdraft_quantize`)
+        int8_project(*p, start, end, out);
+        return;
+    }
     if (n == 1) {
         int64_t r = start;
         for (; r + kRows <= end; r += kRows) decode_rows<kRows>(kind, w, row_bytes, width, x, r, out);
@@ -414,6 +630,15 @@ extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t en
     }
 }
 
+// Tokens [start, end) of x quantised for the int8 arithmetic into qx, xd and xsum (the blocks of
+// `width`). Reads x, xs, width, qx, xd, xsum and xtotal.
+extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t end) {
+    const int64_t blocks = p->width / kBlock;
+    for (int64_t t = start; t < end; ++t)
+        quantize_token(p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
+                       p->xtotal + t * blocks);
+}
+
 // Rows [start, end) of w as float32 values into y (stride ys): the dense weight, for passes that
 // multiply by it elsewhere (prefill chunks, by BLAS). Reads kind, w, row_bytes, width, y and ys.
 extern "C" void specdraft_expand(const Projection* p, int64_t start, int64_t end) {
@@ -451,15 +676,68 @@ extern "C" int64_t specdraft_projection_offset(const char* field) {
                   {"x", offsetof(Projection, x)}, {"n", offsetof(Projection, n)}, {"xs", offsetof(Projection, xs)},
                   {"y", offsetof(Projection, y)}, {"ys", offsetof(Projection, ys)},
                   {"bias", offsetof(Projection, bias)}, {"residual", offsetof(Projection, residual)},
-                  {"rs", offsetof(Projection, rs)}};
+                  {"rs", offsetof(Projection, rs)}, {"qx", offsetof(Projection, qx)},
+                  {"xd", offsetof(Projection, xd)}, {"xsum", offsetof(Projection, xsum)},
+                  {"xtotal", offsetof(Projection, xtotal)}};
     for (const auto& f : fields) {
         if (std::strcmp(field, f.name) == 0) return int64_t(f.offset);
     }
     return -1;
 }
 
+// GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's
+// tiles (the same bytes rearranged) into out.
+extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
+    const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes, head = tile_header(kind);
+    for (int64_t g = 0; g < rows / kTileRows; ++g) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            uint8_t* tile = out + g * kTileRows * row_bytes + b * tile_bytes(kind);
+            std::memset(tile, 0, tile_bytes(kind));
+            for (int r = 0; r < kTileRows; ++r) {
+                const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * bytes;
+                std::memcpy(tile + 2 * r, block, 2);  // d
+                if (kind == Q4_1) std::memcpy(tile + 16 + 2 * r, block + 2, 2);  // m
+                for (int j = 0; j < kBlock; ++j) {
+                    const int group = j / 4, e = j % 4;
+                    if (kind == Q4_1) {
+                        const uint8_t q = j < 16 ? block[4 + j] & 15 : block[4 + j - 16] >> 4;
+                        tile[head + 32 * (group % 4) + 4 * r + e] |= uint8_t(group < 4 ? q : q << 4);
+                    } else {
+                        tile[head + 32 * group + 4 * r + e] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Rows ids[0 .. n) of tiles (`specdraft_tile`'s, of `kind`, width weights a row) as float32 values into
+// out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
+extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t row_bytes, int64_t width,
+                                      const int64_t* ids, int64_t n, float* out) {
+    for (int64_t k = 0; k < n; ++k) {
+        const int64_t g = ids[k] / kTileRows;
+        const int r = int(ids[k] % kTileRows);
+        for (int64_t b = 0; b < width / kBlock; ++b) {
+            const uint8_t* tile = tiles + g * kTileRows * row_bytes + b * tile_bytes(kind);
+            const float d = half_to_float(load_u16(tile + 2 * r));
+            float* o = out + k * width + b * kBlock;
+            if (kind == Q4_1) {
+                const float m = half_to_float(load_u16(tile + 16 + 2 * r));
+                for (int j = 0; j < kBlock; ++j) o[j] = std::fmaf(d, float(tile_weight(kind, tile, r, j)), m);
+            } else {
+                for (int j = 0; j < kBlock; ++j) o[j] = d * float(tile_weight(kind, tile, r, j));
+            }
+        }
+    }
+}
+
+// Which code this build runs: 0 the portable loops; 2 AVX2 (its int8 sums by vpmaddubsw), 3 AVX2 with
+// AVX-VNNI, 4 AVX2 with AVX-512 VNNI (the int8 sums by vpdpbusd).
 extern "C" int64_t specdraft_blocks_version() {
-#ifdef SPECDRAFT_AVX2
+#if defined(SPECDRAFT_VNNI)
+    return 2 + SPECDRAFT_VNNI;
+#elif defined(SPECDRAFT_AVX2)
     return 2;
 #else
     return 0;

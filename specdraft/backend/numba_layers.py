@@ -47,8 +47,8 @@ from numba.typed import List
 from specdraft.backend import blocks
 from specdraft.backend.cache import SPAN, RowKVCache
 from specdraft.backend.layers import Pass
-from specdraft.backend.weights import (adjacent_view, joined_projection, linears_reader, model_device, norm_eps,
-                                       projections, silu_mlp)
+from specdraft.backend.weights import (adjacent_view, joined_projection, linears_arithmetic, linears_reader,
+                                       model_device, norm_eps, projections, silu_mlp)
 
 MAX_TOKENS = 32  # tokens a call of the layer stack computes
 # With SPECDRAFT_INVARIANT_PREFILL=1, passes longer than MAX_TOKENS (prefill chunks) run here too, in
@@ -154,29 +154,19 @@ def _rows(w, scales, b, x, y, residual, r, s):  # pragma: no cover - compiled
             t += 1
 
 
-@njit(parallel=True, cache=True)
-def _project_native(weights, x, y, residual, kernel):  # pragma: no cover - compiled
-    """`project` by the compiled kernel at address `kernel` (`blocks.cpp`): w [out, row bytes] uint8,
-    float32 rows or GGUF blocks of `kind`; one call per block of rows, the blocks among the threads."""
-    w, _, b, kind = weights
-    out = w.shape[0]
-    r, rs = (residual.ctypes.data, residual.shape[1]) if residual.shape[0] > 0 else (0, 0)
-    for block in prange((out + _BLOCK - 1) // _BLOCK):  # the Projection made here: a parallel loop takes none in
-        projection = blocks.Projection(kind=kind, w=w.ctypes.data, row_bytes=w.shape[1], width=x.shape[1],
-                                       x=x.ctypes.data, n=x.shape[0], xs=x.shape[1], y=y.ctypes.data,
-                                       ys=y.shape[1], bias=b.ctypes.data, residual=r, rs=rs)
-        blocks.call(kernel, projection, block * _BLOCK, min(out, block * _BLOCK + _BLOCK))
-
-
 @njit(cache=True)
 def project(weights, x, y, residual, kernel):  # pragma: no cover - compiled
     """y[t, r] = (w[r] . x[t]) * scales[r] + b[r] (+ residual[t, r] if residual has rows).
-    weights: (w, scales, b, kind); kernel: the compiled kernel's address, which reads every weight
-    (float32 rows or blocks, `_project_native`), or 0: numba's loops (`_project`: float32 or int8 w)."""
-    if kernel != 0:
-        _project_native(weights, x, y, residual, kernel)
+    weights: (w, scales, b, kind); kernel: the compiled kernel's (project, quantize) addresses
+    (`Kernel.calls`), which read every weight (float32 rows or blocks, `blocks.project_native`), or
+    `NO_KERNEL`: numba's loops (`_project`: float32 or int8 w)."""
+    if kernel[0] != 0:
+        blocks.project_native(weights, x, y, residual, kernel)
     else:
         _project(weights, x, y, residual)
+
+
+NO_KERNEL = (0, 0)  # `project`'s kernel where numba's loops read the weights
 
 
 @njit(parallel=True, fastmath=_SUM, cache=True)
@@ -536,7 +526,8 @@ class NumbaLayers:
         self._shape = (heads, kv_heads, head_dim)
         _on_huge_pages(model, [g for layer in layers for g in projections(layer)] + [[model.lm_head]])
         native = native_kernel(model, layers)
-        self._kernel = 0 if native is None else native.address  # 0: numba's loops
+        self.arithmetic = linears_arithmetic(model, layers)
+        self._kernel = NO_KERNEL if native is None else native.calls(self.arithmetic)
         weights = step_weights(model, layers, native=native is not None)
         before, after, eps = List(), List(), []
         for i, layer in enumerate(layers):
@@ -571,11 +562,11 @@ class NumbaLayers:
         read = linears_reader(model, layers) in (blocks.Reader.KERNEL, blocks.Reader.NUMBA)
         return all(silu_mlp(layer.mlp) for layer in layers) and read
 
-    @staticmethod
-    def takes(tokens: int) -> bool:
-        """Whether a pass of this many tokens runs here: every pass where `LONG_PASSES` (a longer one
-        in calls of `MAX_TOKENS` tokens), else up to `MAX_TOKENS` (longer ones run the eager layers)."""
-        return LONG_PASSES or tokens <= MAX_TOKENS
+    def takes(self, tokens: int) -> bool:
+        """Whether a pass of this many tokens runs here: every pass where `LONG_PASSES` or the int8
+        arithmetic (a longer one in calls of `MAX_TOKENS` tokens, each token computed as a decode step
+        computes it), else up to `MAX_TOKENS` (longer ones run the eager layers)."""
+        return LONG_PASSES or self.arithmetic == "int8" or tokens <= MAX_TOKENS  # the eager layers have no int8
 
     def stack(self, p: Pass) -> torch.Tensor:
         """Every layer on the pass's tokens, attention and cache writes included, in one call per

@@ -17,7 +17,10 @@ MIN_WEIGHT_BYTES = 64 << 20  # smaller models keep the eager layers by default (
 def worth_compiling(model: torch.nn.Module) -> bool:
     """Whether compiling a CPU step is worth its seconds: the weights (at least `MIN_WEIGHT_BYTES`)
     outgrow the caches, so a step is bound by reading them. Smaller models (the test suite's tiny
-    ones) keep the eager layers unless asked."""
+    ones) keep the eager layers unless asked, but for blocks computing in the int8 arithmetic, which
+    the compiled step runs for every pass (`numba_layers`)."""
+    if any(isinstance(m, BlockLinear) and m.arithmetic == "int8" for m in model.modules()):
+        return True
     tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
     return sum(t.numel() * t.element_size() for t in tensors.values()) >= MIN_WEIGHT_BYTES
 
@@ -49,6 +52,16 @@ def storage(module: torch.nn.Module | None) -> Storage:
 def linears_reader(model: torch.nn.Module, layers: list[torch.nn.Module]) -> Reader:
     """The code that reads the linears of `layers` and the output layer (`blocks.reader`)."""
     return reader({storage(m) for m in layer_linears(model, layers)}, model_device(model))
+
+
+def linears_arithmetic(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:
+    """The arithmetic the GGUF-block linears of `layers` and the output layer compute in
+    (`blocks.ARITHMETICS`): "int8" where they all do, else "float32" (float32 rows, int8 draft
+    copies and blocks alike); a mix of the two is refused (one step computes in one)."""
+    chosen = {m.arithmetic for m in layer_linears(model, layers) if isinstance(m, BlockLinear)}
+    if len(chosen) > 1:
+        raise ValueError(f"the layers mix arithmetics: {sorted(chosen)}; one step computes in one")
+    return "int8" if chosen == {"int8"} else "float32"
 
 
 def read_tensors(module: torch.nn.Module) -> list[torch.Tensor]:

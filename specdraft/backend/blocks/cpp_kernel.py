@@ -17,27 +17,31 @@ from collections import namedtuple
 from pathlib import Path
 
 from llvmlite import ir
+import numpy as np
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from specdraft.backend.blocks.format import BLOCK, F32
 from specdraft.params import cache_dir
 
 SOURCE = Path(__file__).parent.parent / "blocks.cpp"  # beside the package: where the package data puts it
 
 Projection = namedtuple("Projection", ["kind", "w", "row_bytes", "width", "x", "n", "xs", "y", "ys", "bias",
-                                       "residual", "rs"])
+                                       "residual", "rs", "qx", "xd", "xsum", "xtotal"])
 Projection.__doc__ = """What a call of the kernel computes, y[t, r] = (w[r] . x[t] + bias[r]) (+ residual[t, r]):
 blocks.cpp's `Projection`, the same fields in the same order (`Kernel.offset` reads where it holds
 each), every one an integer (pointers as integers, 0 for none). kind: F32, Q4_1 or Q8_0; w [out,
 row_bytes] float32 rows or blocks; width: weights in a row; x [n, xs]; y [n, ys]; bias [out];
-residual [n, rs] or 0."""
+residual [n, rs] or 0; qx [n, width] int8, xd, xsum (float32), xtotal (int32) [n, width / 32]: the
+tokens quantised for the int8 arithmetic (`specdraft_quantize` writes them; w is then tiles,
+`Kernel.tile`), or 0: float32 arithmetic."""
 
 
 @intrinsic
 def call(typingctx, address, projection, start, end):  # pragma: no cover - compiled
-    """Call the C function at `address` (`specdraft_project` or `specdraft_expand`) for rows [start,
-    end) of `projection`, a `Projection` it reads by address as blocks.cpp's struct. A call by
+    """Call the C function at `address` (`specdraft_project`, `specdraft_quantize` or
+    `specdraft_expand`) for rows (tokens) [start, end) of `projection`, a `Projection` it reads by address as blocks.cpp's struct. A call by
     address, so a cached caller holds no process's addresses."""
     if not (isinstance(projection, types.BaseNamedTuple) and projection.instance_class is Projection):
         return None
@@ -57,7 +61,8 @@ def call(typingctx, address, projection, start, end):  # pragma: no cover - comp
     return types.void(address, projection, start, end), codegen
 
 
-_ROWS = 16  # rows a work item of `expand` takes
+TILE_ROWS = 8  # rows a tile of the int8 arithmetic interleaves (blocks.cpp's kTileRows)
+_ROWS = 16  # rows a work item of `expand` and `project_native` takes
 
 
 @njit(parallel=True, cache=True)
@@ -67,8 +72,36 @@ def expand(w, kind, y, kernel):  # pragma: no cover - compiled
     out = w.shape[0]
     for block in prange((out + _ROWS - 1) // _ROWS):  # the Projection made here: a parallel loop takes none in
         projection = Projection(kind=kind, w=w.ctypes.data, row_bytes=w.shape[1], width=y.shape[1], x=0, n=0, xs=0,
-                                y=y.ctypes.data, ys=y.shape[1], bias=0, residual=0, rs=0)
+                                y=y.ctypes.data, ys=y.shape[1], bias=0, residual=0, rs=0, qx=0, xd=0, xsum=0,
+                                xtotal=0)
         call(kernel, projection, block * _ROWS, min(out, block * _ROWS + _ROWS))
+
+
+@njit(parallel=True, cache=True)
+def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compiled
+    """y[t, r] = w[r] . x[t] + b[r] (+ residual[t, r] if residual has rows) by the compiled kernel
+    (`blocks.cpp`; kernel: its (project, quantize) addresses, `Kernel.calls`, quantize 0 for the
+    float32 arithmetic). weights: (w [out, row bytes] uint8, float32 rows or GGUF blocks of `kind`,
+    unused, b [out], kind); one call per block of rows, the blocks among the threads. With the int8
+    arithmetic, w is the blocks as tiles (`Kernel.tile`), read against the tokens quantised once, first."""
+    w, _, b, kind = weights
+    address, quantize = kernel
+    out, n, width = w.shape[0], x.shape[0], x.shape[1]
+    r, rs = (residual.ctypes.data, residual.shape[1]) if residual.shape[0] > 0 else (0, 0)
+    int8 = quantize != 0 and kind != F32
+    q = np.empty((n if int8 else 0, width), np.int8)
+    d = np.empty((n if int8 else 0, width // BLOCK), np.float32)
+    s = np.empty_like(d)
+    totals = np.empty(d.shape, np.int32)
+    qx, xd, xsum, xtotal = (q.ctypes.data, d.ctypes.data, s.ctypes.data, totals.ctypes.data) if int8 else (0, 0, 0, 0)
+    if int8:
+        call(quantize, Projection(kind=kind, w=0, row_bytes=0, width=width, x=x.ctypes.data, n=n, xs=x.shape[1],
+                                  y=0, ys=0, bias=0, residual=0, rs=0, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal), 0, n)
+    for block in prange((out + _ROWS - 1) // _ROWS):  # the Projection made here: a parallel loop takes none in
+        projection = Projection(kind=kind, w=w.ctypes.data, row_bytes=w.shape[1], width=width, x=x.ctypes.data, n=n,
+                                xs=x.shape[1], y=y.ctypes.data, ys=y.shape[1], bias=b.ctypes.data, residual=r, rs=rs,
+                                qx=qx, xd=xd, xsum=xsum, xtotal=xtotal)
+        call(address, projection, block * _ROWS, min(out, block * _ROWS + _ROWS))
 
 
 def _compiler() -> str | None:
@@ -85,16 +118,23 @@ def _machine() -> str:
     return platform.machine() + "\n".join(lines)
 
 
-def build(portable: bool = False) -> Path:
-    """Compile blocks.cpp for this machine (`portable`: without the AVX2 intrinsics, the loops every
-    machine runs), once per source, compiler and CPU; return the shared library's path."""
+PATHS = ("native", "avx2", "portable")  # what a build may run: the best this CPU has, AVX2 alone, loops
+
+
+def build(path: str = "native") -> Path:
+    """Compile blocks.cpp for this machine, once per source, compiler and CPU; return the shared
+    library's path. `path`: "native", everything the CPU's flags offer (`-march=native`: AVX2, and for
+    the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them); "avx2", the AVX2 code without VNNI;
+    "portable", the loops every machine runs. All give bitwise the same sums; the others are for tests
+    and benchmarks to compare with."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math"]
-    if portable:
-        flags.append("-DSPECDRAFT_PORTABLE")
+    flags += {"native": [], "avx2": ["-DSPECDRAFT_NO_VNNI"], "portable": ["-DSPECDRAFT_PORTABLE"]}[path]
     key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _machine(), *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"blocks-{key}.so"
     if not target.is_file():
@@ -108,22 +148,55 @@ def build(portable: bool = False) -> Path:
     return target
 
 
+CODES = {0: "portable", 2: "avx2", 3: "avx2+avx-vnni", 4: "avx2+avx512-vnni"}  # `specdraft_blocks_version`
+
+
 class Kernel:
-    """The loaded kernel: `address` of `specdraft_project` (what numba calls), `expand_address` of
-    `specdraft_expand`, `avx2` whether it runs the AVX2 intrinsics (else the portable loops)."""
+    """The loaded kernel: `address` of `specdraft_project` (what numba calls), `quantize_address` of
+    `specdraft_quantize`, `expand_address` of `specdraft_expand`; `code`, what it runs (`CODES`:
+    the portable loops, AVX2, AVX2 with a VNNI's int8 sums), and `avx2` whether that uses AVX2."""
 
     def __init__(self, path: Path) -> None:
         self._library = ctypes.CDLL(str(path))  # kept: unloading it would free the code
         self.address = ctypes.cast(self._library.specdraft_project, ctypes.c_void_p).value
+        self.quantize_address = ctypes.cast(self._library.specdraft_quantize, ctypes.c_void_p).value
         self.expand_address = ctypes.cast(self._library.specdraft_expand, ctypes.c_void_p).value
         self._library.specdraft_blocks_version.restype = ctypes.c_int64
-        self.avx2 = self._library.specdraft_blocks_version() == 2
+        self.code = CODES[self._library.specdraft_blocks_version()]
+        self.avx2 = self.code != "portable"
         self._kind = self._library.specdraft_kind
         self._kind.restype = ctypes.c_char_p
         self._kind.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
+        self._tile = self._library.specdraft_tile
+        self._tile.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        self._tile_values = self._library.specdraft_tile_values
+        self._tile_values.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_int64, ctypes.c_void_p]
         self._offset = self._library.specdraft_projection_offset
         self._offset.restype = ctypes.c_int64
         self._offset.argtypes = [ctypes.c_char_p]
+
+    def calls(self, arithmetic: str = "float32") -> tuple[int, int]:
+        """What `numba_layers.project` takes as its kernel: (`address`, `quantize_address` for the int8
+        arithmetic, 0 for float32's)."""
+        return self.address, self.quantize_address if arithmetic == "int8" else 0
+
+    def tile(self, w: np.ndarray, kind: int) -> np.ndarray:
+        """GGUF rows w [out, row bytes] of `kind` (out a multiple of 8) as the int8 arithmetic's tiles:
+        the same bytes rearranged, 8 rows interleaved (blocks.cpp's int8 section says how)."""
+        assert kind != F32 and w.shape[0] % TILE_ROWS == 0 and w.dtype == np.uint8
+        w = np.ascontiguousarray(w)
+        out = np.empty_like(w)
+        self._tile(kind, w.ctypes.data, w.shape[0], w.shape[1], out.ctypes.data)
+        return out
+
+    def tile_values(self, tiles: np.ndarray, kind: int, width: int, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` of tiles as float32 [len(ids), width]: the values their GGUF rows dequantise to."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        assert tiles.flags.c_contiguous and (ids.size == 0 or (ids.min() >= 0 and ids.max() < tiles.shape[0]))
+        out = np.empty((ids.size, width), np.float32)
+        self._tile_values(kind, tiles.ctypes.data, tiles.shape[1], width, ids.ctypes.data, ids.size, out.ctypes.data)
+        return out
 
     def kind(self, kind: int) -> tuple[str, int, int] | None:
         """blocks.cpp's statement of a kind: its name and its unit's weights and bytes (`format.unit`),
@@ -138,12 +211,12 @@ class Kernel:
 
 
 @functools.cache
-def kernel(portable: bool = False) -> Kernel:
-    """The compiled kernel for this machine (compiled at first use; raises RuntimeError saying why
-    it cannot be)."""
+def kernel(path: str = "native") -> Kernel:
+    """The compiled kernel for this machine (`build`'s `path`; compiled at first use; raises
+    RuntimeError saying why it cannot be)."""
     if platform.system() != "Linux" and platform.system() != "Darwin":
         raise RuntimeError(f"the block kernel is built for Linux and macOS, not {platform.system()}")
-    return Kernel(build(portable))
+    return Kernel(build(path))
 
 
 def kernel_problem() -> str | None:

@@ -1,14 +1,19 @@
 """Torch modules over GGUF blocks: `BlockLinear` (a linear layer, no bias) and `BlockEmbedding` (a
-token embedding, whose blocks a tied output layer shares). Called as modules (prefill chunks, other
-devices) they dequantise (`dense_values`) and compute as the dense modules do, so a long pass gives
-the dense pass's result too; a compiled CPU step reads their blocks in place (`numba_layers`)."""
+token embedding, whose blocks a tied output layer shares). A `BlockLinear` computes in one of two
+arithmetics (`ARITHMETICS`): float32, the dense layer's (called as a module it dequantises,
+`dense_values`, and computes as the dense module does, so a long pass gives the dense pass's result
+too), or int8 (each token quantised in blocks of 32 and integer dot products, `blocks.cpp`'s int8
+section; on CPU, by the kernel, called as a module too). A compiled CPU step reads their blocks in
+place (`numba_layers`) in the same arithmetic."""
 
 from __future__ import annotations
 
 import torch
 
 from specdraft.backend.blocks.format import BLOCK, BLOCK_BYTES, NAMES, dequantize
-from specdraft.backend.blocks.cpp_kernel import expand, kernel
+import numpy as np
+
+from specdraft.backend.blocks.cpp_kernel import TILE_ROWS, expand, kernel, kernel_problem, project_native
 from specdraft.backend.blocks.readers import Reader, Storage, reader
 from specdraft.backend.linear import few_rows_linear
 
@@ -23,36 +28,105 @@ def dense_values(blocks: torch.Tensor, kind: int, width: int) -> torch.Tensor:
     return out
 
 
-class BlockLinear(torch.nn.Module):
-    """A linear layer (no bias) whose weight is GGUF blocks [out, row bytes] (a buffer, `blocks`).
-    As a module it dequantises and runs `FewRowsLinear`'s arithmetic, the dense layer's result."""
+ARITHMETICS = ("float32", "int8")  # how a `BlockLinear` computes
 
-    def __init__(self, blocks: torch.Tensor, kind: int, in_features: int) -> None:
+
+class BlockLinear(torch.nn.Module):
+    """A linear layer (no bias) whose weight is GGUF blocks [out, row bytes] (a buffer, `blocks`),
+    computing in `arithmetic` (`ARITHMETICS`). As a module, float32 dequantises and runs
+    `FewRowsLinear`'s arithmetic, the dense layer's result; int8 runs the kernel's int8 arithmetic
+    (float32 activations on CPU; elsewhere it dequantises, as float32). In the int8 arithmetic the
+    blocks are held as the kernel's tiles (`Kernel.tile`: the same bytes, 8 rows interleaved)."""
+
+    def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, arithmetic: str = "float32") -> None:
         super().__init__()
         assert blocks.dtype == torch.uint8 and blocks.shape[1] == in_features // BLOCK * BLOCK_BYTES[kind]
+        assert arithmetic in ARITHMETICS, arithmetic
         self.in_features, self.out_features, self.kind = in_features, blocks.shape[0], kind
+        self.arithmetic = arithmetic
         self.register_buffer("blocks", blocks)
         self.bias = None
 
     def dense(self) -> torch.Tensor:
         """The float32 weight [out, in] these blocks hold."""
+        if self.arithmetic == "int8":
+            return torch.from_numpy(kernel().tile_values(self.blocks.numpy(), self.kind, self.in_features,
+                                                         np.arange(self.out_features)))
         return dense_values(self.blocks, self.kind, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.arithmetic == "int8" and x.device.type == "cpu" and x.dtype == torch.float32:
+            rows = x.detach().reshape(-1, self.in_features).contiguous()
+            out = torch.empty(rows.shape[0], self.out_features)
+            weights = (self.blocks.numpy(), _NONE, np.zeros(self.out_features, np.float32), self.kind)
+            project_native(weights, rows.numpy(), out.numpy(), _NO_ROWS, kernel().calls("int8"))
+            return out.reshape(*x.shape[:-1], self.out_features)
         return few_rows_linear(x, self.dense().to(x.dtype), None)  # as `FewRowsLinear`, call for call
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {NAMES[self.kind]} blocks"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {NAMES[self.kind]} blocks, "
+                f"{self.arithmetic} arithmetic")
+
+
+_NONE, _NO_ROWS = np.zeros(0, np.float32), np.zeros((0, 0), np.float32)  # no scales; no residual
 
 
 class BlockEmbedding(torch.nn.Module):
-    """A token embedding read from GGUF blocks (shared with a tied `BlockLinear` output layer)."""
+    """A token embedding read from GGUF blocks (shared with a tied `BlockLinear` output layer; held as
+    its tiles where that layer computes in int8: `tiled`)."""
 
     def __init__(self, blocks: torch.Tensor, kind: int, embedding_dim: int) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.kind = blocks.shape[0], embedding_dim, kind
+        self.tiled = False
         self.register_buffer("blocks", blocks)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = dense_values(self.blocks[ids.reshape(-1)], self.kind, self.embedding_dim)
+        if self.tiled:
+            rows = torch.from_numpy(kernel().tile_values(self.blocks.numpy(), self.kind, self.embedding_dim,
+                                                         ids.reshape(-1).numpy()))
+        else:
+            rows = dense_values(self.blocks[ids.reshape(-1)], self.kind, self.embedding_dim)
         return rows.reshape(*ids.shape, self.embedding_dim)
+
+
+def int8_problem(model: torch.nn.Module) -> str | None:
+    """Why `model`'s block layers cannot compute in the int8 arithmetic (None: they can): it runs on
+    CPU by the compiled kernel, over tiles of 8 rows."""
+    layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    if not layers:
+        return "the model has no GGUF-block layers"
+    if any(m.blocks.device.type != "cpu" for m in layers):
+        return "the int8 arithmetic runs on CPU"
+    odd = next((m for m in layers if m.out_features % TILE_ROWS), None)
+    if odd is not None:
+        return f"a layer has {odd.out_features} output rows, not a multiple of {TILE_ROWS}"
+    problem = kernel_problem()
+    return None if problem is None else f"the block kernel is not available here: {problem}"
+
+
+def use_arithmetic(model: torch.nn.Module, arithmetic: str) -> int:
+    """Set the arithmetic (`ARITHMETICS`) of every `BlockLinear` in `model` (int8: once, its blocks
+    rearranged into tiles in place, a tied embedding's with them; refused where `int8_problem`
+    says why); return how many."""
+    if arithmetic not in ARITHMETICS:
+        raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETICS)}, got {arithmetic!r}")
+    layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    if all(m.arithmetic == arithmetic for m in layers):
+        return len(layers)
+    if any(m.arithmetic == "int8" for m in layers):
+        raise ValueError("a model's blocks are tiled for the int8 arithmetic once; load it again for float32")
+    problem = int8_problem(model)
+    if problem is not None:
+        raise ValueError(f"the int8 arithmetic cannot run here: {problem}")
+    tiled = {}
+    with torch.no_grad():
+        for m in layers:
+            if m.blocks.data_ptr() not in tiled:
+                m.blocks.copy_(torch.from_numpy(kernel().tile(m.blocks.numpy(), m.kind)))
+                tiled[m.blocks.data_ptr()] = m.blocks
+            m.arithmetic = arithmetic
+    for m in model.modules():
+        if isinstance(m, BlockEmbedding) and m.blocks.data_ptr() in tiled:
+            m.tiled = True
+    return len(layers)
