@@ -1,6 +1,9 @@
-// Projections y[t, r] = (w[r] . x[t] + b[r]) (+ residual[t, r]) over float32 rows or GGUF blocks.
+// Projections y[t, r] = (w[r] . x[t] + b[r]) (+ residual[t, r]) over float32 rows or GGUF blocks, in
+// one of two arithmetics: float32 (below) or int8 (GGUF blocks held as tiles against activations
+// quantised per token: the int8 section further down says how). Each is one order of arithmetic per
+// token, whatever the pass.
 //
-// One order of arithmetic for every weight format and every pass size, so that the same weights
+// The float32 arithmetic: one order for every weight format and every pass size, so that the same weights
 // give bitwise the same sums whether they are read as float32 rows or as GGUF blocks, and whether
 // the pass has 1 token or 32:
 //   - a row's weights are float32 values: a float32 row as it is, a Q4_1 block's d * q + m, a Q8_0
@@ -18,7 +21,8 @@
 // wherever the machine has FMA). Both give the same sums.
 //
 // Called from numba's parallel loops, one call per block of rows (`specdraft.backend.blocks.cpp_kernel`):
-// a `Projection` by address, and the rows [start, end) to compute.
+// a `Projection` by address, and the rows [start, end) to compute; with the int8 arithmetic the
+// tokens are quantised first, once (`specdraft_quantize`).
 
 #include <cmath>
 #include <cstddef>

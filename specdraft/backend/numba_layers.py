@@ -3,9 +3,11 @@
 the CPU step runs.
 
 Projections: float32 rows and GGUF blocks are read by the compiled kernel (`blocks.cpp`, called by
-address from `_project_native`'s parallel loop), which sums both one way, so native and dense weights
-give bitwise the same logits; int8 draft copies, and float32 weights where no kernel compiles, by
-numba's own loops (`_project`, below). Which reads a model's weights: `blocks.reader`.
+address from `blocks.project_native`'s parallel loop), which sums both one way, so native and dense weights
+give bitwise the same logits (the float32 arithmetic; in the int8 one, the GGUF blocks meet each
+token's quantised activations in integer dot products, and every pass runs here, prefill chunks
+too: `takes`); int8 draft copies, and float32 weights where no kernel compiles, by numba's own loops
+(`_project`, below). Which reads a model's weights: `blocks.reader`.
 
 A CPU decode step is bound by reading the weights, so what matters is how fast a projection of a
 few tokens streams its weight rows. Inductor's reduction (`inductor.InductorLayers`) sums each row
