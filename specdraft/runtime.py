@@ -10,7 +10,7 @@ from specdraft.backend import StaticShapes, llama, worth_compiling
 from specdraft.drafters import Drafter, Resources, create_drafter, drafter_parts, is_builtin, uses
 from specdraft.engine import Engine, RequestError
 from specdraft.grammar import GrammarCompiler
-from specdraft.models import LoadedModel, load_model
+from specdraft.models import LoadedModel, load_model, release_freed_memory
 from specdraft.settings import Settings
 from specdraft.text import check_text
 from specdraft.verifier import Verifier
@@ -88,6 +88,7 @@ def build_runtime(model: str | LoadedModel | None = None, settings: Settings | N
     engine = Engine(verifier, built, target.tokenizer, target.eos_token_ids, context, k=settings.k,
                     max_batch=settings.max_batch, default_drafter=settings.default_drafter, policy=settings.policy,
                     calibrate=settings.calibrate, grammar=grammar)
+    release_freed_memory()  # what building freed (draft copies' float32 transients) leaves the process
     return Runtime(engine, target, settings.default_drafter, skipped, resources)
 
 

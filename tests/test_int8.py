@@ -289,3 +289,9 @@ def test_the_cli_refuses_an_unknown_arithmetic_by_name():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "--arithmetic: invalid choice: 'int4'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_memory_freed_while_building_goes_back_to_the_system():
+    from specdraft.models import release_freed_memory
+
+    assert release_freed_memory() is (Path("/proc").is_dir() and __import__("platform").libc_ver()[0] == "glibc")
