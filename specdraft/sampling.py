@@ -27,6 +27,15 @@ DRAFT = 3  # a probabilistic drafter's draw from q
 STREAMS = 4
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The index of each last-dimension maximum (the first of equal ones), as torch's `argmax`. On
+    the host by NumPy's, which is vectorised (torch's CPU reduction over a vocabulary is not: 0.15 ms
+    against 0.02 for a verify pass's 6 x 49152 logits)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
+    return logits.argmax(dim=-1)
+
+
 
 def keyed_uniforms(seeds: np.ndarray, positions: np.ndarray, stream: int) -> np.ndarray:
     """U[0, 1) draws, one per (seed, position) pair (broadcast), as float64 with 53 random bits."""

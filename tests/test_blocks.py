@@ -49,7 +49,7 @@ def run(kernel: int, weights: tuple, x: np.ndarray, residual: np.ndarray = NO_RE
     return y
 
 
-def test_the_kernel_states_the_kinds_their_sizes_and_its_projection_as_python_does():
+def test_the_kernel_states_the_kinds_their_sizes_and_its_structs_as_python_does():
     compiled = blocks.kernel()
     stated = {kind: compiled.kind(kind) for kind in range(len(blocks.NAMES) + 1)}  # and one number past them
     assert stated == {**{kind: (name, *blocks.unit(kind)) for kind, name in blocks.NAMES.items()},
@@ -57,6 +57,9 @@ def test_the_kernel_states_the_kinds_their_sizes_and_its_projection_as_python_do
     fields = blocks.Projection._fields
     assert [compiled.offset(field) for field in fields] == [8 * i for i in range(len(fields))]
     assert compiled.offset(None) == 8 * len(fields) and compiled.offset("nothing") == -1
+    fields = blocks.Attention._fields
+    assert [compiled.offset(field, "attention") for field in fields] == [8 * i for i in range(len(fields))]
+    assert compiled.offset(None, "attention") == 8 * len(fields) and compiled.offset("nothing", "attention") == -1
 
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

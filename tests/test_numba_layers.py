@@ -8,7 +8,8 @@ onto huge pages once (same values, the model's modules share them, a tied embedd
 weights stay buffers) and list each layer's joined weights in step order (`projections`). The kernels alone: a projection equals a float64 product for every row and
 token count (odd rows, biases, residuals, int8 weights with scales); attention over cache spans
 joined after (one token's entries split among threads) equals a float64 softmax, spans with nothing
-seen included."""
+seen included, by numba's loops and by the compiled kernel (`attention.cpp`, bitwise the same on
+each of its paths)."""
 
 from __future__ import annotations
 
@@ -176,21 +177,33 @@ def attention_reference(q, keys, values, visible):
     return np.einsum("nhk,hkd->nhd", weights, np.repeat(values, heads // kv_heads, axis=0))
 
 
+ATTENTIONS = ("numba", *blocks.PATHS)  # numba's loops, and the compiled kernel's builds
+
+
+def attention_kernel(name: str) -> int:
+    """`attend`'s kernel argument for an implementation in `ATTENTIONS`."""
+    return 0 if name == "numba" else blocks.kernel(name).attend_address
+
+
+@pytest.mark.parametrize("implementation", ATTENTIONS)
 @pytest.mark.parametrize("tokens, kv", [(1, 5), (1, 2 * SPAN), (1, 5 * SPAN + 7), (2, 5 * SPAN), (5, 3 * SPAN)])
-def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
-    """...and each token's output is the same bitwise when it is attended alone (spans at fixed offsets)."""
+def test_attention_over_joined_spans_equals_the_softmax(tokens, kv, implementation):
+    """...and each token's output is the same bitwise when it is attended alone (spans at fixed offsets);
+    cache slots no token sees (NaN here) are never read as numbers."""
     heads, kv_heads, head_dim = 4, 1, 16  # one kv head: one token's entries split into spans
     rng = np.random.default_rng(kv)
-    capacity = -(-kv // SPAN) * SPAN  # as the cache holds it: whole spans
+    capacity = -(-kv // SPAN) * SPAN + SPAN  # as the cache holds it: whole spans, one past those in use
     cache = rng.standard_normal((2, 1, kv_heads, capacity, head_dim), dtype=np.float32)  # keys, values; one row
+    cache[:, :, :, kv:] = np.nan
     qkv = rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
     positions = np.arange(kv - tokens, kv)
     visible = np.zeros((tokens, kv), bool)
     for t, p in enumerate(positions):  # the first token sees only its last 10 entries: early spans see nothing
         visible[t, (p - 9 if t == 0 else 0) : p + 1] = True
     keys, values = cache[0], cache[1]
+    kernel = attention_kernel(implementation)
     out = np.full((tokens, heads * head_dim), np.nan, np.float32)
-    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out)
+    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel)
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
     want = attention_reference(q, keys[0, :, :kv].astype(np.float64), values[0, :, :kv].astype(np.float64), visible)
     np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
@@ -200,8 +213,29 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv):
         alone = np.full((1, heads * head_dim), np.nan, np.float32)
         seen = visible[t : t + 1, : positions[t] + 1]  # as its own pass would see the cache
         attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], seen, keys, values, heads, kv_heads,
-                head_dim, alone)
+               head_dim, alone, kernel)
         np.testing.assert_array_equal(alone[0], out[t])
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 16)])
+def test_the_attention_kernel_computes_bitwise_the_same_on_every_path(heads, kv_heads, head_dim):
+    """The kernel's AVX-512 build, its AVX2 one and its portable loops (attention.cpp: one order of
+    arithmetic) give bitwise the same outputs: a batch of two rows with a token each and one row
+    with four, grouped-query heads, a span partly seen."""
+    rng = np.random.default_rng(head_dim)
+    kv, capacity = SPAN + 37, 3 * SPAN
+    keys, values = (rng.standard_normal((3, kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(2))
+    rows, positions = np.array([0, 1, 2, 2, 2, 2]), np.array([20, kv - 1, kv - 4, kv - 3, kv - 2, kv - 1])
+    visible = np.arange(kv)[None, :] <= positions[:, None]
+    qkv = rng.standard_normal((len(rows), (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
+    outs = {}
+    for path in blocks.PATHS:
+        k, v, out = keys.copy(), values.copy(), np.empty((len(rows), heads * head_dim), np.float32)
+        attend(qkv, rows, positions, visible, k, v, heads, kv_heads, head_dim, out, attention_kernel(path))
+        outs[path] = out
+    assert blocks.kernel("portable").code == "portable"
+    for path in blocks.PATHS[1:]:
+        np.testing.assert_array_equal(outs[path], outs["native"], err_msg=path)
 
 
 def test_building_moves_the_weights_once_keeping_values_and_ties():

@@ -24,7 +24,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "playground.png"
-COPY_PROMPT = "Repeat this list exactly: alpha, beta, gamma, delta, epsilon, zeta, eta, theta"
+# The embedded model copies it whole in either arithmetic (a list to repeat was copied in one and
+# answered otherwise in another, as attention's summation order changed).
+COPY_PROMPT = 'Copy this JSON exactly: {"name": "alpha", "id": 1, "tags": ["red", "green", "blue"]}'
 MAX_TOKENS = 48
 WAIT_MS = 180_000  # one run of MAX_TOKENS tokens on a busy 2-core machine, with room to spare
 NUMBER = re.compile(r"^\d+(\.\d+)?$")

@@ -18,7 +18,8 @@ sums spread over vector lanes (numba's `reassoc`), the rows further on prefetche
 several tokens or int8 weights. The weights are moved once onto 2 MB pages in
 the order a step reads them (`_on_huge_pages`: no page walk every 4 KB). A layer is five parallel
 loops: q/k/v; attention (the new keys and values written first; one token's cache entries split
-into spans at fixed offsets among the threads and joined after); the output projection with its residual; gate and up; down
+into spans at fixed offsets among the threads and joined after: each span by the compiled kernel,
+`attention.cpp`, where it compiles, else by numba's loops); the output projection with its residual; gate and up; down
 with its residual. Norms, the rotary embedding and SiLU run between them on the calling thread,
 and the whole layer stack is one call from Python. Between the loops the worker thread spins
 briefly (`specdraft.threads`): a sleeping one takes tens of microseconds to wake, and a step has
@@ -328,16 +329,18 @@ def _join(tops, totals, sums, out):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out):  # pragma: no cover
+def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel):  # pragma: no cover
     """Write each token's k and v into its row's cache at its position, then attention: out [N, heads *
     head_dim]. qkv [N, (heads + 2 kv_heads) * head_dim] (q, k rotated); rows, positions [N]: each
     token's row in the window and position; visible [N, kv] bool (which cache entries each token
     sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows.
+    kernel: the compiled kernel's `specdraft_attend` address (`attention_kernel`), or 0: numba's loops.
 
     A job is one token's query heads that share a kv head (they share its key and value loads) over
     a span of `SPAN` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
     result does not depend on the pass), each span's softmax kept as (max, sum, weighted values) and
-    joined after in order."""
+    joined after in order. Either way one order of arithmetic per (token, head, span): the kernel's
+    (attention.cpp states it), or numba's loops'."""
     n, kv = qkv.shape[0], visible.shape[1]
     group = heads // kv_heads
     scale = np.float32(1.0 / np.sqrt(head_dim))
@@ -356,8 +359,19 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     tops = np.empty((n, heads, spans), np.float32)
     totals = np.empty((n, heads, spans), np.float32)
     sums = np.empty((n, heads, spans, head_dim), np.float32)
-    for job in prange(n * kv_heads * spans):
-        t, g, span = job // (kv_heads * spans), (job // spans) % kv_heads, job % spans
+    if kernel != 0:  # a job per token, query head and span
+        jobs = n * heads * spans
+        for job in prange(jobs):  # the Attention made here: a parallel loop takes none in
+            attention = blocks.Attention(
+                qkv=qkv.ctypes.data, qkv_stride=qkv.shape[1], rows=rows.ctypes.data, visible=visible.ctypes.data,
+                kv=kv, keys=keys.ctypes.data, values=values.ctypes.data, capacity=keys.shape[2], heads=heads,
+                kv_heads=kv_heads, head_dim=head_dim, span=width, spans=spans, jobs=jobs, tops=tops.ctypes.data,
+                totals=totals.ctypes.data, sums=sums.ctypes.data)
+            blocks.call(kernel, attention, job, job + 1)
+        _join(tops, totals, sums, out)
+        return
+    for job in prange(n * kv_heads * spans):  # tokens fastest: a thread's jobs reuse one span of the cache
+        t, span, g = job % n, (job // n) % spans, job // (n * spans)
         first = span * width
         seen = np.zeros(width, np.bool_)
         for j in range(min(width, kv - first)):
@@ -403,15 +417,15 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
 
 @njit(cache=True)
 def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
-           head_dim, kernel):  # pragma: no cover - compiled
+           head_dim, kernel, attention):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
     before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
-    eps [layers, 2]. Returns the stream after the last layer."""
+    eps [layers, 2]; kernel: `project`'s; attention: `attend`'s. Returns the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
         norm, qkv_weights = before[i]
         qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim, kernel)
-        attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended)
+        attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended, attention)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
         x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights, kernel)
     return x
@@ -515,6 +529,13 @@ def native_kernel(model: torch.nn.Module, layers: list[torch.nn.Module]) -> bloc
     return blocks.kernel() if linears_reader(model, layers) is blocks.Reader.KERNEL else None
 
 
+def attention_kernel(heads: int, kv_heads: int, head_dim: int) -> int:
+    """`attend`'s kernel: the compiled kernel's `specdraft_attend` where it compiles and takes this
+    shape (head_dim a multiple of 16), else 0: numba's loops."""
+    fits = head_dim % 16 == 0 and SPAN <= blocks.MAX_SPAN
+    return blocks.kernel().attend_address if fits and blocks.kernel_problem() is None else 0
+
+
 class NumbaLayers:
     """The per-token parts of `layers` (a model's decoder layers), attention over a `RowKVCache`
     and the output head, as numba kernels over the model's own weights: moved once, when these
@@ -530,6 +551,7 @@ class NumbaLayers:
         native = native_kernel(model, layers)
         self.arithmetic = linears_arithmetic(model, layers)
         self._kernel = NO_KERNEL if native is None else native.calls(self.arithmetic)
+        self.attention_address = attention_kernel(heads, kv_heads, head_dim)  # `attend`'s kernel (0: numba's loops)
         weights = step_weights(model, layers, native=native is not None)
         before, after, eps = List(), List(), []
         for i, layer in enumerate(layers):
@@ -612,7 +634,8 @@ class NumbaLayers:
         keys, values = self._cache(cache)
         with torch.profiler.record_function("specdraft::numba_stack"):  # a profile's name for this call
             x = _stack(_array(x), _array(cos), _array(sin), _array(rows), _array(positions), _array(visible),
-                       keys, values, self._before, self._after, self._eps, *self._shape, self._kernel)
+                       keys, values, self._before, self._after, self._eps, *self._shape, self._kernel,
+                       self.attention_address)
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

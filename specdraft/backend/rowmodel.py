@@ -220,6 +220,11 @@ class RowModel:
         return 0 if self._own is None else self._own.compiled_tokens
 
     @property
+    def compiled_layers(self):
+        """The compiled layers a short pass runs (`NumbaLayers` or inductor's), or None."""
+        return None if self._own is None else self._own.compiled
+
+    @property
     def packs(self) -> bool:
         """Whether a batched pass given each row's token count (`forward(counts=...)`) computes only
         those tokens (our own forward, not at static shapes); otherwise it computes batch x T."""

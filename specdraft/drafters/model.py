@@ -36,7 +36,7 @@ from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, P
 from specdraft.drafters.registry import register
 from specdraft.models import LoadedModel, load_draft_model
 from specdraft.params import SamplingParams
-from specdraft.sampling import DRAFT, SAMPLE, distribution, inverse_cdf, keyed_uniforms, request_seed
+from specdraft.sampling import DRAFT, SAMPLE, argmax, distribution, inverse_cdf, keyed_uniforms, request_seed
 
 
 
@@ -207,7 +207,7 @@ class ModelDrafter:
         out: dict[str, tuple[int, torch.Tensor | None]] = {}
         greedy = [r for r in rows if self._requests[r].params.greedy]
         if greedy:
-            best = logits[[rows[r] for r in greedy]].argmax(-1).tolist()
+            best = argmax(logits[[rows[r] for r in greedy]]).tolist()
             out.update({r: (t, None) for r, t in zip(greedy, best)})
         sampled = [r for r in rows if r not in out]
         if sampled:

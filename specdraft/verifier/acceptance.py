@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, inverse_cdf
+from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, argmax, inverse_cdf
 
 PAD = -1
 
@@ -33,7 +33,7 @@ def greedy_accept(logits: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tens
 
     logits: [batch, k + 1, vocab] target logits at [last token, d1..dk]; draft: [batch, k].
     """
-    target = logits.argmax(dim=-1)  # [batch, k + 1]
+    target = argmax(logits)  # [batch, k + 1]
     accepted = _accepted_prefix(target[:, :-1] == draft)  # padding (-1) never matches
     final = target.gather(1, accepted[:, None]).squeeze(1)
     return _emit(draft, accepted, final), accepted

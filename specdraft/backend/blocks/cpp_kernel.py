@@ -25,7 +25,8 @@ from numba.extending import intrinsic
 from specdraft.backend.blocks.format import BLOCK, F32
 from specdraft.params import cache_dir
 
-SOURCE = Path(__file__).parent.parent / "blocks.cpp"  # beside the package: where the package data puts it
+# Beside the package, where the package data puts them: the projections, and the CPU step's attention.
+SOURCES = (Path(__file__).parent.parent / "blocks.cpp", Path(__file__).parent.parent / "attention.cpp")
 
 Projection = namedtuple("Projection", ["kind", "w", "row_bytes", "width", "x", "n", "xs", "y", "ys", "bias",
                                        "residual", "rs", "qx", "xd", "xsum", "xtotal"])
@@ -38,12 +39,24 @@ tokens quantised for the int8 arithmetic (`specdraft_quantize` writes them; w is
 `Kernel.tile`), or 0: float32 arithmetic."""
 
 
+Attention = namedtuple("Attention", ["qkv", "qkv_stride", "rows", "visible", "kv", "keys", "values", "capacity",
+                                     "heads", "kv_heads", "head_dim", "span", "spans", "jobs", "tops", "totals", "sums"])
+Attention.__doc__ = """A layer's attention over a pass (`numba_layers.attend`): attention.cpp's `Attention`, the
+same fields in the same order (`Kernel.offset(field, "attention")`), every one an integer. qkv [n,
+qkv_stride] float32 (q heads, k, v); rows [n] int64; visible [n, kv] bool; keys, values [rows,
+kv_heads, capacity, head_dim] float32 (head_dim a multiple of 16); span, spans: the entries a job reads
+and how many spans; jobs: n x heads x spans; tops, totals [n, heads, spans], sums [n, heads, spans, head_dim] float32: what each
+job writes (attention.cpp says how it sums)."""
+MAX_SPAN = 256  # attention.cpp's kMaxSpan
+
+
 @intrinsic
 def call(typingctx, address, projection, start, end):  # pragma: no cover - compiled
     """Call the C function at `address` (`specdraft_project`, `specdraft_quantize` or
-    `specdraft_expand`) for rows (tokens) [start, end) of `projection`, a `Projection` it reads by address as blocks.cpp's struct. A call by
+    `specdraft_expand`: rows or tokens [start, end) of `projection`, a `Projection`; `specdraft_attend`:
+    jobs [start, end) of an `Attention`), which it reads by address as the C struct. A call by
     address, so a cached caller holds no process's addresses."""
-    if not (isinstance(projection, types.BaseNamedTuple) and projection.instance_class is Projection):
+    if not (isinstance(projection, types.BaseNamedTuple) and projection.instance_class in (Projection, Attention)):
         return None
 
     def codegen(context, builder, signature, args):
@@ -135,15 +148,18 @@ def build(path: str = "native") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math"]
     flags += {"native": [], "avx2": ["-DSPECDRAFT_NO_VNNI"], "portable": ["-DSPECDRAFT_PORTABLE"]}[path]
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _machine(), *flags]).encode()).hexdigest()[:16]
+    texts = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\0".join([*texts, version, _machine(), *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"blocks-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+            sources = [str(source) for source in SOURCES]
+            result = subprocess.run([compiler, *flags, *sources, "-o", str(built)], capture_output=True, text=True)
             if result.returncode != 0:
-                raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[-2000:]}")
+                names = " and ".join(source.name for source in SOURCES)
+                raise RuntimeError(f"compiling {names} failed: {result.stderr.strip()[-2000:]}")
             os.replace(built, target)  # atomic: a concurrent build of the same key writes the same file
     return target
 
@@ -153,7 +169,7 @@ CODES = {0: "portable", 2: "avx2", 3: "avx2+avx-vnni", 4: "avx2+avx512-vnni"}  #
 
 class Kernel:
     """The loaded kernel: `address` of `specdraft_project` (what numba calls), `quantize_address` of
-    `specdraft_quantize`, `expand_address` of `specdraft_expand`; `code`, what it runs (`CODES`:
+    `specdraft_quantize`, `expand_address` of `specdraft_expand`, `attend_address` of `specdraft_attend`; `code`, what it runs (`CODES`:
     the portable loops, AVX2, AVX2 with a VNNI's int8 sums), and `avx2` whether that uses AVX2."""
 
     def __init__(self, path: Path) -> None:
@@ -161,6 +177,7 @@ class Kernel:
         self.address = ctypes.cast(self._library.specdraft_project, ctypes.c_void_p).value
         self.quantize_address = ctypes.cast(self._library.specdraft_quantize, ctypes.c_void_p).value
         self.expand_address = ctypes.cast(self._library.specdraft_expand, ctypes.c_void_p).value
+        self.attend_address = ctypes.cast(self._library.specdraft_attend, ctypes.c_void_p).value
         self._library.specdraft_blocks_version.restype = ctypes.c_int64
         self.code = CODES[self._library.specdraft_blocks_version()]
         self.avx2 = self.code != "portable"
@@ -172,9 +189,11 @@ class Kernel:
         self._tile_values = self._library.specdraft_tile_values
         self._tile_values.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                       ctypes.c_int64, ctypes.c_void_p]
-        self._offset = self._library.specdraft_projection_offset
-        self._offset.restype = ctypes.c_int64
-        self._offset.argtypes = [ctypes.c_char_p]
+        self._offsets = {"projection": self._library.specdraft_projection_offset,
+                         "attention": self._library.specdraft_attention_offset}
+        for offset in self._offsets.values():
+            offset.restype = ctypes.c_int64
+            offset.argtypes = [ctypes.c_char_p]
 
     def calls(self, arithmetic: str = "float32") -> tuple[int, int]:
         """What `numba_layers.project` takes as its kernel: (`address`, `quantize_address` for the int8
@@ -205,9 +224,10 @@ class Kernel:
         name = self._kind(kind, ctypes.byref(weights), ctypes.byref(size))
         return None if name is None else (name.decode(), weights.value, size.value)
 
-    def offset(self, field: str | None) -> int:
-        """Where blocks.cpp's `Projection` holds `field` (None: its size in bytes); -1 where it has none."""
-        return self._offset(None if field is None else field.encode())
+    def offset(self, field: str | None, struct: str = "projection") -> int:
+        """Where the C `Projection` (or `Attention`) holds `field` (None: its size in bytes); -1 where it
+        has none."""
+        return self._offsets[struct](None if field is None else field.encode())
 
 
 @functools.cache

@@ -1,0 +1,273 @@
+// Attention over a row's cached keys and values, for the CPU step's layers (numba_layers.attend):
+// one job is one token's query head over one span of `span` cache entries at a
+// fixed offset (flash-decoding's split, fixed so that a token's result does not depend on the pass it
+// is in). A job keeps its span's softmax as (max score, sum of exp(score - max), the values so
+// weighted); numba joins the spans after, in order.
+//
+// One order of arithmetic per (token, head, span), whatever the pass, the batch or the path:
+//   - a score is q . k in 16 lanes: lane l takes elements l, l + 16, ... in order, each a fused
+//     multiply-add from 0; the lanes are added in one tree (l + (l + 8), then + 4, then + 2, then
+//     + 1); then times 1 / sqrt(head_dim);
+//   - exp(score - max) by `exp_lanes` (the same polynomial as numba_layers._exp), 0 where the entry
+//     is not seen; their sum in 8 lanes (entry j in lane j % 8, in order), then the tree from + 4;
+//   - each output element the fused multiply-adds of the seen entries' weights and values, in
+//     order.
+// The AVX2 code and the portable loops below compute exactly these operations (-ffp-contract=off:
+// no other multiply-add is fused), so they give bitwise the same results. Entries a token does not
+// see are never read as numbers (their cache slots may hold anything).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(SPECDRAFT_PORTABLE)
+#include <immintrin.h>
+#define SPECDRAFT_ATTENTION_AVX2 1
+#endif
+
+// A layer's attention for a pass, passed by address: every field 8 bytes, in the order of
+// `specdraft.backend.blocks.cpp_kernel.Attention`'s.
+struct Attention {
+    const float* qkv;        // [n, qkv_stride]: each token's q heads, then k, then v (q and k rotated)
+    int64_t qkv_stride;
+    const int64_t* rows;     // [n]: each token's row in keys and values
+    const uint8_t* visible;  // [n, kv] bool: which cache entries each token sees
+    int64_t kv;
+    const float* keys;       // [rows, kv_heads, capacity, head_dim]
+    const float* values;     // the same shape
+    int64_t capacity;
+    int64_t heads;
+    int64_t kv_heads;
+    int64_t head_dim;        // a multiple of 16
+    int64_t span;            // cache entries a job reads (at most kMaxSpan)
+    int64_t spans;
+    int64_t jobs;            // tokens x heads x spans
+    float* tops;             // [n, heads, spans]: each span's maximum score (-inf: nothing seen)
+    float* totals;           // [n, heads, spans]: its sum of exp(score - maximum)
+    float* sums;             // [n, heads, spans, head_dim]: its values weighted so
+};
+
+namespace {
+
+constexpr int64_t kMaxSpan = 256;
+constexpr float kLog2e = 1.4426950408889634f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+
+#ifdef SPECDRAFT_ATTENTION_AVX2
+
+inline float lanes_sum(__m256 a) {  // (l + (l + 4)), then + 2, then + 1
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// The 8 lanes of each of a, b, c, d added in `lanes_sum`'s tree, four at once: (a, b, c, d).
+inline __m128 lanes_sums(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+    // ab: a's l + (l + 4) in its low half, b's in its high one; cd likewise.
+    const __m256 s2 = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    // s2: (a's + 2, a's, c's, c's) low; b's and d's high.
+    const __m256 s1 = _mm256_add_ps(_mm256_shuffle_ps(s2, s2, _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm256_shuffle_ps(s2, s2, _MM_SHUFFLE(3, 1, 3, 1)));
+    // s1: (a, c, a, c) low, (b, d, b, d) high
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps(s1, 1));
+}
+
+// q . k in 16 lanes (0-7 in one register, 8-15 in another), the two then added: 8 lanes.
+inline __m256 dot_lanes(const float* q, const float* k, int64_t n) {
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a);
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), b);
+    }
+    return _mm256_add_ps(a, b);
+}
+
+// scores[j] = (q . keys[j]) * scale where seen[j], else 0, for j < width (a multiple of 8); returns
+// the largest seen score (-inf: none). Unseen keys are computed too, four at a time, and dropped.
+inline float score_keys(const float* q, const float* keys, int64_t hd, const uint8_t* seen, int64_t width,
+                        float scale, float* scores) {
+    __m128 top = _mm_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < width; j += 4) {
+        const float* k = keys + j * hd;
+        __m128 s = lanes_sums(dot_lanes(q, k, hd), dot_lanes(q, k + hd, hd), dot_lanes(q, k + 2 * hd, hd),
+                              dot_lanes(q, k + 3 * hd, hd));
+        s = _mm_mul_ps(s, _mm_set1_ps(scale));
+        int32_t flags;
+        std::memcpy(&flags, seen + j, 4);
+        const __m128 keep = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(flags)), _mm_setzero_si128()));
+        _mm_storeu_ps(scores + j, _mm_and_ps(s, keep));
+        top = _mm_max_ps(top, _mm_blendv_ps(_mm_set1_ps(-INFINITY), s, keep));
+    }
+    top = _mm_max_ps(top, _mm_movehl_ps(top, top));
+    return _mm_cvtss_f32(_mm_max_ss(top, _mm_shuffle_ps(top, top, 1)));
+}
+
+// out[j] = exp(x[j]) for 8 entries (clamped to [-87, 88], 2^m times a polynomial to r^7).
+inline __m256 exp_lanes(__m256 x) {
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 m = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(v, _mm256_mul_ps(m, _mm256_set1_ps(kLn2Hi)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(m, _mm256_set1_ps(kLn2Lo)));
+    const float c[7] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f};
+    __m256 p = _mm256_set1_ps(c[0]);
+    for (int i = 1; i < 7; ++i) p = _mm256_add_ps(_mm256_set1_ps(c[i]), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(r, p));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(m), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// weights[j] = exp(scores[j] - top) where seen[j], else 0; returns their sum (8 lanes, the tree).
+inline float weigh(const float* scores, const uint8_t* seen, float top, int64_t n, float* weights) {
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) {
+        const __m256 e = exp_lanes(_mm256_sub_ps(_mm256_loadu_ps(scores + j), _mm256_set1_ps(top)));
+        const __m256i flags = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(seen + j)));
+        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(flags, _mm256_setzero_si256()));
+        const __m256 w = _mm256_and_ps(e, keep);
+        _mm256_storeu_ps(weights + j, w);
+        total = _mm256_add_ps(total, w);
+    }
+    return lanes_sum(total);
+}
+
+// out[d0 .. d0 + 8C) = the seen entries' weights times their values, fused multiply-adds in entry order.
+template <int C>
+inline void weighted_chunk(const float* values, int64_t head_dim, const float* weights, const uint8_t* seen,
+                           int64_t n, float* out) {
+    __m256 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+        if (!seen[j]) continue;
+        const __m256 e = _mm256_set1_ps(weights[j]);
+        const float* v = values + j * head_dim;
+        for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+inline void weighted_values(const float* values, int64_t head_dim, const float* weights, const uint8_t* seen,
+                            int64_t n, float* out) {
+    int64_t d = 0;
+    for (; d + 64 <= head_dim; d += 64) weighted_chunk<8>(values + d, head_dim, weights, seen, n, out + d);
+    for (; d < head_dim; d += 16) weighted_chunk<2>(values + d, head_dim, weights, seen, n, out + d);
+}
+
+#else  // portable loops: the same operations
+
+inline float lanes_sum(const float a[8]) {
+    const float s4[4] = {a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]};
+    const float s2[2] = {s4[0] + s4[2], s4[1] + s4[3]};
+    return s2[0] + s2[1];
+}
+
+inline float dot(const float* q, const float* k, int64_t n) {
+    float a[16] = {};
+    for (int64_t i = 0; i < n; i += 16)
+        for (int l = 0; l < 16; ++l) a[l] = std::fmaf(q[i + l], k[i + l], a[l]);
+    for (int l = 0; l < 8; ++l) a[l] += a[l + 8];
+    return lanes_sum(a);
+}
+
+inline float score_keys(const float* q, const float* keys, int64_t hd, const uint8_t* seen, int64_t width,
+                        float scale, float* scores) {
+    float top = -INFINITY;
+    for (int64_t j = 0; j < width; ++j) {
+        scores[j] = seen[j] ? dot(q, keys + j * hd, hd) * scale : 0.0f;
+        if (seen[j]) top = std::fmax(top, scores[j]);
+    }
+    return top;
+}
+
+inline float exp_one(float x) {
+    const float v = std::fmin(std::fmax(x, -87.0f), 88.0f);
+    const float m = std::floor(v * kLog2e + 0.5f);
+    float r = v - m * kLn2Hi;
+    r = r - m * kLn2Lo;
+    const float c[7] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f};
+    float p = c[0];
+    for (int i = 1; i < 7; ++i) p = c[i] + r * p;
+    p = 1.0f + r * p;
+    const uint32_t bits = uint32_t(int32_t(m) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+inline float weigh(const float* scores, const uint8_t* seen, float top, int64_t n, float* weights) {
+    float total[8] = {};
+    for (int64_t j = 0; j < n; ++j) {
+        weights[j] = seen[j] ? exp_one(scores[j] - top) : 0.0f;
+        total[j % 8] += weights[j];
+    }
+    return lanes_sum(total);
+}
+
+inline void weighted_values(const float* values, int64_t head_dim, const float* weights, const uint8_t* seen,
+                            int64_t n, float* out) {
+    for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+        if (!seen[j]) continue;
+        for (int64_t d = 0; d < head_dim; ++d) out[d] = std::fmaf(weights[j], values[j * head_dim + d], out[d]);
+    }
+}
+
+#endif
+
+void attend_job(const Attention& a, int64_t job) {
+    // Tokens vary fastest, then the query heads of a kv head: consecutive jobs (one thread's, in a
+    // parallel loop's share) read the same span of keys and values, from the near caches after the
+    // first; and a decode token's few spans still make a job for each of its heads to share out.
+    const int64_t group = a.heads / a.kv_heads, n = a.jobs / (a.heads * a.spans);
+    const int64_t t = job % n, u = (job / n) % group, span = (job / (n * group)) % a.spans;
+    const int64_t g = job / (n * group * a.spans), head = g * group + u;
+    const int64_t hd = a.head_dim, first = span * a.span, count = a.kv - first < a.span ? a.kv - first : a.span;
+    const float scale = float(1.0 / std::sqrt(double(hd)));
+    const int64_t cache = ((a.rows[t] * a.kv_heads + g) * a.capacity + first) * hd;
+    // The span's flags, padded with unseen entries to a multiple of 8.
+    alignas(32) uint8_t seen[kMaxSpan] = {};
+    const int64_t width = (count + 7) / 8 * 8;
+    std::memcpy(seen, a.visible + t * a.kv + first, count);
+    alignas(32) float scores[kMaxSpan], weights[kMaxSpan];  // unseen entries' scores 0: numbers
+    const float top = score_keys(a.qkv + t * a.qkv_stride + head * hd, a.keys + cache, hd, seen, width, scale, scores);
+    const int64_t at = (t * a.heads + head) * a.spans + span;
+    float* out = a.sums + at * hd;
+    a.tops[at] = top;
+    if (top == -INFINITY) {  // nothing seen: the span adds nothing
+        a.totals[at] = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
+        return;
+    }
+    a.totals[at] = weigh(scores, seen, top, width, weights);
+    weighted_values(a.values + cache, hd, weights, seen, count, out);
+}
+
+}  // namespace
+
+// Jobs [start, end) of a layer's attention (job = ((kv head * spans + span) * group + query head in
+// the group) * tokens + token).
+extern "C" void specdraft_attend(const Attention* a, int64_t start, int64_t end) {
+    for (int64_t job = start; job < end; ++job) attend_job(*a, job);
+}
+
+// Where an `Attention` holds the field so named (null: its size); -1 where it has none.
+extern "C" int64_t specdraft_attention_offset(const char* field) {
+    if (field == nullptr) return sizeof(Attention);
+#define SPECDRAFT_FIELD(name) {#name, offsetof(Attention, name)}
+    static const struct {
+        const char* name;
+        size_t offset;
+    } fields[] = {SPECDRAFT_FIELD(qkv), SPECDRAFT_FIELD(qkv_stride), SPECDRAFT_FIELD(rows), SPECDRAFT_FIELD(visible),
+                  SPECDRAFT_FIELD(kv), SPECDRAFT_FIELD(keys), SPECDRAFT_FIELD(values), SPECDRAFT_FIELD(capacity),
+                  SPECDRAFT_FIELD(heads), SPECDRAFT_FIELD(kv_heads), SPECDRAFT_FIELD(head_dim),
+                  SPECDRAFT_FIELD(span), SPECDRAFT_FIELD(spans), SPECDRAFT_FIELD(jobs),
+                  SPECDRAFT_FIELD(tops), SPECDRAFT_FIELD(totals),
+                  SPECDRAFT_FIELD(sums)};
+#undef SPECDRAFT_FIELD
+    for (const auto& f : fields) {
+        if (std::strcmp(field, f.name) == 0) return int64_t(f.offset);
+    }
+    return -1;
+}
