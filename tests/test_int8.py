@@ -47,11 +47,11 @@ def cpu_flags() -> set[str]:
 
 
 def paths() -> dict[str, blocks.Kernel]:
-    """Every build of the kernel this machine runs: portable always, AVX2 and the native one (VNNI
-    where the CPU has it) where it has AVX2."""
+    """Every build of the kernel this machine runs: portable always, AVX2, the native one (VNNI where
+    the CPU has it) and that in 256-bit registers only where it has AVX2."""
     built = {"portable": blocks.kernel("portable")}
     if blocks.kernel().avx2:
-        built.update(avx2=blocks.kernel("avx2"), native=blocks.kernel())
+        built.update(avx2=blocks.kernel("avx2"), ymm=blocks.kernel("ymm"), native=blocks.kernel())
     return built
 
 
@@ -72,7 +72,9 @@ def activations(rng, n: int, width: int) -> np.ndarray:
 
 def test_the_native_build_runs_the_best_code_this_cpu_has():
     flags, code = cpu_flags(), blocks.kernel().code
-    if {"avx512_vnni", "avx512vl"} <= flags:
+    if {"avx512_vnni", "avx512vl", "avx512f", "avx512bw"} <= flags:
+        assert code == "avx2+avx512-vnni+zmm" and blocks.kernel("ymm").code == "avx2+avx512-vnni"
+    elif {"avx512_vnni", "avx512vl"} <= flags:
         assert code == "avx2+avx512-vnni"
     elif "avx_vnni" in flags:
         assert code == "avx2+avx-vnni"

@@ -549,6 +549,71 @@ void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out
     }
 }
 
+#if defined(SPECDRAFT_VNNI) && SPECDRAFT_VNNI == 2 && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    !defined(SPECDRAFT_NO_ZMM)
+#define SPECDRAFT_ZMM 1
+
+inline __m512i join_tiles(const uint8_t* tile, const uint8_t* other) {  // 32 bytes of each: tile's low
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)tile)),
+                              _mm256_loadu_si256((const __m256i*)other), 1);
+}
+
+inline __m512 join_halves(const uint8_t* tile, const uint8_t* other) {  // 8 float16 of each
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)tile)),
+                                                   _mm_loadu_si128((const __m128i*)other), 1));
+}
+
+// Rows 8g .. 8g + 15 (tiles g and g + 1) against tokens [t0, t0 + T): `int8_group`'s operations, the
+// two tiles side by side in 512-bit registers (one broadcast of a token's group serves 16 rows).
+void int8_pair(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t kind = p.kind, blocks = p.width / kBlock, bytes = tile_bytes(kind), head = tile_header(kind);
+    const int64_t next = kTileRows * p.row_bytes;  // tile g + 1, this far on
+    const __m512i nibble = _mm512_set1_epi8(15);
+    __m512 acc[kInt8Tokens];
+    for (int64_t t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* tile = p.w + g * kTileRows * p.row_bytes + b * bytes;
+        const uint8_t* other = tile + next;
+        for (int64_t line = 0; line < bytes; line += 64) {
+            prefetch(tile + kInt8Ahead + line);
+            prefetch(other + kInt8Ahead + line);
+        }
+        const __m512 dw = join_halves(tile, other);
+        __m512 mw = _mm512_setzero_ps();
+        __m512i w[8];
+        if (kind == Q4_1) {
+            mw = join_halves(tile + 16, other + 16);
+            for (int v = 0; v < 4; ++v) {
+                __m512i raw = join_tiles(tile + head + 32 * v, other + head + 32 * v);
+                w[v] = _mm512_and_si512(raw, nibble);
+                w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+            }
+        } else {
+            for (int G = 0; G < 8; ++G) w[G] = join_tiles(tile + head + 32 * G, other + head + 32 * G);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t token = t0 + t, at = token * blocks + b;
+            const int8_t* x = p.qx + token * p.width + b * kBlock;
+            __m512i chain[4] = {kind == Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * p.xtotal[at]),
+                                _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (int G = 0; G < 8; ++G) {
+                int32_t group;
+                std::memcpy(&group, x + 4 * G, 4);
+                chain[G % 4] = _mm512_dpbusd_epi32(chain[G % 4], w[G], _mm512_set1_epi32(group));
+            }
+            const __m512i sums = _mm512_add_epi32(_mm512_add_epi32(chain[0], chain[1]), _mm512_add_epi32(chain[2], chain[3]));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(p.xd[at])), _mm512_cvtepi32_ps(sums), acc[t]);
+            if (kind == Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(p.xsum[at]), acc[t]);
+        }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+        alignas(64) float sums[2 * kTileRows];
+        _mm512_store_ps(sums, acc[t]);
+        for (int r = 0; r < 2 * kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+    }
+}
+#endif
+
 #else  // portable loops: the same integer sums and float operations
 
 void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
@@ -577,8 +642,17 @@ void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out
 #endif
 
 void int8_project(const Projection& p, int64_t start, int64_t end, const Out& out) {
-    for (int64_t g = start / kTileRows; g < end / kTileRows; ++g)
+    for (int64_t g = start / kTileRows; g < end / kTileRows;) {
+#ifdef SPECDRAFT_ZMM
+        if (p.n > 1 && g + 1 < end / kTileRows) {  // two tiles at once (one token streams faster one at a time)
+            for (int64_t t = 0; t < p.n; t += kInt8Tokens) int8_pair(p, g, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
+            g += 2;
+            continue;
+        }
+#endif
         for (int64_t t = 0; t < p.n; t += kInt8Tokens) int8_group(p, g, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
+        ++g;
+    }
 }
 
 
@@ -737,9 +811,12 @@ extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_
 }
 
 // Which code this build runs: 0 the portable loops; 2 AVX2 (its int8 sums by vpmaddubsw), 3 AVX2 with
-// AVX-VNNI, 4 AVX2 with AVX-512 VNNI (the int8 sums by vpdpbusd).
+// AVX-VNNI, 4 AVX2 with AVX-512 VNNI (the int8 sums by vpdpbusd), 5 that with passes of several tokens
+// reading two tiles at once in 512-bit registers.
 extern "C" int64_t specdraft_blocks_version() {
-#if defined(SPECDRAFT_VNNI)
+#if defined(SPECDRAFT_ZMM)
+    return 5;
+#elif defined(SPECDRAFT_VNNI)
     return 2 + SPECDRAFT_VNNI;
 #elif defined(SPECDRAFT_AVX2)
     return 2;

@@ -576,6 +576,16 @@ class NumbaLayers:
                             torch.ones(1, 1, dtype=torch.bool), cache))
         self._buffers = (None, None, None)  # hold no reference to the warm-up cache
 
+    def use_kernel_build(self, path: str) -> None:
+        """Run on another build of the compiled kernel (`blocks.PATHS`), for a benchmark to compare:
+        every build gives bitwise the same sums. Only where the kernel reads the weights."""
+        assert self._kernel != NO_KERNEL, "numba's loops read these weights"
+        built = blocks.kernel(path)
+        self._kernel = built.calls(self.arithmetic)
+        self._head = (*self._head[:3], self._kernel)
+        if self.attention_address:
+            self.attention_address = built.attend_address
+
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
         """Whether the layers are plain (SiLU MLP, RMS norms) on CPU, with float32 activations, and

@@ -131,15 +131,17 @@ def _machine() -> str:
     return platform.machine() + "\n".join(lines)
 
 
-PATHS = ("native", "avx2", "portable")  # what a build may run: the best this CPU has, AVX2 alone, loops
+# What a build may run: the best this CPU has, that in 256-bit registers only, AVX2 alone, loops.
+PATHS = ("native", "ymm", "avx2", "portable")
 
 
 def build(path: str = "native") -> Path:
     """Compile blocks.cpp for this machine, once per source, compiler and CPU; return the shared
     library's path. `path`: "native", everything the CPU's flags offer (`-march=native`: AVX2, and for
-    the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them); "avx2", the AVX2 code without VNNI;
-    "portable", the loops every machine runs. All give bitwise the same sums; the others are for tests
-    and benchmarks to compare with."""
+    the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them, and with AVX-512 a pass of several
+    tokens reading two tiles at once in 512-bit registers); "ymm", that code in 256-bit registers only;
+    "avx2", the AVX2 code without VNNI; "portable", the loops every machine runs. All give bitwise the
+    same sums; the others are for tests and benchmarks to compare with."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
     compiler = _compiler()
@@ -147,7 +149,8 @@ def build(path: str = "native") -> Path:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math"]
-    flags += {"native": [], "avx2": ["-DSPECDRAFT_NO_VNNI"], "portable": ["-DSPECDRAFT_PORTABLE"]}[path]
+    flags += {"native": [], "ymm": ["-DSPECDRAFT_NO_ZMM"], "avx2": ["-DSPECDRAFT_NO_VNNI"],
+              "portable": ["-DSPECDRAFT_PORTABLE"]}[path]
     texts = [source.read_text() for source in SOURCES]
     key = hashlib.sha256("\0".join([*texts, version, _machine(), *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"blocks-{key}.so"
@@ -164,7 +167,8 @@ def build(path: str = "native") -> Path:
     return target
 
 
-CODES = {0: "portable", 2: "avx2", 3: "avx2+avx-vnni", 4: "avx2+avx512-vnni"}  # `specdraft_blocks_version`
+CODES = {0: "portable", 2: "avx2", 3: "avx2+avx-vnni", 4: "avx2+avx512-vnni",
+         5: "avx2+avx512-vnni+zmm"}  # `specdraft_blocks_version`
 
 
 class Kernel:
