@@ -42,7 +42,7 @@ struct Attention {
     int64_t head_dim;        // a multiple of 16
     int64_t span;            // cache entries a job reads (at most kMaxSpan)
     int64_t spans;
-    int64_t jobs;            // tokens x heads x spans
+    int64_t tokens;          // n
     float* tops;             // [n, heads, spans]: each span's maximum score (-inf: nothing seen)
     float* totals;           // [n, heads, spans]: its sum of exp(score - maximum)
     float* sums;             // [n, heads, spans, head_dim]: its values weighted so
@@ -220,7 +220,7 @@ void attend_job(const Attention& a, int64_t job) {
     // Tokens vary fastest, then the query heads of a kv head: consecutive jobs (one thread's, in a
     // parallel loop's share) read the same span of keys and values, from the near caches after the
     // first; and a decode token's few spans still make a job for each of its heads to share out.
-    const int64_t group = a.heads / a.kv_heads, n = a.jobs / (a.heads * a.spans);
+    const int64_t group = a.heads / a.kv_heads, n = a.tokens;
     const int64_t t = job % n, u = (job / n) % group, span = (job / (n * group)) % a.spans;
     const int64_t g = job / (n * group * a.spans), head = g * group + u;
     const int64_t hd = a.head_dim, first = span * a.span, count = a.kv - first < a.span ? a.kv - first : a.span;
@@ -262,7 +262,7 @@ extern "C" int64_t specdraft_attention_offset(const char* field) {
     } fields[] = {SPECDRAFT_FIELD(qkv), SPECDRAFT_FIELD(qkv_stride), SPECDRAFT_FIELD(rows), SPECDRAFT_FIELD(visible),
                   SPECDRAFT_FIELD(kv), SPECDRAFT_FIELD(keys), SPECDRAFT_FIELD(values), SPECDRAFT_FIELD(capacity),
                   SPECDRAFT_FIELD(heads), SPECDRAFT_FIELD(kv_heads), SPECDRAFT_FIELD(head_dim),
-                  SPECDRAFT_FIELD(span), SPECDRAFT_FIELD(spans), SPECDRAFT_FIELD(jobs),
+                  SPECDRAFT_FIELD(span), SPECDRAFT_FIELD(spans), SPECDRAFT_FIELD(tokens),
                   SPECDRAFT_FIELD(tops), SPECDRAFT_FIELD(totals),
                   SPECDRAFT_FIELD(sums)};
 #undef SPECDRAFT_FIELD

@@ -360,12 +360,11 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     totals = np.empty((n, heads, spans), np.float32)
     sums = np.empty((n, heads, spans, head_dim), np.float32)
     if kernel != 0:  # a job per token, query head and span
-        jobs = n * heads * spans
-        for job in prange(jobs):  # the Attention made here: a parallel loop takes none in
+        for job in prange(n * heads * spans):  # the Attention made here: a parallel loop takes none in
             attention = blocks.Attention(
                 qkv=qkv.ctypes.data, qkv_stride=qkv.shape[1], rows=rows.ctypes.data, visible=visible.ctypes.data,
                 kv=kv, keys=keys.ctypes.data, values=values.ctypes.data, capacity=keys.shape[2], heads=heads,
-                kv_heads=kv_heads, head_dim=head_dim, span=width, spans=spans, jobs=jobs, tops=tops.ctypes.data,
+                kv_heads=kv_heads, head_dim=head_dim, span=width, spans=spans, tokens=n, tops=tops.ctypes.data,
                 totals=totals.ctypes.data, sums=sums.ctypes.data)
             blocks.call(kernel, attention, job, job + 1)
         _join(tops, totals, sums, out)

@@ -40,12 +40,12 @@ tokens quantised for the int8 arithmetic (`specdraft_quantize` writes them; w is
 
 
 Attention = namedtuple("Attention", ["qkv", "qkv_stride", "rows", "visible", "kv", "keys", "values", "capacity",
-                                     "heads", "kv_heads", "head_dim", "span", "spans", "jobs", "tops", "totals", "sums"])
+                                     "heads", "kv_heads", "head_dim", "span", "spans", "tokens", "tops", "totals", "sums"])
 Attention.__doc__ = """A layer's attention over a pass (`numba_layers.attend`): attention.cpp's `Attention`, the
 same fields in the same order (`Kernel.offset(field, "attention")`), every one an integer. qkv [n,
 qkv_stride] float32 (q heads, k, v); rows [n] int64; visible [n, kv] bool; keys, values [rows,
 kv_heads, capacity, head_dim] float32 (head_dim a multiple of 16); span, spans: the entries a job reads
-and how many spans; jobs: n x heads x spans; tops, totals [n, heads, spans], sums [n, heads, spans, head_dim] float32: what each
+and how many spans; tokens: n; tops, totals [n, heads, spans], sums [n, heads, spans, head_dim] float32: what each
 job writes (attention.cpp says how it sums)."""
 MAX_SPAN = 256  # attention.cpp's kMaxSpan
 
