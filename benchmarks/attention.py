@@ -4,7 +4,7 @@ weights and their steps interleaved within each round; medians over rounds. `--c
 
 - `attention`: numba's loops against the compiled kernel (`backend/attention.cpp`);
 - `zmm`: the kernel's projections in 256-bit registers only (its `ymm` build) against the native
-  build, which on AVX-512 reads two tiles at once in 512-bit registers in passes of several tokens.
+  build, which on AVX-512 reads each 16-row tile whole in 512-bit registers.
 
     python -m benchmarks.attention [--compare attention|zmm] [--rounds 40] [--contexts 128 512 1024]
 """
@@ -30,7 +30,7 @@ from specdraft.verifier import Verifier
 COMPARISONS = {
     "attention": ("The CPU step's attention: numba's loops against the compiled kernel",
                   {"numba loops": lambda layers: setattr(layers, "attention_address", 0), "kernel": lambda layers: None}),
-    "zmm": ("The int8 projections: 256-bit registers only against two tiles at once in 512-bit ones",
+    "zmm": ("The int8 projections: 256-bit registers only against whole tiles in 512-bit ones",
             {"ymm": lambda layers: layers.use_kernel_build("ymm"), "zmm": lambda layers: None}),
 }
 K = 5

@@ -1,6 +1,7 @@
 """The int8 arithmetic (`blocks.cpp`'s int8 section, `--arithmetic int8`): each token's activations
 quantised in blocks of 32, integer dot products against the GGUF's Q4_1/Q8_0 blocks (held as tiles
-of 8 rows), float scaling and accumulation in one fixed order.
+of 16 rows, the last of 8 where the rows are 8 more than a multiple of 16), float scaling and
+accumulation in one fixed order.
 
 The kernel alone: every path this machine compiles (the portable loops always; AVX2; the VNNI one
 where the CPU has it, chosen by its flags) gives bitwise the same projections, and a token the same
@@ -123,15 +124,16 @@ def test_quantisation_rounds_ties_to_even_on_every_path():
 
 
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
-def test_tiles_hold_the_blocks_values(kind):
+@pytest.mark.parametrize("rows", [48, 40])  # whole tiles of 16; and a last tile of 8
+def test_tiles_hold_the_blocks_values(kind, rows):
     rng = np.random.default_rng(kind)
-    w = random_blocks(rng, kind, 48, 96)
+    w = random_blocks(rng, kind, rows, 96)
     kernel = blocks.kernel()
     tiles = kernel.tile(w, kind)
     assert tiles.shape == w.shape and not np.array_equal(tiles, w)
     want = blocks.dequantize(torch.from_numpy(w), kind, 96).numpy()
-    assert np.array_equal(kernel.tile_values(tiles, kind, 96, np.arange(48)), want)
-    ids = np.array([47, 0, 9, 9])
+    assert np.array_equal(kernel.tile_values(tiles, kind, 96, np.arange(rows)), want)
+    ids = np.array([rows - 1, 0, 9, 9])
     assert np.array_equal(kernel.tile_values(tiles, kind, 96, ids), want[ids])
 
 

@@ -40,7 +40,8 @@
 // (`specdraft_projection_offset` says where each is, for a test to compare).
 struct Projection {
     int64_t kind;            // F32, Q4_1 or Q8_0
-    const uint8_t* w;        // [out, row_bytes]: float32 rows or blocks of `kind`
+    const uint8_t* w;        // [rows, row_bytes]: float32 rows or blocks of `kind`
+    int64_t rows;            // w's rows (the int8 arithmetic's tiles depend on it)
     int64_t row_bytes;
     int64_t width;           // weights in a row
     const float* x;          // [n, xs]: the tokens
@@ -70,6 +71,11 @@ constexpr int64_t kShort = 8;      // the most tokens a short pass reads a row's
 constexpr int64_t kAhead = 1;  // tiles a decode tile asks the memory for ahead of reading them
 
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+// Into the L2 cache only: the int8 arithmetic's tiles, asked for far ahead where a pass has several
+// tokens (it computes long between asks, and the L1's few outstanding misses would hold the stream
+// back). A decode token's stream the hardware's prefetcher keeps up with alone: asking too made its
+// step 5% slower.
+inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 float half_to_float(uint16_t h) {
     uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
@@ -388,18 +394,38 @@ void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float
 // bitwise the same sums.
 //
 // The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
-// same bytes rearranged): rows 8g .. 8g + 7 and block b at w + 8g * row_bytes + b * 8 * block bytes,
-//   d[8] float16 (Q4_1: then m[8]), then the integers as 32-byte vectors whose byte 4r + e is row
+// same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
+// of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
+//   d[R] float16 (Q4_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
 //   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
 //   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128.
-// A group's 4 activations, broadcast, then meet all 8 rows in one instruction that sums them per row.
+// A group's 4 activations, broadcast, then meet a vector's rows in one instruction that sums them per
+// row. A tile's half h (rows 8h .. 8h + 7) is 16 bytes of d and of m and 32 of each vector, at fixed
+// offsets: 256-bit code reads a half, 512-bit code a whole tile, one load a vector; and each block of
+// a tile is one stretch of memory, read front to back.
 
-constexpr int64_t kTileRows = 8;     // rows a tile interleaves (a vector's lanes)
+constexpr int64_t kTileRows = 8;     // rows a half tile interleaves (a 256-bit vector's lanes)
+constexpr int64_t kTile = 16;        // rows a whole tile interleaves
 constexpr int64_t kInt8Tokens = 16;  // tokens a tile's sums are held for at once
-constexpr int64_t kInt8Ahead = 4096;  // bytes of tiles read ahead of the one computed (memory's latency)
+constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the block computed (memory's latency)
 
-int64_t tile_bytes(int64_t kind) { return kTileRows * block_bytes(kind); }
-int64_t tile_header(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
+// Where half h of a tile keeps block 0's scales (d; Q4_1's m) and integers (vector v at q + v * vector),
+// and how far on block b + 1's are (stride).
+struct Half {
+    const uint8_t* d;
+    const uint8_t* m;
+    const uint8_t* q;
+    int64_t vector;
+    int64_t stride;
+};
+
+// Half h (0, 1) of the tile that holds rows 8g .. 8g + 7 (g = 2i + h) of weights `rows` rows long.
+Half half_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t g) {
+    const int64_t i = g / 2, h = g % 2, R = 16 * i + kTile <= rows ? kTile : kTileRows;
+    const uint8_t* tile = w + kTile * i * row_bytes;
+    const int64_t scales = kind == Q4_1 ? 4 * R : 2 * R;  // d (and m) of R rows
+    return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * block_bytes(kind)};
+}
 
 // A block of 32 activations quantised: q, and returns the sum of q; d and s as above. Every path
 // computes the same values: the maximum is exact, the rest one IEEE operation each.
@@ -454,22 +480,23 @@ void quantize_token(const float* x, int64_t width, int8_t* q, float* d, float* s
     for (int64_t b = 0; b < width / kBlock; ++b) total[b] = quantize_block(x + b * kBlock, q + b * kBlock, d[b], s[b]);
 }
 
-// Row r's (0..7) integer weight j (0..31) of a tile: Q4_1's 0..15, Q8_0's -128..127.
-inline int32_t tile_weight(int64_t kind, const uint8_t* tile, int r, int j) {
+// Row r's (0..7) integer weight j (0..31) of a half tile's block (`at` bytes on from block 0): Q4_1's
+// 0..15, Q8_0's -128..127.
+inline int32_t tile_weight(int64_t kind, const Half& half, int64_t at, int r, int j) {
     const int group = j / 4, e = j % 4;
     if (kind == Q4_1) {
-        uint8_t byte = tile[32 + 32 * (group % 4) + 4 * r + e];
+        uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
         return group < 4 ? byte & 15 : byte >> 4;
     }
-    return int32_t(tile[16 + 32 * group + 4 * r + e]) - 128;
+    return int32_t(half.q[at + half.vector * group + 4 * r + e]) - 128;
 }
 
-// The float operations of a tile's block for one token, row by row (the portable loops').
-inline void tile_block_sums(int64_t kind, const uint8_t* tile, const int32_t i[kTileRows], float dx, float sx,
-                            float* acc) {
+// The float operations of a half tile's block for one token, row by row (the portable loops').
+inline void tile_block_sums(int64_t kind, const Half& half, int64_t at, const int32_t i[kTileRows], float dx,
+                            float sx, float* acc) {
     for (int r = 0; r < kTileRows; ++r) {
-        float a = std::fmaf(half_to_float(load_u16(tile + 2 * r)) * dx, float(i[r]), acc[r]);
-        if (kind == Q4_1) a = std::fmaf(half_to_float(load_u16(tile + 16 + 2 * r)), sx, a);
+        float a = std::fmaf(half_to_float(load_u16(half.d + at + 2 * r)) * dx, float(i[r]), acc[r]);
+        if (kind == Q4_1) a = std::fmaf(half_to_float(load_u16(half.m + at + 2 * r)), sx, a);
         acc[r] = a;
     }
 }
@@ -490,62 +517,75 @@ inline __m256i broadcast4(const int8_t* p) {
     return _mm256_set1_epi32(v);
 }
 
-
-// Rows 8g .. 8g + 7 against tokens [t0, t0 + T), T <= kInt8Tokens.
-void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
-    const int64_t kind = p.kind, blocks = p.width / kBlock, bytes = tile_bytes(kind), head = tile_header(kind);
+// Block b (`at` bytes on from block 0) of a half tile against tokens [t0, t0 + T), T <= kInt8Tokens, into acc[T].
+inline void int8_half_block(const Projection& p, const Half& half, int64_t b, int64_t at, int64_t t0, int64_t T,
+                            __m256* acc) {
+    const int64_t kind = p.kind, blocks = p.width / kBlock;
     const __m256i nibble = _mm256_set1_epi8(15);
-    __m256 acc[kInt8Tokens];
-    for (int64_t t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* tile = p.w + g * kTileRows * p.row_bytes + b * bytes;
-        for (int64_t line = 0; line < bytes; line += 64) prefetch(tile + kInt8Ahead + line);  // every line, ahead
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)tile));
-        __m256 mw = _mm256_setzero_ps();
-        __m256i w[8];
-        if (kind == Q4_1) {
-            mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(tile + 16)));
-            for (int v = 0; v < 4; ++v) {
-                __m256i raw = _mm256_loadu_si256((const __m256i*)(tile + head + 32 * v));
-                w[v] = _mm256_and_si256(raw, nibble);
-                w[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-            }
-        } else {
-            for (int G = 0; G < 8; ++G) w[G] = _mm256_loadu_si256((const __m256i*)(tile + head + 32 * G));
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
+    __m256 mw = _mm256_setzero_ps();
+    __m256i w[8];
+    const uint8_t* q = half.q + at;
+    if (kind == Q4_1) {
+        mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.m + at)));
+        for (int v = 0; v < 4; ++v) {
+            __m256i raw = _mm256_loadu_si256((const __m256i*)(q + half.vector * v));
+            w[v] = _mm256_and_si256(raw, nibble);
+            w[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        }
+    } else {
+        for (int G = 0; G < 8; ++G) w[G] = _mm256_loadu_si256((const __m256i*)(q + half.vector * G));
 #ifndef SPECDRAFT_VNNI
-            for (int G = 0; G < 8; ++G) w[G] = _mm256_xor_si256(w[G], _mm256_set1_epi8(char(0x80)));  // w + 128 -> w
+        for (int G = 0; G < 8; ++G) w[G] = _mm256_xor_si256(w[G], _mm256_set1_epi8(char(0x80)));  // w + 128 -> w
 #endif
-        }
-        for (int64_t t = 0; t < T; ++t) {
-            const int64_t token = t0 + t, at = token * blocks + b;
-            const int8_t* x = p.qx + token * p.width + b * kBlock;
-#ifdef SPECDRAFT_VNNI  // four chains of dependent sums, not one; Q8_0: (w + 128) . x = w . x + 128 * (sum of x)
-            __m256i chain[4] = {kind == Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(-128 * p.xtotal[at]),
-                                _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-            for (int G = 0; G < 8; ++G) chain[G % 4] = dot_add(chain[G % 4], w[G], broadcast4(x + 4 * G));
-            const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(chain[0], chain[1]), _mm256_add_epi32(chain[2], chain[3]));
-#else
-            __m256i sums;
-            if (kind == Q4_1) {  // 16-bit sums of 16 products, each <= 15 * 127: no saturation
-                __m256i pairs = _mm256_maddubs_epi16(w[0], broadcast4(x));
-                for (int G = 1; G < 8; ++G) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[G], broadcast4(x + 4 * G)));
-                sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-            } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
-                sums = _mm256_setzero_si256();
-                for (int G = 0; G < 8; ++G) {
-                    __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[G]), _mm256_sign_epi8(broadcast4(x + 4 * G), w[G]));
-                    sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-                }
-            }
-#endif
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(p.xd[at])), _mm256_cvtepi32_ps(sums), acc[t]);
-            if (kind == Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xsum[at]), acc[t]);
-        }
     }
     for (int64_t t = 0; t < T; ++t) {
-        alignas(32) float sums[kTileRows];
-        _mm256_store_ps(sums, acc[t]);
-        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+        const int64_t token = t0 + t, i = token * blocks + b;
+        const int8_t* x = p.qx + token * p.width + b * kBlock;
+#ifdef SPECDRAFT_VNNI  // four chains of dependent sums, not one; Q8_0: (w + 128) . x = w . x + 128 * (sum of x)
+        __m256i chain[4] = {kind == Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(-128 * p.xtotal[i]),
+                            _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int G = 0; G < 8; ++G) chain[G % 4] = dot_add(chain[G % 4], w[G], broadcast4(x + 4 * G));
+        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(chain[0], chain[1]), _mm256_add_epi32(chain[2], chain[3]));
+#else
+        __m256i sums;
+        if (kind == Q4_1) {  // 16-bit sums of 16 products, each <= 15 * 127: no saturation
+            __m256i pairs = _mm256_maddubs_epi16(w[0], broadcast4(x));
+            for (int G = 1; G < 8; ++G) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[G], broadcast4(x + 4 * G)));
+            sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+        } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
+            sums = _mm256_setzero_si256();
+            for (int G = 0; G < 8; ++G) {
+                __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[G]), _mm256_sign_epi8(broadcast4(x + 4 * G), w[G]));
+                sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+            }
+        }
+#endif
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(p.xd[i])), _mm256_cvtepi32_ps(sums), acc[t]);
+        if (kind == Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xsum[i]), acc[t]);
+    }
+}
+
+// Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half g + 1) against
+// tokens [t0, t0 + T), T <= kInt8Tokens: each block of the tile read whole before the next.
+void int8_group(const Projection& p, int64_t g, int64_t halves, int64_t t0, int64_t T, const Out& out) {
+    const Half parts[2] = {half_tile(p.kind, p.w, p.rows, p.row_bytes, g),
+                           half_tile(p.kind, p.w, p.rows, p.row_bytes, g + halves - 1)};
+    __m256 acc[2][kInt8Tokens];
+    for (int64_t h = 0; h < halves; ++h)
+        for (int64_t t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < p.width / kBlock; ++b) {
+        const int64_t at = b * parts[0].stride;
+        if (p.n > 1)
+            for (int64_t line = 0; line < parts[0].stride; line += 64) prefetch_far(parts[0].d + at + kInt8Ahead + line);
+        for (int64_t h = 0; h < halves; ++h) int8_half_block(p, parts[h], b, at, t0, T, acc[h]);
+    }
+    for (int64_t h = 0; h < halves; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+            alignas(32) float sums[kTileRows];
+            _mm256_store_ps(sums, acc[h][t]);
+            for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, (g + h) * kTileRows + r, sums[r]);
+        }
     }
 }
 
@@ -553,43 +593,30 @@ void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out
     !defined(SPECDRAFT_NO_ZMM)
 #define SPECDRAFT_ZMM 1
 
-inline __m512i join_tiles(const uint8_t* tile, const uint8_t* other) {  // 32 bytes of each: tile's low
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)tile)),
-                              _mm256_loadu_si256((const __m256i*)other), 1);
-}
-
-inline __m512 join_halves(const uint8_t* tile, const uint8_t* other) {  // 8 float16 of each
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)tile)),
-                                                   _mm_loadu_si128((const __m128i*)other), 1));
-}
-
-// Rows 8g .. 8g + 15 (tiles g and g + 1) against tokens [t0, t0 + T): `int8_group`'s operations, the
-// two tiles side by side in 512-bit registers (one broadcast of a token's group serves 16 rows).
-void int8_pair(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
-    const int64_t kind = p.kind, blocks = p.width / kBlock, bytes = tile_bytes(kind), head = tile_header(kind);
-    const int64_t next = kTileRows * p.row_bytes;  // tile g + 1, this far on
+// Rows 8g .. 8g + 15 (a whole tile, g even) against tokens [t0, t0 + T): `int8_group`'s operations on
+// both halves at once in 512-bit registers (one load a vector; one broadcast of a token's group serves 16 rows).
+void int8_tile(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t kind = p.kind, blocks = p.width / kBlock, stride = kTile * block_bytes(kind);
+    const int64_t head = kind == Q4_1 ? 4 * kTile : 2 * kTile;
     const __m512i nibble = _mm512_set1_epi8(15);
     __m512 acc[kInt8Tokens];
     for (int64_t t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* tile = p.w + g * kTileRows * p.row_bytes + b * bytes;
-        const uint8_t* other = tile + next;
-        for (int64_t line = 0; line < bytes; line += 64) {
-            prefetch(tile + kInt8Ahead + line);
-            prefetch(other + kInt8Ahead + line);
-        }
-        const __m512 dw = join_halves(tile, other);
+        const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes + b * stride;
+        if (p.n > 1)
+            for (int64_t line = 0; line < stride; line += 64) prefetch_far(tile + kInt8Ahead + line);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
         __m512 mw = _mm512_setzero_ps();
         __m512i w[8];
         if (kind == Q4_1) {
-            mw = join_halves(tile + 16, other + 16);
+            mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
             for (int v = 0; v < 4; ++v) {
-                __m512i raw = join_tiles(tile + head + 32 * v, other + head + 32 * v);
+                __m512i raw = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * v));
                 w[v] = _mm512_and_si512(raw, nibble);
                 w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
             }
         } else {
-            for (int G = 0; G < 8; ++G) w[G] = join_tiles(tile + head + 32 * G, other + head + 32 * G);
+            for (int G = 0; G < 8; ++G) w[G] = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * G));
         }
         for (int64_t t = 0; t < T; ++t) {
             const int64_t token = t0 + t, at = token * blocks + b;
@@ -616,14 +643,16 @@ void int8_pair(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
 
 #else  // portable loops: the same integer sums and float operations
 
-void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
-    const int64_t blocks = p.width / kBlock, bytes = tile_bytes(p.kind);
+// Rows 8g .. 8g + 7 (a half tile) against tokens [t0, t0 + T).
+void int8_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t blocks = p.width / kBlock;
+    const Half half = half_tile(p.kind, p.w, p.rows, p.row_bytes, g);
     float acc[kInt8Tokens][kTileRows] = {};
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* tile = p.w + g * kTileRows * p.row_bytes + b * bytes;
+        const int64_t at = b * half.stride;
         int32_t w[kTileRows][kBlock];
         for (int r = 0; r < kTileRows; ++r)
-            for (int j = 0; j < kBlock; ++j) w[r][j] = tile_weight(p.kind, tile, r, j);
+            for (int j = 0; j < kBlock; ++j) w[r][j] = tile_weight(p.kind, half, at, r, j);
         for (int64_t t = 0; t < T; ++t) {
             const int64_t token = t0 + t, at = token * blocks + b;
             const int8_t* x = p.qx + token * p.width + b * kBlock;
@@ -632,26 +661,34 @@ void int8_group(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out
                 i[r] = 0;
                 for (int j = 0; j < kBlock; ++j) i[r] += w[r][j] * int32_t(x[j]);
             }
-            tile_block_sums(p.kind, tile, i, p.xd[at], p.xsum[at], acc[t]);
+            tile_block_sums(p.kind, half, b * half.stride, i, p.xd[at], p.xsum[at], acc[t]);
         }
     }
     for (int64_t t = 0; t < T; ++t)
         for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, acc[t][r]);
 }
 
+void int8_group(const Projection& p, int64_t g, int64_t halves, int64_t t0, int64_t T, const Out& out) {
+    for (int64_t h = 0; h < halves; ++h) int8_half(p, g + h, t0, T, out);
+}
+
 #endif
 
+// Rows [start, end): each tile whole where the range holds it, else its half tiles.
 void int8_project(const Projection& p, int64_t start, int64_t end, const Out& out) {
     for (int64_t g = start / kTileRows; g < end / kTileRows;) {
+        const int64_t halves = g % 2 == 0 && g + 1 < end / kTileRows ? 2 : 1;
+        for (int64_t t = 0; t < p.n; t += kInt8Tokens) {
+            const int64_t T = p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens;
 #ifdef SPECDRAFT_ZMM
-        if (p.n > 1 && g + 1 < end / kTileRows) {  // two tiles at once (one token streams faster one at a time)
-            for (int64_t t = 0; t < p.n; t += kInt8Tokens) int8_pair(p, g, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
-            g += 2;
-            continue;
-        }
+            if (halves == 2) {
+                int8_tile(p, g, t, T, out);
+                continue;
+            }
 #endif
-        for (int64_t t = 0; t < p.n; t += kInt8Tokens) int8_group(p, g, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
-        ++g;
+            int8_group(p, g, halves, t, T, out);
+        }
+        g += halves;
     }
 }
 
@@ -750,7 +787,7 @@ extern "C" int64_t specdraft_projection_offset(const char* field) {
         const char* name;
         size_t offset;
     } fields[] = {{"kind", offsetof(Projection, kind)}, {"w", offsetof(Projection, w)},
-                  {"row_bytes", offsetof(Projection, row_bytes)}, {"width", offsetof(Projection, width)},
+                  {"rows", offsetof(Projection, rows)}, {"row_bytes", offsetof(Projection, row_bytes)}, {"width", offsetof(Projection, width)},
                   {"x", offsetof(Projection, x)}, {"n", offsetof(Projection, n)}, {"xs", offsetof(Projection, xs)},
                   {"y", offsetof(Projection, y)}, {"ys", offsetof(Projection, ys)},
                   {"bias", offsetof(Projection, bias)}, {"residual", offsetof(Projection, residual)},
@@ -766,22 +803,25 @@ extern "C" int64_t specdraft_projection_offset(const char* field) {
 // GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's
 // tiles (the same bytes rearranged) into out.
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
-    const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes, head = tile_header(kind);
-    for (int64_t g = 0; g < rows / kTileRows; ++g) {
+    const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes;
+    for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
+        const Half half = half_tile(kind, out, rows, row_bytes, g);
         for (int64_t b = 0; b < blocks; ++b) {
-            uint8_t* tile = out + g * kTileRows * row_bytes + b * tile_bytes(kind);
-            std::memset(tile, 0, tile_bytes(kind));
+            const int64_t at = b * half.stride;
             for (int r = 0; r < kTileRows; ++r) {
                 const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * bytes;
-                std::memcpy(tile + 2 * r, block, 2);  // d
-                if (kind == Q4_1) std::memcpy(tile + 16 + 2 * r, block + 2, 2);  // m
+                uint8_t* q = const_cast<uint8_t*>(half.q) + at;
+                std::memcpy(const_cast<uint8_t*>(half.d) + at + 2 * r, block, 2);  // d
+                if (kind == Q4_1) std::memcpy(const_cast<uint8_t*>(half.m) + at + 2 * r, block + 2, 2);  // m
                 for (int j = 0; j < kBlock; ++j) {
                     const int group = j / 4, e = j % 4;
                     if (kind == Q4_1) {
-                        const uint8_t q = j < 16 ? block[4 + j] & 15 : block[4 + j - 16] >> 4;
-                        tile[head + 32 * (group % 4) + 4 * r + e] |= uint8_t(group < 4 ? q : q << 4);
+                        const uint8_t low = block[4 + j % 16] & 15, high = block[4 + j % 16] >> 4;
+                        uint8_t& byte = q[half.vector * (group % 4) + 4 * r + e];
+                        byte = group < 4 ? uint8_t((byte & 0xf0) | (j < 16 ? low : high))
+                                         : uint8_t((byte & 0x0f) | (j < 16 ? low : high) << 4);
                     } else {
-                        tile[head + 32 * group + 4 * r + e] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
+                        q[half.vector * group + 4 * r + e] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
                     }
                 }
             }
@@ -789,30 +829,30 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
     }
 }
 
-// Rows ids[0 .. n) of tiles (`specdraft_tile`'s, of `kind`, width weights a row) as float32 values into
-// out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
-extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t row_bytes, int64_t width,
-                                      const int64_t* ids, int64_t n, float* out) {
+// Rows ids[0 .. n) of tiles (`specdraft_tile`'s, of `kind`, `rows` rows of width weights) as float32
+// values into out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
+extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
+                                      int64_t width, const int64_t* ids, int64_t n, float* out) {
     for (int64_t k = 0; k < n; ++k) {
-        const int64_t g = ids[k] / kTileRows;
+        const Half half = half_tile(kind, tiles, rows, row_bytes, ids[k] / kTileRows);
         const int r = int(ids[k] % kTileRows);
         for (int64_t b = 0; b < width / kBlock; ++b) {
-            const uint8_t* tile = tiles + g * kTileRows * row_bytes + b * tile_bytes(kind);
-            const float d = half_to_float(load_u16(tile + 2 * r));
+            const int64_t at = b * half.stride;
+            const float d = half_to_float(load_u16(half.d + at + 2 * r));
             float* o = out + k * width + b * kBlock;
             if (kind == Q4_1) {
-                const float m = half_to_float(load_u16(tile + 16 + 2 * r));
-                for (int j = 0; j < kBlock; ++j) o[j] = std::fmaf(d, float(tile_weight(kind, tile, r, j)), m);
+                const float m = half_to_float(load_u16(half.m + at + 2 * r));
+                for (int j = 0; j < kBlock; ++j) o[j] = std::fmaf(d, float(tile_weight(kind, half, at, r, j)), m);
             } else {
-                for (int j = 0; j < kBlock; ++j) o[j] = d * float(tile_weight(kind, tile, r, j));
+                for (int j = 0; j < kBlock; ++j) o[j] = d * float(tile_weight(kind, half, at, r, j));
             }
         }
     }
 }
 
 // Which code this build runs: 0 the portable loops; 2 AVX2 (its int8 sums by vpmaddubsw), 3 AVX2 with
-// AVX-VNNI, 4 AVX2 with AVX-512 VNNI (the int8 sums by vpdpbusd), 5 that with passes of several tokens
-// reading two tiles at once in 512-bit registers.
+// AVX-VNNI, 4 AVX2 with AVX-512 VNNI (the int8 sums by vpdpbusd), 5 that reading whole tiles in
+// 512-bit registers.
 extern "C" int64_t specdraft_blocks_version() {
 #if defined(SPECDRAFT_ZMM)
     return 5;

@@ -28,11 +28,11 @@ from specdraft.params import cache_dir
 # Beside the package, where the package data puts them: the projections, and the CPU step's attention.
 SOURCES = (Path(__file__).parent.parent / "blocks.cpp", Path(__file__).parent.parent / "attention.cpp")
 
-Projection = namedtuple("Projection", ["kind", "w", "row_bytes", "width", "x", "n", "xs", "y", "ys", "bias",
+Projection = namedtuple("Projection", ["kind", "w", "rows", "row_bytes", "width", "x", "n", "xs", "y", "ys", "bias",
                                        "residual", "rs", "qx", "xd", "xsum", "xtotal"])
 Projection.__doc__ = """What a call of the kernel computes, y[t, r] = (w[r] . x[t] + bias[r]) (+ residual[t, r]):
 blocks.cpp's `Projection`, the same fields in the same order (`Kernel.offset` reads where it holds
-each), every one an integer (pointers as integers, 0 for none). kind: F32, Q4_1 or Q8_0; w [out,
+each), every one an integer (pointers as integers, 0 for none). kind: F32, Q4_1 or Q8_0; w [rows,
 row_bytes] float32 rows or blocks; width: weights in a row; x [n, xs]; y [n, ys]; bias [out];
 residual [n, rs] or 0; qx [n, width] int8, xd, xsum (float32), xtotal (int32) [n, width / 32]: the
 tokens quantised for the int8 arithmetic (`specdraft_quantize` writes them; w is then tiles,
@@ -84,9 +84,9 @@ def expand(w, kind, y, kernel):  # pragma: no cover - compiled
     kernel's `specdraft_expand` at address `kernel`, blocks of rows among the threads."""
     out = w.shape[0]
     for block in prange((out + _ROWS - 1) // _ROWS):  # the Projection made here: a parallel loop takes none in
-        projection = Projection(kind=kind, w=w.ctypes.data, row_bytes=w.shape[1], width=y.shape[1], x=0, n=0, xs=0,
-                                y=y.ctypes.data, ys=y.shape[1], bias=0, residual=0, rs=0, qx=0, xd=0, xsum=0,
-                                xtotal=0)
+        projection = Projection(kind=kind, w=w.ctypes.data, rows=out, row_bytes=w.shape[1], width=y.shape[1], x=0,
+                                n=0, xs=0, y=y.ctypes.data, ys=y.shape[1], bias=0, residual=0, rs=0, qx=0, xd=0,
+                                xsum=0, xtotal=0)
         call(kernel, projection, block * _ROWS, min(out, block * _ROWS + _ROWS))
 
 
@@ -108,12 +108,12 @@ def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compi
     totals = np.empty(d.shape, np.int32)
     qx, xd, xsum, xtotal = (q.ctypes.data, d.ctypes.data, s.ctypes.data, totals.ctypes.data) if int8 else (0, 0, 0, 0)
     if int8:
-        call(quantize, Projection(kind=kind, w=0, row_bytes=0, width=width, x=x.ctypes.data, n=n, xs=x.shape[1],
+        call(quantize, Projection(kind=kind, w=0, rows=0, row_bytes=0, width=width, x=x.ctypes.data, n=n, xs=x.shape[1],
                                   y=0, ys=0, bias=0, residual=0, rs=0, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal), 0, n)
     for block in prange((out + _ROWS - 1) // _ROWS):  # the Projection made here: a parallel loop takes none in
-        projection = Projection(kind=kind, w=w.ctypes.data, row_bytes=w.shape[1], width=width, x=x.ctypes.data, n=n,
-                                xs=x.shape[1], y=y.ctypes.data, ys=y.shape[1], bias=b.ctypes.data, residual=r, rs=rs,
-                                qx=qx, xd=xd, xsum=xsum, xtotal=xtotal)
+        projection = Projection(kind=kind, w=w.ctypes.data, rows=out, row_bytes=w.shape[1], width=width,
+                                x=x.ctypes.data, n=n, xs=x.shape[1], y=y.ctypes.data, ys=y.shape[1],
+                                bias=b.ctypes.data, residual=r, rs=rs, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal)
         call(address, projection, block * _ROWS, min(out, block * _ROWS + _ROWS))
 
 
@@ -138,8 +138,8 @@ PATHS = ("native", "ymm", "avx2", "portable")
 def build(path: str = "native") -> Path:
     """Compile blocks.cpp for this machine, once per source, compiler and CPU; return the shared
     library's path. `path`: "native", everything the CPU's flags offer (`-march=native`: AVX2, and for
-    the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them, and with AVX-512 a pass of several
-    tokens reading two tiles at once in 512-bit registers); "ymm", that code in 256-bit registers only;
+    the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them, and with AVX-512 whole 16-row tiles
+    read in 512-bit registers); "ymm", that code in 256-bit registers only;
     "avx2", the AVX2 code without VNNI; "portable", the loops every machine runs. All give bitwise the
     same sums; the others are for tests and benchmarks to compare with."""
     if path not in PATHS:
@@ -191,8 +191,8 @@ class Kernel:
         self._tile = self._library.specdraft_tile
         self._tile.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         self._tile_values = self._library.specdraft_tile_values
-        self._tile_values.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                      ctypes.c_int64, ctypes.c_void_p]
+        self._tile_values.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                      ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._offsets = {"projection": self._library.specdraft_projection_offset,
                          "attention": self._library.specdraft_attention_offset}
         for offset in self._offsets.values():
@@ -206,7 +206,7 @@ class Kernel:
 
     def tile(self, w: np.ndarray, kind: int) -> np.ndarray:
         """GGUF rows w [out, row bytes] of `kind` (out a multiple of 8) as the int8 arithmetic's tiles:
-        the same bytes rearranged, 8 rows interleaved (blocks.cpp's int8 section says how)."""
+        the same bytes rearranged, 16 rows interleaved (blocks.cpp's int8 section says how)."""
         assert kind != F32 and w.shape[0] % TILE_ROWS == 0 and w.dtype == np.uint8
         w = np.ascontiguousarray(w)
         out = np.empty_like(w)
@@ -218,7 +218,8 @@ class Kernel:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         assert tiles.flags.c_contiguous and (ids.size == 0 or (ids.min() >= 0 and ids.max() < tiles.shape[0]))
         out = np.empty((ids.size, width), np.float32)
-        self._tile_values(kind, tiles.ctypes.data, tiles.shape[1], width, ids.ctypes.data, ids.size, out.ctypes.data)
+        self._tile_values(kind, tiles.ctypes.data, tiles.shape[0], tiles.shape[1], width, ids.ctypes.data, ids.size,
+                          out.ctypes.data)
         return out
 
     def kind(self, kind: int) -> tuple[str, int, int] | None:

@@ -36,7 +36,7 @@ class BlockLinear(torch.nn.Module):
     computing in `arithmetic` (`ARITHMETICS`). As a module, float32 dequantises and runs
     `FewRowsLinear`'s arithmetic, the dense layer's result; int8 runs the kernel's int8 arithmetic
     (float32 activations on CPU; elsewhere it dequantises, as float32). In the int8 arithmetic the
-    blocks are held as the kernel's tiles (`Kernel.tile`: the same bytes, 8 rows interleaved)."""
+    blocks are held as the kernel's tiles (`Kernel.tile`: the same bytes, 16 rows interleaved)."""
 
     def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, arithmetic: str = "float32") -> None:
         super().__init__()
@@ -92,7 +92,7 @@ class BlockEmbedding(torch.nn.Module):
 
 def int8_problem(model: torch.nn.Module) -> str | None:
     """Why `model`'s block layers cannot compute in the int8 arithmetic (None: they can): it runs on
-    CPU by the compiled kernel, over tiles of 8 rows."""
+    CPU by the compiled kernel, over tiles of 16 rows (the last may have 8)."""
     layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
     if not layers:
         return "the model has no GGUF-block layers"
