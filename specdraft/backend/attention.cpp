@@ -1,8 +1,9 @@
 // Attention over a row's cached keys and values, for the CPU step's layers (numba_layers.attend):
-// one job is one token's query head over one span of `span` cache entries at a
-// fixed offset (flash-decoding's split, fixed so that a token's result does not depend on the pass it
-// is in). A job keeps its span's softmax as (max score, sum of exp(score - max), the values so
-// weighted); numba joins the spans after, in order.
+// one job is two (token, query head) pairs of one kv head (a query each, the same row) over one span
+// of `span` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's result
+// does not depend on the pass it is in). The two queries take each key and value the job loads
+// (loads, not multiply-adds, bound a query alone). A query keeps its span's softmax as (max score,
+// sum of exp(score - max), the values so weighted); numba joins the spans after, in order.
 //
 // One order of arithmetic per (token, head, span), whatever the pass, the batch or the path:
 //   - a score is q . k in 16 lanes: lane l takes elements l, l + 16, ... in order, each a fused
@@ -51,9 +52,16 @@ struct Attention {
 namespace {
 
 constexpr int64_t kMaxSpan = 256;
+constexpr int64_t kQueries = 2;  // queries a job computes
 constexpr float kLog2e = 1.4426950408889634f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 
 #ifdef SPECDRAFT_ATTENTION_AVX2
+
+#ifdef __AVX512VL__  // 32 vector registers: scores of 4 keys, weighted values of 64 elements at a time
+constexpr int kKeys = 4, kChunk = 8;
+#else  // 16
+constexpr int kKeys = 2, kChunk = 4;
+#endif
 
 inline float lanes_sum(__m256 a) {  // (l + (l + 4)), then + 2, then + 1
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -75,34 +83,55 @@ inline __m128 lanes_sums(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps(s1, 1));
 }
 
-// q . k in 16 lanes (0-7 in one register, 8-15 in another), the two then added: 8 lanes.
-inline __m256 dot_lanes(const float* q, const float* k, int64_t n) {
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+// dots[u][first + r] = q[u] . k[r] (keys k + r * n, r < K) in 16 lanes (0-7 in one register, 8-15
+// in another), the two then added: 8 lanes. Each key's halves are loaded once for the Q queries.
+template <int Q, int K>
+inline void dot_lanes(const float* const* q, const float* k, int64_t n, __m256 (*dots)[4], int first) {
+    __m256 a[Q][K], b[Q][K];
+    for (int u = 0; u < Q; ++u)
+        for (int r = 0; r < K; ++r) a[u][r] = b[u][r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a);
-        b = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), b);
+        __m256 low[K], high[K];
+        for (int r = 0; r < K; ++r) {
+            low[r] = _mm256_loadu_ps(k + r * n + i);
+            high[r] = _mm256_loadu_ps(k + r * n + i + 8);
+        }
+        for (int u = 0; u < Q; ++u) {
+            const __m256 ql = _mm256_loadu_ps(q[u] + i), qh = _mm256_loadu_ps(q[u] + i + 8);
+            for (int r = 0; r < K; ++r) {
+                a[u][r] = _mm256_fmadd_ps(ql, low[r], a[u][r]);
+                b[u][r] = _mm256_fmadd_ps(qh, high[r], b[u][r]);
+            }
+        }
     }
-    return _mm256_add_ps(a, b);
+    for (int u = 0; u < Q; ++u)
+        for (int r = 0; r < K; ++r) dots[u][first + r] = _mm256_add_ps(a[u][r], b[u][r]);
 }
 
-// scores[j] = (q . keys[j]) * scale where seen[j], else 0, for j < width (a multiple of 8); returns
-// the largest seen score (-inf: none). Unseen keys are computed too, four at a time, and dropped.
-inline float score_keys(const float* q, const float* keys, int64_t hd, const uint8_t* seen, int64_t width,
-                        float scale, float* scores) {
-    __m128 top = _mm_set1_ps(-INFINITY);
+// For each query u < Q: scores[u][j] = (q[u] . keys[j]) * scale where seen[u][j], else 0, for j <
+// width (a multiple of 8), and tops[u] the largest seen score (-inf: none). Unseen keys are computed
+// too, four at a time, and dropped.
+template <int Q>
+inline void score_keys(const float* const* q, const float* keys, int64_t hd, const uint8_t (*seen)[kMaxSpan],
+                       int64_t width, float scale, float (*scores)[kMaxSpan], float* tops) {
+    __m128 top[Q];
+    for (int u = 0; u < Q; ++u) top[u] = _mm_set1_ps(-INFINITY);
     for (int64_t j = 0; j < width; j += 4) {
-        const float* k = keys + j * hd;
-        __m128 s = lanes_sums(dot_lanes(q, k, hd), dot_lanes(q, k + hd, hd), dot_lanes(q, k + 2 * hd, hd),
-                              dot_lanes(q, k + 3 * hd, hd));
-        s = _mm_mul_ps(s, _mm_set1_ps(scale));
-        int32_t flags;
-        std::memcpy(&flags, seen + j, 4);
-        const __m128 keep = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(flags)), _mm_setzero_si128()));
-        _mm_storeu_ps(scores + j, _mm_and_ps(s, keep));
-        top = _mm_max_ps(top, _mm_blendv_ps(_mm_set1_ps(-INFINITY), s, keep));
+        __m256 dots[Q][4];
+        for (int first = 0; first < 4; first += kKeys) dot_lanes<Q, kKeys>(q, keys + (j + first) * hd, hd, dots, first);
+        for (int u = 0; u < Q; ++u) {
+            const __m128 s = _mm_mul_ps(lanes_sums(dots[u][0], dots[u][1], dots[u][2], dots[u][3]), _mm_set1_ps(scale));
+            int32_t flags;
+            std::memcpy(&flags, seen[u] + j, 4);
+            const __m128 keep = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(flags)), _mm_setzero_si128()));
+            _mm_storeu_ps(scores[u] + j, _mm_and_ps(s, keep));
+            top[u] = _mm_max_ps(top[u], _mm_blendv_ps(_mm_set1_ps(-INFINITY), s, keep));
+        }
     }
-    top = _mm_max_ps(top, _mm_movehl_ps(top, top));
-    return _mm_cvtss_f32(_mm_max_ss(top, _mm_shuffle_ps(top, top, 1)));
+    for (int u = 0; u < Q; ++u) {
+        const __m128 t = _mm_max_ps(top[u], _mm_movehl_ps(top[u], top[u]));
+        tops[u] = _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+    }
 }
 
 // out[j] = exp(x[j]) for 8 entries (clamped to [-87, 88], 2^m times a polynomial to r^7).
@@ -133,26 +162,34 @@ inline float weigh(const float* scores, const uint8_t* seen, float top, int64_t 
     return lanes_sum(total);
 }
 
-// out[d0 .. d0 + 8C) = the seen entries' weights times their values, fused multiply-adds in entry order.
-template <int C>
-inline void weighted_chunk(const float* values, int64_t head_dim, const float* weights, const uint8_t* seen,
-                           int64_t n, float* out) {
-    __m256 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+// out[u][d0 .. d0 + 8C) = query u's seen entries' weights times their values, fused multiply-adds in
+// entry order; each entry's values loaded once for the Q queries.
+template <int Q, int C>
+inline void weighted_chunk(const float* values, int64_t head_dim, const float (*weights)[kMaxSpan],
+                           const uint8_t (*seen)[kMaxSpan], int64_t n, float* const* out, int64_t d0) {
+    __m256 acc[Q][C];
+    for (int u = 0; u < Q; ++u)
+        for (int c = 0; c < C; ++c) acc[u][c] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
-        if (!seen[j]) continue;
-        const __m256 e = _mm256_set1_ps(weights[j]);
-        const float* v = values + j * head_dim;
-        for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 8 * c), acc[c]);
+        const float* v = values + j * head_dim + d0;
+        __m256 x[C];
+        for (int c = 0; c < C; ++c) x[c] = _mm256_loadu_ps(v + 8 * c);
+        for (int u = 0; u < Q; ++u) {
+            if (!seen[u][j]) continue;
+            const __m256 e = _mm256_set1_ps(weights[u][j]);
+            for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(e, x[c], acc[u][c]);
+        }
     }
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+    for (int u = 0; u < Q; ++u)
+        for (int c = 0; c < C; ++c) _mm256_storeu_ps(out[u] + d0 + 8 * c, acc[u][c]);
 }
 
-inline void weighted_values(const float* values, int64_t head_dim, const float* weights, const uint8_t* seen,
-                            int64_t n, float* out) {
+template <int Q>
+inline void weighted_values(const float* values, int64_t head_dim, const float (*weights)[kMaxSpan],
+                            const uint8_t (*seen)[kMaxSpan], int64_t n, float* const* out) {
     int64_t d = 0;
-    for (; d + 64 <= head_dim; d += 64) weighted_chunk<8>(values + d, head_dim, weights, seen, n, out + d);
-    for (; d < head_dim; d += 16) weighted_chunk<2>(values + d, head_dim, weights, seen, n, out + d);
+    for (; d + 8 * kChunk <= head_dim; d += 8 * kChunk) weighted_chunk<Q, kChunk>(values, head_dim, weights, seen, n, out, d);
+    for (; d < head_dim; d += 16) weighted_chunk<Q, 2>(values, head_dim, weights, seen, n, out, d);
 }
 
 #else  // portable loops: the same operations
@@ -171,14 +208,16 @@ inline float dot(const float* q, const float* k, int64_t n) {
     return lanes_sum(a);
 }
 
-inline float score_keys(const float* q, const float* keys, int64_t hd, const uint8_t* seen, int64_t width,
-                        float scale, float* scores) {
-    float top = -INFINITY;
-    for (int64_t j = 0; j < width; ++j) {
-        scores[j] = seen[j] ? dot(q, keys + j * hd, hd) * scale : 0.0f;
-        if (seen[j]) top = std::fmax(top, scores[j]);
+template <int Q>
+inline void score_keys(const float* const* q, const float* keys, int64_t hd, const uint8_t (*seen)[kMaxSpan],
+                       int64_t width, float scale, float (*scores)[kMaxSpan], float* tops) {
+    for (int u = 0; u < Q; ++u) {
+        tops[u] = -INFINITY;
+        for (int64_t j = 0; j < width; ++j) {
+            scores[u][j] = seen[u][j] ? dot(q[u], keys + j * hd, hd) * scale : 0.0f;
+            if (seen[u][j]) tops[u] = std::fmax(tops[u], scores[u][j]);
+        }
     }
-    return top;
 }
 
 inline float exp_one(float x) {
@@ -205,49 +244,69 @@ inline float weigh(const float* scores, const uint8_t* seen, float top, int64_t 
     return lanes_sum(total);
 }
 
-inline void weighted_values(const float* values, int64_t head_dim, const float* weights, const uint8_t* seen,
-                            int64_t n, float* out) {
-    for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-        if (!seen[j]) continue;
-        for (int64_t d = 0; d < head_dim; ++d) out[d] = std::fmaf(weights[j], values[j * head_dim + d], out[d]);
+template <int Q>
+inline void weighted_values(const float* values, int64_t head_dim, const float (*weights)[kMaxSpan],
+                            const uint8_t (*seen)[kMaxSpan], int64_t n, float* const* out) {
+    for (int u = 0; u < Q; ++u) {
+        for (int64_t d = 0; d < head_dim; ++d) out[u][d] = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+            if (!seen[u][j]) continue;
+            for (int64_t d = 0; d < head_dim; ++d) out[u][d] = std::fmaf(weights[u][j], values[j * head_dim + d], out[u][d]);
+        }
     }
 }
 
 #endif
 
-void attend_job(const Attention& a, int64_t job) {
-    // Tokens vary fastest, then the query heads of a kv head: consecutive jobs (one thread's, in a
-    // parallel loop's share) read the same span of keys and values, from the near caches after the
-    // first; and a decode token's few spans still make a job for each of its heads to share out.
-    const int64_t group = a.heads / a.kv_heads, n = a.tokens;
-    const int64_t t = job % n, u = (job / n) % group, span = (job / (n * group)) % a.spans;
-    const int64_t g = job / (n * group * a.spans), head = g * group + u;
+// Queries q0 .. q0 + Q - 1 of kv head g (query q: token q / group, head g * group + q % group), all of
+// one row, over span `span`.
+template <int Q>
+void attend_queries(const Attention& a, int64_t g, int64_t span, int64_t q0) {
+    const int64_t group = a.heads / a.kv_heads, row = a.rows[q0 / group];
     const int64_t hd = a.head_dim, first = span * a.span, count = a.kv - first < a.span ? a.kv - first : a.span;
     const float scale = float(1.0 / std::sqrt(double(hd)));
-    const int64_t cache = ((a.rows[t] * a.kv_heads + g) * a.capacity + first) * hd;
-    // The span's flags, padded with unseen entries to a multiple of 8.
-    alignas(32) uint8_t seen[kMaxSpan] = {};
-    const int64_t width = (count + 7) / 8 * 8;
-    std::memcpy(seen, a.visible + t * a.kv + first, count);
-    alignas(32) float scores[kMaxSpan], weights[kMaxSpan];  // unseen entries' scores 0: numbers
-    const float top = score_keys(a.qkv + t * a.qkv_stride + head * hd, a.keys + cache, hd, seen, width, scale, scores);
-    const int64_t at = (t * a.heads + head) * a.spans + span;
-    float* out = a.sums + at * hd;
-    a.tops[at] = top;
-    if (top == -INFINITY) {  // nothing seen: the span adds nothing
-        a.totals[at] = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
+    const int64_t cache = ((row * a.kv_heads + g) * a.capacity + first) * hd;
+    const int64_t width = (count + 7) / 8 * 8;  // the flags padded with unseen entries to a multiple of 8
+    alignas(32) uint8_t seen[Q][kMaxSpan] = {};
+    alignas(32) float scores[Q][kMaxSpan], weights[Q][kMaxSpan];  // unseen entries' scores 0: numbers
+    const float* q[Q];
+    float* out[Q];
+    int64_t at[Q];
+    for (int u = 0; u < Q; ++u) {
+        const int64_t t = (q0 + u) / group, head = g * group + (q0 + u) % group;
+        std::memcpy(seen[u], a.visible + t * a.kv + first, count);
+        q[u] = a.qkv + t * a.qkv_stride + head * hd;
+        at[u] = (t * a.heads + head) * a.spans + span;
+        out[u] = a.sums + at[u] * hd;
+    }
+    float tops[Q];
+    score_keys<Q>(q, a.keys + cache, hd, seen, width, scale, scores, tops);
+    for (int u = 0; u < Q; ++u) {  // a query that sees nothing: -inf, 0, and (no entry weighted) 0s
+        a.tops[at[u]] = tops[u];
+        a.totals[at[u]] = tops[u] == -INFINITY ? 0.0f : weigh(scores[u], seen[u], tops[u], width, weights[u]);
+    }
+    weighted_values<Q>(a.values + cache, hd, weights, seen, count, out);
+}
+
+// Job `job`: queries 2p and 2p + 1 of kv head g's tokens * group over one span (one alone where it is
+// the last, or the two are of different rows). Pairs vary fastest, then spans: consecutive jobs (one
+// thread's, in a parallel loop's share) read the same span of keys and values.
+void attend_job(const Attention& a, int64_t job) {
+    const int64_t group = a.heads / a.kv_heads, all = a.tokens * group, pairs = (all + kQueries - 1) / kQueries;
+    const int64_t pair = job % pairs, span = (job / pairs) % a.spans, g = job / (pairs * a.spans);
+    const int64_t q0 = pair * kQueries;
+    if (q0 + 1 < all && a.rows[q0 / group] == a.rows[(q0 + 1) / group]) {
+        attend_queries<2>(a, g, span, q0);
         return;
     }
-    a.totals[at] = weigh(scores, seen, top, width, weights);
-    weighted_values(a.values + cache, hd, weights, seen, count, out);
+    for (int64_t q = q0; q < q0 + kQueries && q < all; ++q) attend_queries<1>(a, g, span, q);
 }
 
 }  // namespace
 
-// Jobs [start, end) of a layer's attention (job = ((kv head * spans + span) * group + query head in
-// the group) * tokens + token).
+// Jobs [start, end) of a layer's attention (job = (kv head * spans + span) * pairs + pair: queries
+// 2 pair and 2 pair + 1 of the kv head's tokens * group, query q = token * group + query head in the
+// group; pairs = ceil(tokens * group / 2)).
 extern "C" void specdraft_attend(const Attention* a, int64_t start, int64_t end) {
     for (int64_t job = start; job < end; ++job) attend_job(*a, job);
 }

@@ -336,8 +336,9 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows.
     kernel: the compiled kernel's `specdraft_attend` address (`attention_kernel`), or 0: numba's loops.
 
-    A job is one token's query heads that share a kv head (they share its key and value loads) over
-    a span of `SPAN` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
+    A job is queries that share a kv head (and its key and value loads; the kernel's: two (token, query
+    head) pairs, `blocks.JOB_QUERIES`; numba's loops': one token's query heads) over a span of `SPAN`
+    cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
     result does not depend on the pass), each span's softmax kept as (max, sum, weighted values) and
     joined after in order. Either way one order of arithmetic per (token, head, span): the kernel's
     (attention.cpp states it), or numba's loops'."""
@@ -359,8 +360,9 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     tops = np.empty((n, heads, spans), np.float32)
     totals = np.empty((n, heads, spans), np.float32)
     sums = np.empty((n, heads, spans, head_dim), np.float32)
-    if kernel != 0:  # a job per token, query head and span
-        for job in prange(n * heads * spans):  # the Attention made here: a parallel loop takes none in
+    if kernel != 0:  # a job per span and two of a kv head's (token, query head) pairs
+        pairs = (n * group + blocks.JOB_QUERIES - 1) // blocks.JOB_QUERIES
+        for job in prange(kv_heads * spans * pairs):  # the Attention made here: a parallel loop takes none in
             attention = blocks.Attention(
                 qkv=qkv.ctypes.data, qkv_stride=qkv.shape[1], rows=rows.ctypes.data, visible=visible.ctypes.data,
                 kv=kv, keys=keys.ctypes.data, values=values.ctypes.data, capacity=keys.shape[2], heads=heads,

@@ -48,6 +48,7 @@ kv_heads, capacity, head_dim] float32 (head_dim a multiple of 16); span, spans: 
 and how many spans; tokens: n; tops, totals [n, heads, spans], sums [n, heads, spans, head_dim] float32: what each
 job writes (attention.cpp says how it sums)."""
 MAX_SPAN = 256  # attention.cpp's kMaxSpan
+JOB_QUERIES = 2  # attention.cpp's kQueries: the (token, query head) pairs of one kv head a job computes
 
 
 @intrinsic
@@ -136,12 +137,13 @@ PATHS = ("native", "ymm", "avx2", "portable")
 
 
 def build(path: str = "native") -> Path:
-    """Compile blocks.cpp for this machine, once per source, compiler and CPU; return the shared
-    library's path. `path`: "native", everything the CPU's flags offer (`-march=native`: AVX2, and for
-    the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them, and with AVX-512 whole 16-row tiles
-    read in 512-bit registers); "ymm", that code in 256-bit registers only;
-    "avx2", the AVX2 code without VNNI; "portable", the loops every machine runs. All give bitwise the
-    same sums; the others are for tests and benchmarks to compare with."""
+    """Compile blocks.cpp (with attention.cpp) for this machine, once per source, compiler and CPU;
+    return the shared library's path. `path`: "native", everything the CPU's flags offer
+    (`-march=native`: AVX2, and for the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them,
+    and with AVX-512 whole 16-row tiles read in 512-bit registers); "ymm", that code in 256-bit
+    registers only; "avx2", the AVX2 code without VNNI, compiled as for a machine without AVX-512 (16
+    vector registers); "portable", the loops every machine runs. All give bitwise the same sums; the
+    others are for tests and benchmarks to compare with."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
     compiler = _compiler()
@@ -149,7 +151,9 @@ def build(path: str = "native") -> Path:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math"]
-    flags += {"native": [], "ymm": ["-DSPECDRAFT_NO_ZMM"], "avx2": ["-DSPECDRAFT_NO_VNNI"],
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+    # "avx2" as a machine without AVX-512 compiles it: 16 vector registers, no VNNI.
+    flags += {"native": [], "ymm": ["-DSPECDRAFT_NO_ZMM"], "avx2": ["-DSPECDRAFT_NO_VNNI"] + ["-mno-avx512f"] * x86,
               "portable": ["-DSPECDRAFT_PORTABLE"]}[path]
     texts = [source.read_text() for source in SOURCES]
     key = hashlib.sha256("\0".join([*texts, version, _machine(), *flags]).encode()).hexdigest()[:16]
