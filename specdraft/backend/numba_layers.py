@@ -224,17 +224,19 @@ def _exp(x, out, scale):  # pragma: no cover - compiled
         out[i] *= factor[i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _silu_gate(gate_up, act):  # pragma: no cover - compiled
-    """act[t, j] = silu(gate[t, j]) * up[t, j]; gate_up [N, 2 * inter]: gate, then up."""
+    """act[t, j] = silu(gate[t, j]) * up[t, j]; gate_up [N, 2 * inter]: gate, then up. (The divisor is
+    at least 1: no check for zero, which would keep the division from vectorising.)"""
     inter = act.shape[1]
     negated, e, scale = np.empty(inter, np.float32), np.empty(inter, np.float32), np.empty(inter, np.int32)
     for t in range(act.shape[0]):
+        gate, up, out = gate_up[t, :inter], gate_up[t, inter:], act[t]  # rows: loops that vectorise
         for j in range(inter):
-            negated[j] = -gate_up[t, j]
+            negated[j] = -gate[j]
         _exp(negated, e, scale)
         for j in range(inter):
-            act[t, j] = gate_up[t, j] / (np.float32(1.0) + e[j]) * gate_up[t, inter + j]
+            out[j] = gate[j] / (np.float32(1.0) + e[j]) * up[j]
 
 
 @njit(fastmath=_SUM, cache=True)
