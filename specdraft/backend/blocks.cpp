@@ -410,19 +410,22 @@ constexpr int64_t kInt8Tokens = 16;  // tokens a tile's sums are held for at onc
 constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the block computed (memory's latency)
 
 // Where half h of a tile keeps block 0's scales (d; Q4_1's m) and integers (vector v at q + v * vector),
-// and how far on block b + 1's are (stride).
-struct Half {
-    const uint8_t* d;
-    const uint8_t* m;
-    const uint8_t* q;
+// and how far on block b + 1's are (stride). Byte: const uint8_t to read tiles, uint8_t to write them.
+template <typename Byte>
+struct HalfOf {
+    Byte* d;
+    Byte* m;
+    Byte* q;
     int64_t vector;
     int64_t stride;
 };
+using Half = HalfOf<const uint8_t>;
 
-// Half h (0, 1) of the tile that holds rows 8g .. 8g + 7 (g = 2i + h) of weights `rows` rows long.
-Half half_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t g) {
+// Half h (0, 1) of the tile that holds rows 8g .. 8g + 7 (g = 2i + h) of weights w, `rows` rows long.
+template <typename Byte>
+HalfOf<Byte> half_tile(int64_t kind, Byte* w, int64_t rows, int64_t row_bytes, int64_t g) {
     const int64_t i = g / 2, h = g % 2, R = 16 * i + kTile <= rows ? kTile : kTileRows;
-    const uint8_t* tile = w + kTile * i * row_bytes;
+    Byte* tile = w + kTile * i * row_bytes;
     const int64_t scales = kind == Q4_1 ? 4 * R : 2 * R;  // d (and m) of R rows
     return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * block_bytes(kind)};
 }
@@ -805,14 +808,14 @@ extern "C" int64_t specdraft_projection_offset(const char* field) {
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
     const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes;
     for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
-        const Half half = half_tile(kind, out, rows, row_bytes, g);
+        const HalfOf<uint8_t> half = half_tile(kind, out, rows, row_bytes, g);
         for (int64_t b = 0; b < blocks; ++b) {
             const int64_t at = b * half.stride;
             for (int r = 0; r < kTileRows; ++r) {
                 const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * bytes;
-                uint8_t* q = const_cast<uint8_t*>(half.q) + at;
-                std::memcpy(const_cast<uint8_t*>(half.d) + at + 2 * r, block, 2);  // d
-                if (kind == Q4_1) std::memcpy(const_cast<uint8_t*>(half.m) + at + 2 * r, block + 2, 2);  // m
+                uint8_t* q = half.q + at;
+                std::memcpy(half.d + at + 2 * r, block, 2);  // d
+                if (kind == Q4_1) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
                 for (int j = 0; j < kBlock; ++j) {
                     const int group = j / 4, e = j % 4;
                     if (kind == Q4_1) {
