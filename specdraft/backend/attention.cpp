@@ -52,7 +52,7 @@ struct Attention {
 namespace {
 
 constexpr int64_t kMaxSpan = 256;
-constexpr int64_t kQueries = 2;  // queries a job computes
+constexpr int kQueries = 2;  // queries a job computes (`attend_job` pairs them)
 constexpr float kLog2e = 1.4426950408889634f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 
 #ifdef SPECDRAFT_ATTENTION_AVX2
@@ -295,8 +295,9 @@ void attend_job(const Attention& a, int64_t job) {
     const int64_t group = a.heads / a.kv_heads, all = a.tokens * group, pairs = (all + kQueries - 1) / kQueries;
     const int64_t pair = job % pairs, span = (job / pairs) % a.spans, g = job / (pairs * a.spans);
     const int64_t q0 = pair * kQueries;
+    static_assert(kQueries == 2, "a job's queries are the pair q0, q0 + 1: one row check");
     if (q0 + 1 < all && a.rows[q0 / group] == a.rows[(q0 + 1) / group]) {
-        attend_queries<2>(a, g, span, q0);
+        attend_queries<kQueries>(a, g, span, q0);
         return;
     }
     for (int64_t q = q0; q < q0 + kQueries && q < all; ++q) attend_queries<1>(a, g, span, q);

@@ -409,6 +409,13 @@ constexpr int64_t kTile = 16;        // rows a whole tile interleaves
 constexpr int64_t kInt8Tokens = 16;  // tokens a tile's sums are held for at once
 constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the block computed (memory's latency)
 
+// A tile's block of `bytes` at `block`: a pass of several tokens asks for the lines kInt8Ahead on, into
+// L2 (`prefetch_far`); a decode token asks for nothing.
+inline void ask_ahead(const Projection& p, const uint8_t* block, int64_t bytes) {
+    if (p.n == 1) return;
+    for (int64_t line = 0; line < bytes; line += 64) prefetch_far(block + kInt8Ahead + line);
+}
+
 // Where half h of a tile keeps block 0's scales (d; Q4_1's m) and integers (vector v at q + v * vector),
 // and how far on block b + 1's are (stride). Byte: const uint8_t to read tiles, uint8_t to write them.
 template <typename Byte>
@@ -579,8 +586,7 @@ void int8_group(const Projection& p, int64_t g, int64_t halves, int64_t t0, int6
         for (int64_t t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < p.width / kBlock; ++b) {
         const int64_t at = b * parts[0].stride;
-        if (p.n > 1)
-            for (int64_t line = 0; line < parts[0].stride; line += 64) prefetch_far(parts[0].d + at + kInt8Ahead + line);
+        ask_ahead(p, parts[0].d + at, parts[0].stride);
         for (int64_t h = 0; h < halves; ++h) int8_half_block(p, parts[h], b, at, t0, T, acc[h]);
     }
     for (int64_t h = 0; h < halves; ++h) {
@@ -606,8 +612,7 @@ void int8_tile(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
     for (int64_t t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes + b * stride;
-        if (p.n > 1)
-            for (int64_t line = 0; line < stride; line += 64) prefetch_far(tile + kInt8Ahead + line);
+        ask_ahead(p, tile, stride);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
         __m512 mw = _mm512_setzero_ps();
         __m512i w[8];

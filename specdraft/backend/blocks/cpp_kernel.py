@@ -177,8 +177,9 @@ CODES = {0: "portable", 2: "avx2", 3: "avx2+avx-vnni", 4: "avx2+avx512-vnni",
 
 class Kernel:
     """The loaded kernel: `address` of `specdraft_project` (what numba calls), `quantize_address` of
-    `specdraft_quantize`, `expand_address` of `specdraft_expand`, `attend_address` of `specdraft_attend`; `code`, what it runs (`CODES`:
-    the portable loops, AVX2, AVX2 with a VNNI's int8 sums), and `avx2` whether that uses AVX2."""
+    `specdraft_quantize`, `expand_address` of `specdraft_expand`, `attend_address` of
+    `specdraft_attend`; `code`, what it runs (`CODES`: the portable loops, AVX2, AVX2 with a VNNI's
+    int8 sums, with 512-bit tiles), and `avx2` whether that uses AVX2."""
 
     def __init__(self, path: Path) -> None:
         self._library = ctypes.CDLL(str(path))  # kept: unloading it would free the code
