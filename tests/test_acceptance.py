@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from specdraft.sampling import inverse_cdf
-from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
+from specdraft.verifier.acceptance import PAD, greedy_accept, greedy_accept_host, rejection_sample
 
 V = 8
 
@@ -37,6 +38,23 @@ def test_greedy_table(draft, target, expected_tokens, expected_accepted):
     row = tokens[0].tolist()
     assert row[: expected_accepted + 1] == expected_tokens
     assert all(t == PAD for t in row[expected_accepted + 1 :])
+
+
+def test_greedy_on_the_host_is_the_same_rule():
+    """`greedy_accept_host` (a CPU pass's logits, already on the host) against the torch rule: rows
+    of random drafts (padded, partly right), ties in the logits (the first maximum wins), k = 0."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        batch, k = int(rng.integers(1, 5)), int(rng.integers(0, 6))
+        logits = rng.integers(0, 4, (batch, k + 1, V)).astype(np.float32)  # small integers: many ties
+        target = logits.argmax(-1)
+        draft = np.where(rng.random((batch, k)) < 0.7, target[:, :k], rng.integers(0, V, (batch, k)))
+        lengths = rng.integers(0, k + 1, batch)
+        draft[np.arange(k)[None, :] >= lengths[:, None]] = PAD
+        tokens, accepted = greedy_accept(torch.from_numpy(logits), torch.from_numpy(draft))
+        host_tokens, host_accepted = greedy_accept_host(logits, draft)
+        assert host_tokens.dtype == np.int64 and host_accepted.dtype == np.int64
+        assert host_tokens.tolist() == tokens.tolist() and host_accepted.tolist() == accepted.tolist()
 
 
 def test_greedy_rows_are_independent():

@@ -4,6 +4,7 @@ engine stops verifying drafts that keep failing while output stays exact."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from specdraft.engine import Engine
@@ -344,3 +345,44 @@ def test_one_empty_proposal_does_not_stop_a_measured_drafter_but_a_run_of_them_d
     for _ in range(3):
         called(4)
     assert policy.worth_calling("four", ["a", "b"], [4, 4], 2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_costly_drafter_that_cannot_pay_is_not_priced_yet_chosen_as_if_it_were(seed):
+    """Where every row with a choice waits for costly drafters whose pass for one position costs at
+    least their rows' share of a plain step, `choose` returns plain decoding without pricing the
+    candidates: the choice the pricing makes, step by step, over random costs, acceptance, batches,
+    backlogs and steps that explore."""
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        batch = int(rng.integers(1, 4))
+        verify = {(batch, batch + n): 0.010 + 0.002 * n * float(rng.random()) for n in range(0, 5 * batch + 1)}
+        policies = [policy_with_costs(verify), policy_with_costs(verify)]
+        policies[1]._costly_cannot_pay = lambda plans: False  # every candidate priced
+        plain = verify[(batch, batch)]
+        rows = []
+        for i in range(batch):
+            source = ("model", "hybrid/model")[int(rng.integers(2))]
+            rows.append(RowPlan(f"r{i}", source, 5, False, 5, backlog=int(rng.integers(0, 50)), remaining=100))
+        draft = {source: plain * float(rng.uniform(0.1, 3.0)) for source in ("model", "hybrid/model")}
+        accepted = int(rng.integers(0, 6))
+        for policy in policies:
+            for source, seconds in draft.items():
+                policy.costs.observe_draft(source, 1, seconds)
+                policy.costs.observe_catch_up(source, 1, seconds / 4)
+            for row in rows:
+                policy.begin(row.request_id, "model" if row.source == "model" else "hybrid")
+                for _ in range(10):
+                    observe(policy, row.request_id, 5, accepted, row.source)
+        for _ in range(EXPLORE_EVERY + 2):
+            assert step(policies[0], rows) == step(policies[1], rows)
+
+
+def test_a_costly_drafter_that_cannot_pay_still_has_its_cost_explored():
+    policy = policy_with_costs({(1, w): 0.010 for w in range(1, 7)})  # drafting tokens is free to verify
+    [row] = plans(policy, 1, drafter="model", cheap=False)
+    for _ in range(10):
+        observe(policy, "r0", 5, 5, "model")  # always accepted
+    policy.costs.observe_draft("model", 1, 0.011)  # ... but a draft pass costs more than a plain step
+    chosen = [step(policy, [row])["r0"] for _ in range(2 * EXPLORE_EVERY)]
+    assert sum(n > 0 for n in chosen) == 2 and chosen[EXPLORE_EVERY - 1] > 0

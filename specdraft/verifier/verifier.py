@@ -16,7 +16,7 @@ from specdraft.draft import EMPTY_DRAFT, Draft
 from specdraft.grammar import GrammarError, RowGrammar, mask_words, unpack
 from specdraft.params import SamplingParams
 from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms, request_seed
-from specdraft.verifier.acceptance import PAD, greedy_accept, rejection_sample
+from specdraft.verifier.acceptance import PAD, greedy_accept, greedy_accept_host, rejection_sample
 from specdraft.verifier.logprobs import TokenLogprob, pack_logprobs, unpack_logprobs
 
 
@@ -264,6 +264,10 @@ class Verifier:
         """
         rows = [self._params[r] for r in order]
         greedy = [b for b, row in enumerate(rows) if row.params.greedy]
+        asking = [b for b, row in enumerate(rows) if row.params.logprobs is not None]
+        if len(greedy) == len(rows) and not asking and logits.device.type == "cpu" and logits.dtype == torch.float32:
+            tokens, accepted = greedy_accept_host(logits.detach().numpy(), draft.numpy())  # already on the host
+            return _Emitted(tokens, accepted, [None] * len(rows))
         if len(greedy) == len(rows):
             tokens, accepted = greedy_accept(logits, draft)
         else:
@@ -272,7 +276,6 @@ class Verifier:
                 index = torch.as_tensor(greedy, device=self.device)
                 g_tokens, g_accepted = greedy_accept(logits[index], draft[index])
                 tokens[index], accepted[index] = g_tokens, g_accepted
-        asking = [b for b, row in enumerate(rows) if row.params.logprobs is not None]
         parts = [tokens, accepted[:, None]]  # int64 [batch, k + 1], [batch, 1]
         if asking:
             index = torch.as_tensor(asking, device=self.device)
