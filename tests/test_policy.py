@@ -10,6 +10,7 @@ import pytest
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.policy import EXPLORE_EVERY, CostModel, DraftPolicy, RowPlan, StepReport, Verified
+from specdraft.policy.costs import least_squares
 from specdraft.policy.report import CallTiming
 from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
@@ -386,3 +387,18 @@ def test_a_costly_drafter_that_cannot_pay_still_has_its_cost_explored():
     policy.costs.observe_draft("model", 1, 0.011)  # ... but a draft pass costs more than a plain step
     chosen = [step(policy, [row])["r0"] for _ in range(2 * EXPLORE_EVERY)]
     assert sum(n > 0 for n in chosen) == 2 and chosen[EXPLORE_EVERY - 1] > 0
+
+
+def test_the_verify_cost_line_is_the_least_squares_one():
+    """`costs.least_squares`, closed form where the cells share one batch size, is NumPy's
+    minimum-norm least squares (the intercept split between the constant and the batch size)."""
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        tokens = rng.choice(np.arange(1, 64), int(rng.integers(2, 9)), replace=False)
+        one_batch = trial % 2 == 0
+        cells = {(int(rng.integers(1, 9)) if not one_batch else 3, int(n)): float(0.004 + 0.0003 * n + 0.002 * rng.random())
+                 for n in tokens}
+        cells = [(batch, n, seconds) for (batch, n), seconds in cells.items()]
+        design = np.array([[1.0, batch, n] for batch, n, _ in cells])
+        expected = np.linalg.lstsq(design, np.array([s for *_, s in cells]), rcond=None)[0]
+        assert np.allclose(least_squares(cells), expected, rtol=1e-7, atol=1e-12)
