@@ -35,6 +35,7 @@ disk cache) and loaded when the layers are built, so no step pays for compiling.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 
@@ -434,6 +435,12 @@ def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, e
     return x
 
 
+def _named(name: str):
+    """The call's name in a torch profile, where a profiler runs; nothing otherwise (entering a
+    `record_function` costs ~40 us on a CPU step, profiler or not)."""
+    return torch.profiler.record_function(name) if torch._C._autograd._profiler_enabled() else contextlib.nullcontext()
+
+
 def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
@@ -645,7 +652,7 @@ class NumbaLayers:
         assert cache.dtype == torch.float32 and cache.num_layers == len(self._before)
         self.use_torch_threads()
         keys, values = self._cache(cache)
-        with torch.profiler.record_function("specdraft::numba_stack"):  # a profile's name for this call
+        with _named("specdraft::numba_stack"):
             x = _stack(_array(x), _array(cos), _array(sin), _array(rows), _array(positions), _array(visible),
                        keys, values, self._before, self._after, self._eps, *self._shape, self._kernel,
                        self.attention_address)
@@ -654,5 +661,5 @@ class NumbaLayers:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> float32 logits [N, vocab]."""
         self.use_torch_threads()
-        with torch.profiler.record_function("specdraft::numba_head"):
+        with _named("specdraft::numba_head"):
             return torch.from_numpy(_head(_array(x), *self._head))
