@@ -231,7 +231,9 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
         f"- Max new tokens: {results.get('max_tokens', DASH)}; our draft length k = {results.get('k', DASH)}; greedy",
         "",
         "**How to read.** Every method decodes the same prompts greedily with the same token budget. "
-        "*tok/s* is the median over prompts of generated tokens per wall second (prefill included). "
+        "*tok/s* is the median over prompts of generated tokens per wall second (prefill included)"
+        + (f"; each specdraft method ran {results['runs_per_prompt']} times per prompt, interleaved, and a "
+           "prompt's figure is its run of median speed. " if results.get("runs_per_prompt", 1) > 1 else ". ") +
         "Speedups are ratios of those medians to `specdraft-none` (our plain decoding) and to `hf-generate` "
         "(Hugging Face plain `generate`); *vs HF lookup* is against the faster of Hugging Face's prompt-lookup "
         "settings. *Acceptance* is accepted draft tokens over drafted tokens, summed over prompts; "

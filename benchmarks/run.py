@@ -5,7 +5,7 @@ specdraft with every registered drafter, Hugging Face `generate` (plain), its pr
 default of 10 tokens and at our k), and its assisted generation when a draft model is given.
 Methods run interleaved prompt by prompt, so slow drift of the machine hits all of them alike.
 
-    python -m benchmarks.run [--prompts 12] [--max-tokens 128] [--k 5] [--out benchmarks/results]
+    python -m benchmarks.run [--prompts 12] [--max-tokens 128] [--k 5] [--repeats 3] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -68,6 +68,25 @@ def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], max_tokens: int
     }
 
 
+def run_repeated(ours: dict, ids: list[int], repeats: int) -> dict[str, dict]:
+    """Each of our methods on `ids`, `repeats` rounds interleaved (round r starts at the r-th method, so
+    none always follows the same one): each method's run of median speed (the lower middle one for an
+    even count: a run that happened), with every run's tok/s (`runs_tokens_per_second`) and whether
+    every run gave the same tokens (`same_tokens_every_run`; greedy decoding must)."""
+    names = list(ours)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            runs[name].append(ours[name](ids))
+    out = {}
+    for name, rows in runs.items():
+        row = dict(sorted(rows, key=lambda x: x["tokens_per_second"])[(len(rows) - 1) // 2])
+        row["runs_tokens_per_second"] = [x["tokens_per_second"] for x in rows]
+        row["same_tokens_every_run"] = all(x["token_ids"] == rows[0]["token_ids"] for x in rows)
+        out[name] = row
+    return out
+
+
 def repeat_slow_prompts(cells: dict, prompts: dict, ours: dict, tokenizer, times: int) -> list[dict]:
     """Prompts where ngram ran more than 3% slower than none: run both `times` more times, interleaved,
     so the report can tell noise from a real loss (median ratio over all runs)."""
@@ -126,6 +145,9 @@ def main() -> None:
                         help="specdraft drafters to run: any registered name, plugins included (`specdraft drafters`)")
     parser.add_argument("--drafter-options", type=json.loads, default=None,
                         help='each drafter\'s options by name, as JSON: \'{"ngram": {"max_n": 4}}\'')
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each specdraft method this many times per prompt, interleaved, and keep the "
+                             "run of median speed (this machine's speed moves by a fifth between runs)")
     parser.add_argument("--repeat-slow", type=int, default=3,
                         help="re-run none and ngram this many times on a prompt where ngram looked slower (noise or loss?)")
     parser.add_argument("--dense", action="store_true",
@@ -185,25 +207,26 @@ def main() -> None:
     domains = [d.strip() for d in args.domains.split(",") if d.strip()]
     prompts = {d: load_domain(d, args.prompts) for d in domains}
     cells: dict[tuple[str, str], list[dict]] = {}
-    total = sum(len(p) for p in prompts.values()) * (len(ours) + len(hf_methods))
+    total = sum(len(p) for p in prompts.values()) * (len(ours) * args.repeats + len(hf_methods))
     with tqdm(total=total, desc="benchmark", unit="run") as bar:
         for domain in domains:
             for prompt in prompts[domain]:
                 ids = encode_prompt(loaded.tokenizer, prompt.messages)
+                bar.set_postfix_str(f"{domain} {prompt.id}")
+                rows = {method: fn(ids) for method, fn in hf_methods.items()}
+                rows.update(run_repeated(ours, ids, args.repeats))
                 outputs: dict[str, list[int]] = {}
-                for method, fn in list(hf_methods.items()) + list(ours.items()):
-                    bar.set_postfix_str(f"{domain} {prompt.id} {method}")
-                    row = fn(ids)
+                for method, row in rows.items():
                     outputs[method] = row["token_ids"]
                     reference = outputs[reference_of.get(method, "hf-generate")]
-                    row["lossless"] = row["token_ids"] == reference
+                    row["lossless"] = row["token_ids"] == reference and row.get("same_tokens_every_run", True)
                     if not row["lossless"]:
                         row["divergence"] = near_tie(stock.model, ids, reference, row["token_ids"])
                     row["id"] = prompt.id
                     row["source"] = prompt.source
                     del row["token_ids"]
                     cells.setdefault((domain, method), []).append(row)
-                    bar.update()
+                    bar.update(args.repeats if method in ours else 1)
 
     repeats = repeat_slow_prompts(cells, prompts, ours, loaded.tokenizer, args.repeat_slow)
     results = {
@@ -220,6 +243,7 @@ def main() -> None:
                   else "specdraft and Hugging Face run the same stock model"),
         "max_tokens": args.max_tokens,
         "k": args.k,
+        "runs_per_prompt": args.repeats,  # specdraft's methods; each prompt's row is its run of median speed
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "prompts_per_domain": args.prompts,
         "cells": [

@@ -149,3 +149,19 @@ def test_native_kernel_report_puts_projections_beside_the_step_and_says_whether_
     assert "| 1 | 9.0 / 13.0 | 10.0 / 13.0 | 11.0 / 13.0 | bitwise |" in text
     assert "| 6 | 20.0 / 38.0 | 20.0 / 38.0 | 20.0 / 38.0 | NO |" in text
     assert "8.0 G weights/s" in text
+
+
+def test_repeated_runs_interleave_and_keep_the_run_of_median_speed():
+    from benchmarks.run import run_repeated
+    order, speeds = [], {"a": iter([30.0, 10.0, 20.0]), "b": iter([5.0, 6.0, 7.0])}
+
+    def method(name):
+        def run(ids):
+            order.append(name)
+            return {"token_ids": list(ids), "tokens_per_second": next(speeds[name]), "name": name}
+        return run
+
+    rows = run_repeated({"a": method("a"), "b": method("b")}, [1, 2], repeats=3)
+    assert order == ["a", "b", "b", "a", "a", "b"]  # round r starts at the r-th method
+    assert rows["a"]["tokens_per_second"] == 20.0 and rows["b"]["tokens_per_second"] == 6.0
+    assert rows["a"]["runs_tokens_per_second"] == [30.0, 10.0, 20.0] and rows["a"]["same_tokens_every_run"]
