@@ -17,6 +17,7 @@ why, and `auto` falls back to float32 there."""
 from __future__ import annotations
 
 import copy
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,24 @@ def test_a_tokens_logits_are_bitwise_the_same_in_every_pass(tiny):
     floats = logits_by_passes(native, ids, [90])
     assert not torch.equal(floats, want)  # another arithmetic
     torch.testing.assert_close(want, floats, rtol=0, atol=0.05 * float(floats.abs().max()))
+
+
+@pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
+def test_a_projection_is_bitwise_the_same_on_any_calling_thread(kind):
+    """The server steps on a thread of its own. Each call quantises its tokens into arrays the
+    parallel loop then reads by address: they must live until it ends (once they did not, and on a
+    thread other than the main one the freed memory was reused at once: wrong logits)."""
+    rng = np.random.default_rng(9)
+    tiles = blocks.kernel().tile(random_blocks(rng, kind, 96, 576), kind)
+    bias = np.zeros(96, np.float32)
+    x = activations(rng, 6, 576)
+    want = int8(blocks.kernel(), tiles, kind, x, bias)
+    got = {}
+    for i in range(3):
+        thread = threading.Thread(target=lambda i=i: got.__setitem__(i, int8(blocks.kernel(), tiles, kind, x, bias)))
+        thread.start()
+        thread.join()
+    assert all(np.array_equal(y, want) for y in got.values())
 
 
 def test_a_rows_logits_are_bitwise_the_same_beside_another_row(tiny):

@@ -437,7 +437,7 @@ def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, e
 
 def _named(name: str):
     """The call's name in a torch profile, where a profiler runs; nothing otherwise (entering a
-    `record_function` costs ~40 us on a CPU step, profiler or not)."""
+    `record_function`, profiler or not, cost a CPU step ~0.09 ms a call)."""
     return torch.profiler.record_function(name) if torch._C._autograd._profiler_enabled() else contextlib.nullcontext()
 
 

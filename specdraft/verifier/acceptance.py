@@ -3,7 +3,7 @@
 Every function takes padded drafts `draft [batch, k]` (pad -1) and returns `tokens [batch, k + 1]`
 (the emitted tokens, pad -1) and `accepted [batch]` (accepted draft tokens per row); row b emits
 `accepted[b] + 1` tokens. `greedy_accept_host` is `greedy_accept` on host arrays, for logits that are
-already on the host (a CPU pass): the same tokens, in a tenth of the time.
+already on the host (a CPU pass): the same tokens, in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def greedy_accept(logits: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tens
 def greedy_accept_host(logits: np.ndarray, draft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`greedy_accept` on the host: logits [batch, k + 1, vocab] float32, draft [batch, k] int64 (pad
     -1). The same argmax (NumPy's, the first of equal maxima, as `sampling.argmax` takes on the host),
-    the same prefix rule, in one NumPy reduction and a loop over a few small lists: the torch rule's
-    dozen operations cost ~0.15 ms on a CPU step, after a pass has left the caches cold."""
+    the same prefix rule, in one NumPy reduction and a loop over a few small lists: ~0.04 ms on a CPU
+    step, where the torch rule's dozen operations and the transfer cost ~0.3 ms (a pass has left the
+    caches cold)."""
     batch, k = draft.shape
     target = logits.argmax(axis=-1).tolist()  # [batch][k + 1]
     tokens, accepted = [], []

@@ -107,11 +107,16 @@ def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compi
     d = np.empty((n if int8 else 0, width // BLOCK), np.float32)
     s = np.empty_like(d)
     totals = np.empty(d.shape, np.int32)
-    qx, xd, xsum, xtotal = (q.ctypes.data, d.ctypes.data, s.ctypes.data, totals.ctypes.data) if int8 else (0, 0, 0, 0)
     if int8:
         call(quantize, Projection(kind=kind, w=0, rows=0, row_bytes=0, width=width, x=x.ctypes.data, n=n, xs=x.shape[1],
-                                  y=0, ys=0, bias=0, residual=0, rs=0, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal), 0, n)
+                                  y=0, ys=0, bias=0, residual=0, rs=0, qx=q.ctypes.data, xd=d.ctypes.data,
+                                  xsum=s.ctypes.data, xtotal=totals.ctypes.data), 0, n)
+    # The quantised tokens' addresses are taken inside the loop, so that the loop holds their arrays:
+    # an address taken before it is a plain integer, and numba may free an array after its last use
+    # as an array, before the threads read it (which reads freed memory, and on a thread other than
+    # the main one, memory the allocator has already handed out again).
     for block in prange((out + _ROWS - 1) // _ROWS):  # the Projection made here: a parallel loop takes none in
+        qx, xd, xsum, xtotal = (q.ctypes.data, d.ctypes.data, s.ctypes.data, totals.ctypes.data) if int8 else (0, 0, 0, 0)
         projection = Projection(kind=kind, w=w.ctypes.data, rows=out, row_bytes=w.shape[1], width=width,
                                 x=x.ctypes.data, n=n, xs=x.shape[1], y=y.ctypes.data, ys=y.shape[1],
                                 bias=b.ctypes.data, residual=r, rs=rs, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal)
