@@ -1,4 +1,4 @@
-"""The server on the embedded model, through the official `openai` client and raw HTTP: completions
+"""The server on the embedded model, through the official `openai` client and raw HTTP: its greedy text is the library's; completions
 and chat, streamed and not; streamed text equals the whole; usage is exact; stop strings; a seed
 reproduces a sample; per-request speculation switches drafter; the SSE framing; disconnects free rows."""
 
@@ -34,6 +34,19 @@ def client(server):
 def model(client):
     [only] = client.models.list().data
     return only.id
+
+
+def test_the_server_decodes_as_the_library_does_on_the_main_thread(client, model, embedded_int8):
+    """The server steps on a thread of its own, in the int8 arithmetic by default: its greedy text is
+    the library's, computed here on the main thread (once it was not: a projection freed its
+    quantised tokens before its threads read them, and off the main thread the memory was reused)."""
+    from specdraft import LLM, SamplingParams
+
+    ids = encode_prompt(embedded_int8.tokenizer, "def fib(n):", chat=False)
+    [want] = LLM(embedded_int8, drafters=["none"], max_batch=1, calibrate=False).generate(ids, SamplingParams(max_tokens=24))
+    served = client.completions.create(model=model, prompt="def fib(n):", max_tokens=24, temperature=0,
+                                       extra_body={"speculation": {"drafter": "none"}})
+    assert served.choices[0].text == want.text
 
 
 def test_models_lists_the_served_model(client, model):
