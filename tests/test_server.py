@@ -1,6 +1,7 @@
-"""The server on the embedded model, through the official `openai` client and raw HTTP: its greedy text is the library's; completions
-and chat, streamed and not; streamed text equals the whole; usage is exact; stop strings; a seed
-reproduces a sample; per-request speculation switches drafter; the SSE framing; disconnects free rows."""
+"""The server on the embedded model, through the official `openai` client and raw HTTP: its greedy
+text is the library's; completions and chat, streamed and not; streamed text equals the whole; usage
+is exact; stop strings; a seed reproduces a sample; per-request speculation switches drafter; the SSE
+framing; disconnects free rows."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def test_the_server_decodes_as_the_library_does_on_the_main_thread(client, model
     from specdraft import LLM, SamplingParams
 
     ids = encode_prompt(embedded_int8.tokenizer, "def fib(n):", chat=False)
-    [want] = LLM(embedded_int8, drafters=["none"], max_batch=1, calibrate=False).generate(ids, SamplingParams(max_tokens=24))
+    library = LLM(embedded_int8, drafters=["none"], max_batch=1, calibrate=False)
+    [want] = library.generate(ids, SamplingParams(max_tokens=24))
     served = client.completions.create(model=model, prompt="def fib(n):", max_tokens=24, temperature=0,
                                        extra_body={"speculation": {"drafter": "none"}})
     assert served.choices[0].text == want.text
