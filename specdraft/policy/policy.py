@@ -158,6 +158,10 @@ class DraftPolicy:
                 chosen = runner_up
         return candidates[chosen]
 
+    def _plain_seconds(self, batch: int) -> float:
+        """A plain step of `batch` rows: its verify pass and the step's other host work."""
+        return self.costs.verify_seconds(batch, self.computed_tokens([0] * batch)) + self.costs.other
+
     def _costly_cannot_pay(self, plans: Sequence[RowPlan]) -> bool:
         """Whether plain decoding wins this step before any candidate is priced: every row with a
         choice waits for a costly drafter (no free draft, no fixed row), and each such drafter's pass
@@ -174,7 +178,7 @@ class DraftPolicy:
             if plan.avail:
                 rows[plan.source] = rows.get(plan.source, 0) + 1
         batch = len(plans)
-        plain = self.costs.verify_seconds(batch, self.computed_tokens([0] * batch)) + self.costs.other
+        plain = self._plain_seconds(batch)
         return plain > 0 and all(self.costs.draft_seconds(source, 1) * batch >= count * plain
                                  for source, count in rows.items())
 
@@ -232,7 +236,7 @@ class DraftPolicy:
             return bool(any(limits))
         lengths = [self.estimates.proposed(r, drafter, n) for r, n in zip(request_ids, limits)]
         gain = sum(self.expected_accepted(r, n, drafter) for r, n in zip(request_ids, lengths))
-        plain = self.costs.verify_seconds(batch, self.computed_tokens([0] * batch)) + self.costs.other
+        plain = self._plain_seconds(batch)
         drafting = self.costs.verify_seconds(batch, self.computed_tokens([*lengths, *[0] * (batch - len(lengths))]))
         # A call that costs less than the noise in a step's timing is never worth skipping: its next
         # draft may be better than its last.
