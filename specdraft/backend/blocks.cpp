@@ -406,13 +406,14 @@ void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float
 
 constexpr int64_t kTileRows = 8;     // rows a half tile interleaves (a 256-bit vector's lanes)
 constexpr int64_t kTile = 16;        // rows a whole tile interleaves
-constexpr int64_t kInt8Tokens = 16;  // tokens a half tile's sums are held for at once (in memory)
+constexpr int64_t kInt8Tokens = 16;  // tokens the portable loops hold a half tile's sums for at once
 constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the block computed (memory's latency)
 
-// A tile's block of `bytes` at `block`: a pass of several tokens asks for the lines kInt8Ahead on, into
-// L2 (`prefetch_far`); a decode token asks for nothing.
-inline void ask_ahead(const Projection& p, const uint8_t* block, int64_t bytes) {
-    if (p.n == 1) return;
+// A tile's block of `bytes` at `block`, in a pass of several tokens: its lines kInt8Ahead on asked for,
+// into L2 (`prefetch_far`); a decode token asks for nothing. The callers decide by the token count their
+// code is compiled for: a test of the pass's width inside their loop let the compiler make a second
+// copy of the loop, its sums in memory and two blocks at a time, and take it (Q8_0's 6 tokens 1.5x slower).
+inline void ask_ahead(const uint8_t* block, int64_t bytes) {
     for (int64_t line = 0; line < bytes; line += 64) prefetch_far(block + kInt8Ahead + line);
 }
 
@@ -527,75 +528,123 @@ inline __m256i broadcast4(const int8_t* p) {
     return _mm256_set1_epi32(v);
 }
 
-// Block b (`at` bytes on from block 0) of a half tile against tokens [t0, t0 + T), T <= kInt8Tokens, into acc[T].
-inline void int8_half_block(const Projection& p, const Half& half, int64_t b, int64_t at, int64_t t0, int64_t T,
-                            __m256* acc) {
-    const int64_t kind = p.kind, blocks = p.width / kBlock;
-    const __m256i nibble = _mm256_set1_epi8(15);
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
-    __m256 mw = _mm256_setzero_ps();
-    __m256i w[8];
-    const uint8_t* q = half.q + at;
-    if (kind == Q4_1) {
-        mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.m + at)));
-        for (int v = 0; v < 4; ++v) {
-            __m256i raw = _mm256_loadu_si256((const __m256i*)(q + half.vector * v));
-            w[v] = _mm256_and_si256(raw, nibble);
-            w[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-        }
-    } else {
-        for (int G = 0; G < 8; ++G) w[G] = _mm256_loadu_si256((const __m256i*)(q + half.vector * G));
-#ifndef SPECDRAFT_VNNI
-        for (int G = 0; G < 8; ++G) w[G] = _mm256_xor_si256(w[G], _mm256_set1_epi8(char(0x80)));  // w + 128 -> w
-#endif
+// Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
+// bytes the instructions below take (Q4_1's 0..15; Q8_0's w + 128 for VNNI, w without it).
+template <int64_t KIND>
+inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
+    if (KIND == Q4_1) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + vector * (G % 4))), nibble = _mm256_set1_epi8(15);
+        return _mm256_and_si256(G < 4 ? raw : _mm256_srli_epi16(raw, 4), nibble);
     }
-    for (int64_t t = 0; t < T; ++t) {
-        const int64_t token = t0 + t, i = token * blocks + b;
-        const int8_t* x = p.qx + token * p.width + b * kBlock;
-#ifdef SPECDRAFT_VNNI  // four chains of dependent sums, not one; Q8_0: (w + 128) . x = w . x + 128 * (sum of x)
-        __m256i chain[4] = {kind == Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(-128 * p.xtotal[i]),
-                            _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int G = 0; G < 8; ++G) chain[G % 4] = dot_add(chain[G % 4], w[G], broadcast4(x + 4 * G));
-        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(chain[0], chain[1]), _mm256_add_epi32(chain[2], chain[3]));
+    const __m256i w = _mm256_loadu_si256((const __m256i*)(q + vector * G));
+#ifdef SPECDRAFT_VNNI
+    return w;
 #else
-        __m256i sums;
-        if (kind == Q4_1) {  // 16-bit sums of 16 products, each <= 15 * 127: no saturation
-            __m256i pairs = _mm256_maddubs_epi16(w[0], broadcast4(x));
-            for (int G = 1; G < 8; ++G) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[G], broadcast4(x + 4 * G)));
-            sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-        } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
-            sums = _mm256_setzero_si256();
+    return _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));  // w + 128 -> w
+#endif
+}
+
+// Rows 8g .. 8g + 8H - 1 (half tile g, and for H = 2 the tile's other half g + 1) against tokens [t0,
+// t0 + T) of weights of KIND: each block read whole before the next, the H x T sums in registers from
+// block to block (H, T and KIND known when compiled, as `int8_tile`'s are; AVX2 has 16 registers).
+template <int64_t KIND, int H, int T>
+void int8_halves(const Projection& p, int64_t g, int64_t t0, const Out& out) {
+    const int64_t blocks = p.width / kBlock;
+    Half half[H];
+    for (int h = 0; h < H; ++h) half[h] = half_tile(KIND, p.w, p.rows, p.row_bytes, g + h);
+    const int8_t* qx = p.qx + t0 * p.width;
+    const float* xd = p.xd + t0 * blocks;
+    const float* xsum = p.xsum + t0 * blocks;
+    [[maybe_unused]] const int32_t* xtotal = p.xtotal + t0 * blocks;  // Q8_0 with VNNI
+    __m256 acc[H][T];
+    for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t at = b * half[0].stride;
+        if (T > 1) ask_ahead(half[0].d + at, half[0].stride);
+        const int8_t* x = qx + b * kBlock;
+        __m256i sums[H][T];
+#ifdef SPECDRAFT_VNNI  // Q8_0: (w + 128) . x = w . x + 128 * (sum of x)
+        for (int h = 0; h < H; ++h)
+            for (int t = 0; t < T; ++t)
+                sums[h][t] = KIND == Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(-128 * xtotal[t * blocks + b]);
+        for (int G = 0; G < 8; ++G) {
+            __m256i bx[T];
+            for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
+            for (int h = 0; h < H; ++h) {
+                const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
+                for (int t = 0; t < T; ++t) sums[h][t] = dot_add(sums[h][t], w, bx[t]);
+            }
+        }
+#else
+        const __m256i ones = _mm256_set1_epi16(1);
+        if (KIND == Q4_1) {  // 16-bit sums of 16 products, each <= 15 * 127: no saturation
+            __m256i pairs[H][T];
             for (int G = 0; G < 8; ++G) {
-                __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[G]), _mm256_sign_epi8(broadcast4(x + 4 * G), w[G]));
-                sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                __m256i bx[T];
+                for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
+                for (int h = 0; h < H; ++h) {
+                    const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
+                    for (int t = 0; t < T; ++t) {
+                        const __m256i product = _mm256_maddubs_epi16(w, bx[t]);
+                        pairs[h][t] = G == 0 ? product : _mm256_add_epi16(pairs[h][t], product);
+                    }
+                }
+            }
+            for (int h = 0; h < H; ++h)
+                for (int t = 0; t < T; ++t) sums[h][t] = _mm256_madd_epi16(pairs[h][t], ones);
+        } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
+            for (int h = 0; h < H; ++h)
+                for (int t = 0; t < T; ++t) sums[h][t] = _mm256_setzero_si256();
+            for (int G = 0; G < 8; ++G) {
+                for (int h = 0; h < H; ++h) {
+                    const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G), magnitude = _mm256_abs_epi8(w);
+                    for (int t = 0; t < T; ++t) {
+                        const __m256i signed_x = _mm256_sign_epi8(broadcast4(x + t * p.width + 4 * G), w);
+                        sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+                    }
+                }
             }
         }
 #endif
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(p.xd[i])), _mm256_cvtepi32_ps(sums), acc[t]);
-        if (kind == Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xsum[i]), acc[t]);
+        for (int h = 0; h < H; ++h) {
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half[h].d + at)));
+            for (int t = 0; t < T; ++t)
+                acc[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[t * blocks + b])), _mm256_cvtepi32_ps(sums[h][t]), acc[h][t]);
+            if (KIND == Q4_1) {
+                const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half[h].m + at)));
+                for (int t = 0; t < T; ++t) acc[h][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xsum[t * blocks + b]), acc[h][t]);
+            }
+        }
     }
-}
-
-// Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half g + 1) against
-// tokens [t0, t0 + T), T <= kInt8Tokens: each block of the tile read whole before the next.
-void int8_group(const Projection& p, int64_t g, int64_t halves, int64_t t0, int64_t T, const Out& out) {
-    const Half parts[2] = {half_tile(p.kind, p.w, p.rows, p.row_bytes, g),
-                           half_tile(p.kind, p.w, p.rows, p.row_bytes, g + halves - 1)};
-    __m256 acc[2][kInt8Tokens];
-    for (int64_t h = 0; h < halves; ++h)
-        for (int64_t t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p.width / kBlock; ++b) {
-        const int64_t at = b * parts[0].stride;
-        ask_ahead(p, parts[0].d + at, parts[0].stride);
-        for (int64_t h = 0; h < halves; ++h) int8_half_block(p, parts[h], b, at, t0, T, acc[h]);
-    }
-    for (int64_t h = 0; h < halves; ++h) {
-        for (int64_t t = 0; t < T; ++t) {
+    for (int h = 0; h < H; ++h) {
+        for (int t = 0; t < T; ++t) {
             alignas(32) float sums[kTileRows];
             _mm256_store_ps(sums, acc[h][t]);
             for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, (g + h) * kTileRows + r, sums[r]);
         }
     }
+}
+
+constexpr int64_t kHalvesTokens[3] = {0, 4, 2};  // tokens H halves' sums are held for at once (AVX2's 16 registers)
+
+// Rows 8g .. 8g + 8H - 1 against every token of the pass, kHalvesTokens[H] at a time.
+template <int64_t KIND, int H>
+void int8_halves_kind(const Projection& p, int64_t g, const Out& out) {
+    for (int64_t t = 0; t < p.n; t += kHalvesTokens[H]) {
+        switch (p.n - t < kHalvesTokens[H] ? p.n - t : kHalvesTokens[H]) {
+            case 1: int8_halves<KIND, H, 1>(p, g, t, out); break;
+            case 2: int8_halves<KIND, H, 2>(p, g, t, out); break;
+            case 3: int8_halves<KIND, H, (H == 1 ? 3 : 2)>(p, g, t, out); break;
+            default: int8_halves<KIND, H, (H == 1 ? 4 : 2)>(p, g, t, out); break;
+        }
+    }
+}
+
+// Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
+void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
+    if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
+    else halves == 2 ? int8_halves_kind<Q8_0, 2>(p, g, out) : int8_halves_kind<Q8_0, 1>(p, g, out);
 }
 
 #if defined(SPECDRAFT_VNNI) && SPECDRAFT_VNNI == 2 && defined(__AVX512F__) && defined(__AVX512BW__) && \
@@ -604,7 +653,7 @@ void int8_group(const Projection& p, int64_t g, int64_t halves, int64_t t0, int6
 
 constexpr int64_t kTileTokens = 16;  // tokens a whole tile's sums are held for at once, in registers
 
-// Rows 8g .. 8g + 15 (a whole tile, g even) against tokens [t0, t0 + T) of weights of KIND: `int8_group`'s
+// Rows 8g .. 8g + 15 (a whole tile, g even) against tokens [t0, t0 + T) of weights of KIND: `int8_halves`'
 // operations on both halves at once in 512-bit registers (one load a vector; one broadcast of a token's
 // group serves 16 rows). T and KIND are known when compiled, so that the T sums stay in registers from
 // block to block and no token tests the kind (a 6-token verify step took 15% less time than with one
@@ -623,10 +672,7 @@ void int8_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, tile += stride) {
-        // `ask_ahead`, decided by T (a test of p.n here let the compiler make a second loop of this one,
-        // its sums kept in memory, and take it: Q8_0's 6 tokens 1.5x slower)
-        if (T > 1)
-            for (int64_t line = 0; line < stride; line += 64) prefetch_far(tile + kInt8Ahead + line);
+        if (T > 1) ask_ahead(tile, stride);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
         __m512 mw = _mm512_setzero_ps();
         __m512i w[8];
@@ -724,8 +770,9 @@ void int8_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
         for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, acc[t][r]);
 }
 
-void int8_group(const Projection& p, int64_t g, int64_t halves, int64_t t0, int64_t T, const Out& out) {
-    for (int64_t h = 0; h < halves; ++h) int8_half(p, g + h, t0, T, out);
+void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
+    for (int64_t t = 0; t < p.n; t += kInt8Tokens)
+        for (int64_t h = 0; h < halves; ++h) int8_half(p, g + h, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
 }
 
 #endif
@@ -741,10 +788,7 @@ void int8_project(const Projection& p, int64_t start, int64_t end, const Out& ou
             continue;
         }
 #endif
-        for (int64_t t = 0; t < p.n; t += kInt8Tokens) {
-            const int64_t T = p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens;
-            int8_group(p, g, halves, t, T, out);
-        }
+        int8_group(p, g, halves, out);
         g += halves;
     }
 }
