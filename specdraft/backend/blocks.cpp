@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SPECDRAFT_PORTABLE)
@@ -528,6 +529,15 @@ inline __m256i broadcast4(const int8_t* p) {
     return _mm256_set1_epi32(v);
 }
 
+// f(std::integral_constant<int, T>()), T = min(n, Max) for n >= 1: code compiled per token count, chosen at
+// run time.
+template <int Max, typename F>
+inline void for_count(int64_t n, F&& f) {
+    if constexpr (Max > 1)
+        if (n < Max) return for_count<Max - 1>(n, f);
+    f(std::integral_constant<int, Max>());
+}
+
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
 // bytes the instructions below take (Q4_1's 0..15; Q8_0's w + 128 for VNNI, w without it).
 template <int64_t KIND>
@@ -548,7 +558,7 @@ inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
 // t0 + T) of weights of KIND: each block read whole before the next, the H x T sums in registers from
 // block to block (H, T and KIND known when compiled, as `int8_tile`'s are; AVX2 has 16 registers).
 template <int64_t KIND, int H, int T>
-void int8_halves(const Projection& p, int64_t g, int64_t t0, const Out& out) {
+[[gnu::noinline]] void int8_halves(const Projection& p, int64_t g, int64_t t0, const Out& out) {  // as `int8_tile`
     const int64_t blocks = p.width / kBlock;
     Half half[H];
     for (int h = 0; h < H; ++h) half[h] = half_tile(KIND, p.w, p.rows, p.row_bytes, g + h);
@@ -631,14 +641,8 @@ constexpr int64_t kHalvesTokens[3] = {0, 4, 2};  // tokens H halves' sums are he
 // Rows 8g .. 8g + 8H - 1 against every token of the pass, kHalvesTokens[H] at a time.
 template <int64_t KIND, int H>
 void int8_halves_kind(const Projection& p, int64_t g, const Out& out) {
-    for (int64_t t = 0; t < p.n; t += kHalvesTokens[H]) {
-        switch (p.n - t < kHalvesTokens[H] ? p.n - t : kHalvesTokens[H]) {
-            case 1: int8_halves<KIND, H, 1>(p, g, t, out); break;
-            case 2: int8_halves<KIND, H, 2>(p, g, t, out); break;
-            case 3: int8_halves<KIND, H, (H == 1 ? 3 : 2)>(p, g, t, out); break;
-            default: int8_halves<KIND, H, (H == 1 ? 4 : 2)>(p, g, t, out); break;
-        }
-    }
+    for (int64_t t = 0; t < p.n; t += kHalvesTokens[H])
+        for_count<kHalvesTokens[H]>(p.n - t, [&](auto T) { int8_halves<KIND, H, T>(p, g, t, out); });
 }
 
 // Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
@@ -658,8 +662,10 @@ constexpr int64_t kTileTokens = 16;  // tokens a whole tile's sums are held for 
 // group serves 16 rows). T and KIND are known when compiled, so that the T sums stay in registers from
 // block to block and no token tests the kind (a 6-token verify step took 15% less time than with one
 // loop for any T, its sums in memory; a plain step 1% less).
+// Not inlined: inlined into its caller (`for_count`'s), the 1-token code ran 3-4x slower in the kernel
+// alone (measured; the cause not traced).
 template <int64_t KIND, int T>
-void int8_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
+[[gnu::noinline]] void int8_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
     static_assert(T >= 1 && T <= kTileTokens, "a tile's sums for at most kTileTokens tokens");
     const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(KIND);
     const int64_t head = KIND == Q4_1 ? 4 * kTile : 2 * kTile;
@@ -710,35 +716,11 @@ void int8_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
     }
 }
 
-// `int8_tile` for T (1 .. kTileTokens) tokens of weights of KIND.
-template <int64_t KIND>
-void int8_tile_tokens(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
-    switch (T) {
-        case 1: return int8_tile<KIND, 1>(p, g, t0, out);
-        case 2: return int8_tile<KIND, 2>(p, g, t0, out);
-        case 3: return int8_tile<KIND, 3>(p, g, t0, out);
-        case 4: return int8_tile<KIND, 4>(p, g, t0, out);
-        case 5: return int8_tile<KIND, 5>(p, g, t0, out);
-        case 6: return int8_tile<KIND, 6>(p, g, t0, out);
-        case 7: return int8_tile<KIND, 7>(p, g, t0, out);
-        case 8: return int8_tile<KIND, 8>(p, g, t0, out);
-        case 9: return int8_tile<KIND, 9>(p, g, t0, out);
-        case 10: return int8_tile<KIND, 10>(p, g, t0, out);
-        case 11: return int8_tile<KIND, 11>(p, g, t0, out);
-        case 12: return int8_tile<KIND, 12>(p, g, t0, out);
-        case 13: return int8_tile<KIND, 13>(p, g, t0, out);
-        case 14: return int8_tile<KIND, 14>(p, g, t0, out);
-        case 15: return int8_tile<KIND, 15>(p, g, t0, out);
-        default: return int8_tile<KIND, 16>(p, g, t0, out);
-    }
-}
-
 // A whole tile (g even) against every token of the pass, kTileTokens at a time.
 void int8_whole_tile(const Projection& p, int64_t g, const Out& out) {
     for (int64_t t = 0; t < p.n; t += kTileTokens) {
-        const int64_t T = p.n - t < kTileTokens ? p.n - t : kTileTokens;
-        if (p.kind == Q4_1) int8_tile_tokens<Q4_1>(p, g, t, T, out);
-        else int8_tile_tokens<Q8_0>(p, g, t, T, out);
+        if (p.kind == Q4_1) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q4_1, n>(p, g, t, out); });
+        else for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q8_0, n>(p, g, t, out); });
     }
 }
 #endif
