@@ -60,6 +60,10 @@ def test_the_kernel_states_the_kinds_their_sizes_and_its_structs_as_python_does(
     fields = blocks.Attention._fields
     assert [compiled.offset(field, "attention") for field in fields] == [8 * i for i in range(len(fields))]
     assert compiled.offset(None, "attention") == 8 * len(fields) and compiled.offset("nothing", "attention") == -1
+    # how many queries an attention job takes, so how many jobs a layer has: every build counts as numba does
+    for path in blocks.PATHS:
+        assert [blocks.kernel(path).job_queries(q) for q in range(1, 40)] == [blocks.job_queries(q) for q in range(1, 40)]
+    assert [blocks.job_queries(q) for q in (1, 2, 3, 6, 12, 13)] == [1, 1, 2, 3, 6, blocks.MAX_JOB_QUERIES]
 
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

@@ -217,7 +217,7 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv, implementati
     keys, values = cache[0], cache[1]
     kernel = attention_kernel(implementation)
     out = np.full((tokens, heads * head_dim), np.nan, np.float32)
-    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel)
+    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel, 2)
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
     want = attention_reference(q, keys[0, :, :kv].astype(np.float64), values[0, :, :kv].astype(np.float64), visible)
     np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
@@ -227,15 +227,15 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv, implementati
         alone = np.full((1, heads * head_dim), np.nan, np.float32)
         seen = visible[t : t + 1, : positions[t] + 1]  # as its own pass would see the cache
         attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], seen, keys, values, heads, kv_heads,
-               head_dim, alone, kernel)
+               head_dim, alone, kernel, 1)
         np.testing.assert_array_equal(alone[0], out[t])
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 16)])
 def test_the_attention_kernel_computes_bitwise_the_same_on_every_path(heads, kv_heads, head_dim):
     """The kernel's AVX-512 build, its AVX2 one and its portable loops (attention.cpp: one order of
-    arithmetic) give bitwise the same outputs: a batch of two rows with a token each and one row
-    with four, grouped-query heads, a span partly seen."""
+    arithmetic) give bitwise the same outputs, whatever the threads its jobs are shared among: a
+    batch of two rows with a token each and one row with four, grouped-query heads, a span partly seen."""
     rng = np.random.default_rng(head_dim)
     kv, capacity = SPAN + 37, 3 * SPAN
     keys, values = (rng.standard_normal((3, kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(2))
@@ -244,12 +244,13 @@ def test_the_attention_kernel_computes_bitwise_the_same_on_every_path(heads, kv_
     qkv = rng.standard_normal((len(rows), (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
     outs = {}
     for path in blocks.PATHS:
-        k, v, out = keys.copy(), values.copy(), np.empty((len(rows), heads * head_dim), np.float32)
-        attend(qkv, rows, positions, visible, k, v, heads, kv_heads, head_dim, out, attention_kernel(path))
-        outs[path] = out
+        for threads in (1, 2, 3):
+            k, v, out = keys.copy(), values.copy(), np.empty((len(rows), heads * head_dim), np.float32)
+            attend(qkv, rows, positions, visible, k, v, heads, kv_heads, head_dim, out, attention_kernel(path), threads)
+            outs[path, threads] = out
     assert blocks.kernel("portable").code == "portable"
-    for path in blocks.PATHS[1:]:
-        np.testing.assert_array_equal(outs[path], outs["native"], err_msg=path)
+    for (path, threads), out in outs.items():
+        np.testing.assert_array_equal(out, outs["native", 2], err_msg=f"{path}, {threads} threads")
 
 
 def test_building_moves_the_weights_once_keeping_values_and_ties():

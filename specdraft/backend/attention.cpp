@@ -1,9 +1,10 @@
 // Attention over a row's cached keys and values, for the CPU step's layers (numba_layers.attend):
-// one job is two (token, query head) pairs of one kv head (a query each, the same row) over one span
+// one job is up to kMaxQueries (token, query head) pairs of one kv head (a query each) over one span
 // of `span` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's result
-// does not depend on the pass it is in). The two queries take each key and value the job loads
-// (loads, not multiply-adds, bound a query alone). A query keeps its span's softmax as (max score,
-// sum of exp(score - max), the values so weighted); numba joins the spans after, in order.
+// does not depend on the pass it is in). A job's queries of one row take each key and value it loads
+// together, as many at once as the registers hold (`kBatch`): a verify pass's tokens read their kv
+// head's span once, not once a pair. A query keeps its span's softmax as (max score, sum of
+// exp(score - max), the values so weighted); numba joins the spans after, in order.
 //
 // One order of arithmetic per (token, head, span), whatever the pass, the batch or the path:
 //   - a score is q . k in 16 lanes: lane l takes elements l, l + 16, ... in order, each a fused
@@ -13,8 +14,9 @@
 //     is not seen; their sum in 8 lanes (entry j in lane j % 8, in order), then the tree from + 4;
 //   - each output element the fused multiply-adds of the seen entries' weights and values, in
 //     order.
-// The AVX2 code and the portable loops below compute exactly these operations (-ffp-contract=off:
-// no other multiply-add is fused), so they give bitwise the same results. Entries a token does not
+// The AVX-512 code (the 16 lanes in one register), the AVX2 code (in two) and the portable loops
+// below compute exactly these operations (-ffp-contract=off: no other multiply-add is fused), so they
+// give bitwise the same results. Entries a token does not
 // see are never read as numbers (their cache slots may hold anything).
 
 #include <cmath>
@@ -22,9 +24,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include <type_traits>
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(SPECDRAFT_PORTABLE)
 #include <immintrin.h>
 #define SPECDRAFT_ATTENTION_AVX2 1
+#if defined(__AVX512F__) && !defined(SPECDRAFT_NO_ZMM)
+#define SPECDRAFT_ATTENTION_ZMM 1
+#endif
 #endif
 
 // A layer's attention for a pass, passed by address: every field 8 bytes, in the order of
@@ -52,15 +59,18 @@ struct Attention {
 namespace {
 
 constexpr int64_t kMaxSpan = 256;
-constexpr int kQueries = 2;  // queries a job computes (`attend_job` pairs them)
+constexpr int64_t kMaxQueries = 6;  // queries of one kv head a job takes at most (`job_queries`)
 constexpr float kLog2e = 1.4426950408889634f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 
 #ifdef SPECDRAFT_ATTENTION_AVX2
 
-#ifdef __AVX512VL__  // 32 vector registers: scores of 4 keys, weighted values of 64 elements at a time
-constexpr int kKeys = 4, kChunk = 8;
+// kKeys: keys a query's scores take at a time; kChunk: registers its weighted values take at a time
+#if defined(SPECDRAFT_ATTENTION_ZMM)  // 512-bit: a query's 16 lanes in one register; 6 queries at a time
+constexpr int kKeys = 4, kChunk = 4, kBatch = 6;
+#elif defined(__AVX512VL__)  // 32 vector registers: 2 queries' scores of 4 keys, weighted values of 64 elements
+constexpr int kKeys = 4, kChunk = 8, kBatch = 2;
 #else  // 16
-constexpr int kKeys = 2, kChunk = 4;
+constexpr int kKeys = 2, kChunk = 4, kBatch = 2;
 #endif
 
 inline float lanes_sum(__m256 a) {  // (l + (l + 4)), then + 2, then + 1
@@ -83,8 +93,29 @@ inline __m128 lanes_sums(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps(s1, 1));
 }
 
-// dots[u][first + r] = q[u] . k[r] (keys k + r * n, r < K) in 16 lanes (0-7 in one register, 8-15
-// in another), the two then added: 8 lanes. Each key's halves are loaded once for the Q queries.
+// dots[u][first + r] = q[u] . k[r] (keys k + r * n, r < K) in 16 lanes (AVX-512: one register; AVX2:
+// 0-7 in one, 8-15 in another), lanes l and l + 8 then added: 8 lanes. Each key is loaded once for the Q queries.
+#ifdef SPECDRAFT_ATTENTION_ZMM
+template <int Q, int K>
+inline void dot_lanes(const float* const* q, const float* k, int64_t n, __m256 (*dots)[4], int first) {
+    __m512 a[Q][K];
+    for (int u = 0; u < Q; ++u)
+        for (int r = 0; r < K; ++r) a[u][r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 key[K];
+        for (int r = 0; r < K; ++r) key[r] = _mm512_loadu_ps(k + r * n + i);
+        for (int u = 0; u < Q; ++u) {
+            const __m512 x = _mm512_loadu_ps(q[u] + i);
+            for (int r = 0; r < K; ++r) a[u][r] = _mm512_fmadd_ps(x, key[r], a[u][r]);
+        }
+    }
+    for (int u = 0; u < Q; ++u)
+        for (int r = 0; r < K; ++r) {
+            const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[u][r]), 1));
+            dots[u][first + r] = _mm256_add_ps(_mm512_castps512_ps256(a[u][r]), high);
+        }
+}
+#else
 template <int Q, int K>
 inline void dot_lanes(const float* const* q, const float* k, int64_t n, __m256 (*dots)[4], int first) {
     __m256 a[Q][K], b[Q][K];
@@ -107,6 +138,7 @@ inline void dot_lanes(const float* const* q, const float* k, int64_t n, __m256 (
     for (int u = 0; u < Q; ++u)
         for (int r = 0; r < K; ++r) dots[u][first + r] = _mm256_add_ps(a[u][r], b[u][r]);
 }
+#endif
 
 // For each query u < Q: scores[u][j] = (q[u] . keys[j]) * scale where seen[u][j], else 0, for j <
 // width (a multiple of 8), and tops[u] the largest seen score (-inf: none). Unseen keys are computed
@@ -162,37 +194,64 @@ inline float weigh(const float* scores, const uint8_t* seen, float top, int64_t 
     return lanes_sum(total);
 }
 
-// out[u][d0 .. d0 + 8C) = query u's seen entries' weights times their values, fused multiply-adds in
-// entry order; each entry's values loaded once for the Q queries.
+// A register of the weighted values' lanes: 16 with AVX-512, 8 with AVX2.
+#ifdef SPECDRAFT_ATTENTION_ZMM
+struct Lanes {
+    using V = __m512;
+    static constexpr int kCount = 16;
+    static V zero() { return _mm512_setzero_ps(); }
+    static V load(const float* p) { return _mm512_loadu_ps(p); }
+    static V set1(float x) { return _mm512_set1_ps(x); }
+    static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+    static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
+};
+#else
+struct Lanes {
+    using V = __m256;
+    static constexpr int kCount = 8;
+    static V zero() { return _mm256_setzero_ps(); }
+    static V load(const float* p) { return _mm256_loadu_ps(p); }
+    static V set1(float x) { return _mm256_set1_ps(x); }
+    static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+    static void store(float* p, V a) { _mm256_storeu_ps(p, a); }
+};
+#endif
+
+// out[u][d0 .. d0 + C lanes) = query u's seen entries' weights times their values, fused
+// multiply-adds in entry order; each entry's values loaded once for the Q queries.
 template <int Q, int C>
 inline void weighted_chunk(const float* values, int64_t head_dim, const float (*weights)[kMaxSpan],
                            const uint8_t (*seen)[kMaxSpan], int64_t n, float* const* out, int64_t d0) {
-    __m256 acc[Q][C];
+    constexpr int L = Lanes::kCount;
+    Lanes::V acc[Q][C];
     for (int u = 0; u < Q; ++u)
-        for (int c = 0; c < C; ++c) acc[u][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; ++c) acc[u][c] = Lanes::zero();
     for (int64_t j = 0; j < n; ++j) {
         const float* v = values + j * head_dim + d0;
-        __m256 x[C];
-        for (int c = 0; c < C; ++c) x[c] = _mm256_loadu_ps(v + 8 * c);
+        Lanes::V x[C];
+        for (int c = 0; c < C; ++c) x[c] = Lanes::load(v + L * c);
         for (int u = 0; u < Q; ++u) {
             if (!seen[u][j]) continue;
-            const __m256 e = _mm256_set1_ps(weights[u][j]);
-            for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(e, x[c], acc[u][c]);
+            const Lanes::V e = Lanes::set1(weights[u][j]);
+            for (int c = 0; c < C; ++c) acc[u][c] = Lanes::fma(e, x[c], acc[u][c]);
         }
     }
     for (int u = 0; u < Q; ++u)
-        for (int c = 0; c < C; ++c) _mm256_storeu_ps(out[u] + d0 + 8 * c, acc[u][c]);
+        for (int c = 0; c < C; ++c) Lanes::store(out[u] + d0 + L * c, acc[u][c]);
 }
 
 template <int Q>
 inline void weighted_values(const float* values, int64_t head_dim, const float (*weights)[kMaxSpan],
                             const uint8_t (*seen)[kMaxSpan], int64_t n, float* const* out) {
+    constexpr int wide = Lanes::kCount * kChunk, rest = 16 / Lanes::kCount;  // head_dim: a multiple of 16
     int64_t d = 0;
-    for (; d + 8 * kChunk <= head_dim; d += 8 * kChunk) weighted_chunk<Q, kChunk>(values, head_dim, weights, seen, n, out, d);
-    for (; d < head_dim; d += 16) weighted_chunk<Q, 2>(values, head_dim, weights, seen, n, out, d);
+    for (; d + wide <= head_dim; d += wide) weighted_chunk<Q, kChunk>(values, head_dim, weights, seen, n, out, d);
+    for (; d < head_dim; d += 16) weighted_chunk<Q, rest>(values, head_dim, weights, seen, n, out, d);
 }
 
 #else  // portable loops: the same operations
+
+constexpr int kBatch = 2;
 
 inline float lanes_sum(const float a[8]) {
     const float s4[4] = {a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]};
@@ -288,29 +347,50 @@ void attend_queries(const Attention& a, int64_t g, int64_t span, int64_t q0) {
     weighted_values<Q>(a.values + cache, hd, weights, seen, count, out);
 }
 
-// Job `job`: queries 2p and 2p + 1 of kv head g's tokens * group over one span (one alone where it is
-// the last, or the two are of different rows). Pairs vary fastest, then spans: consecutive jobs (one
-// thread's, in a parallel loop's share) read the same span of keys and values.
-void attend_job(const Attention& a, int64_t job) {
-    const int64_t group = a.heads / a.kv_heads, all = a.tokens * group, pairs = (all + kQueries - 1) / kQueries;
-    const int64_t pair = job % pairs, span = (job / pairs) % a.spans, g = job / (pairs * a.spans);
-    const int64_t q0 = pair * kQueries;
-    static_assert(kQueries == 2, "a job's queries are the pair q0, q0 + 1: one row check");
-    if (q0 + 1 < all && a.rows[q0 / group] == a.rows[(q0 + 1) / group]) {
-        attend_queries<kQueries>(a, g, span, q0);
-        return;
+// Queries a job takes of `all` (tokens * group) of a kv head: at most kMaxQueries, and two jobs where
+// there are two queries or more (a decode token's query heads split between two threads).
+inline int64_t job_queries(int64_t all) {
+    const int64_t half = (all + 1) / 2;
+    return half < kMaxQueries ? half : kMaxQueries;
+}
+
+// f(std::integral_constant<int, M>()), M = min(m, Max) for m >= 1: code compiled per query count.
+template <int Max, typename F>
+inline void for_queries(int64_t m, F&& f) {
+    if constexpr (Max > 1) {
+        if (m < Max) return for_queries<Max - 1>(m, f);
     }
-    for (int64_t q = q0; q < q0 + kQueries && q < all; ++q) attend_queries<1>(a, g, span, q);
+    f(std::integral_constant<int, Max>());
+}
+
+// Job `job`: chunk c of kv head g's tokens * group queries (job_queries(...) of them from c times that)
+// over one span. Chunks vary fastest, then spans: consecutive jobs (one thread's, in numba's share of
+// them by their work, `numba_layers.attend`) read the same span of keys and values. A job's queries
+// of one row are computed together, kBatch at a time.
+void attend_job(const Attention& a, int64_t job) {
+    const int64_t group = a.heads / a.kv_heads, all = a.tokens * group, size = job_queries(all);
+    const int64_t chunks = (all + size - 1) / size;
+    const int64_t chunk = job % chunks, span = (job / chunks) % a.spans, g = job / (chunks * a.spans);
+    const int64_t end = (chunk + 1) * size < all ? (chunk + 1) * size : all;
+    for (int64_t q = chunk * size; q < end;) {
+        int64_t m = 1;  // the queries from q of q's row
+        while (q + m < end && m < kBatch && a.rows[(q + m) / group] == a.rows[q / group]) ++m;
+        for_queries<kBatch>(m, [&](auto Q) { attend_queries<Q>(a, g, span, q); });
+        q += m;
+    }
 }
 
 }  // namespace
 
-// Jobs [start, end) of a layer's attention (job = (kv head * spans + span) * pairs + pair: queries
-// 2 pair and 2 pair + 1 of the kv head's tokens * group, query q = token * group + query head in the
-// group; pairs = ceil(tokens * group / 2)).
+// Jobs [start, end) of a layer's attention (job = (kv head * spans + span) * chunks + chunk: the
+// chunk's queries of the kv head's tokens * group, query q = token * group + query head in the group;
+// chunks = ceil(tokens * group / specdraft_attend_job_queries(tokens * group))).
 extern "C" void specdraft_attend(const Attention* a, int64_t start, int64_t end) {
     for (int64_t job = start; job < end; ++job) attend_job(*a, job);
 }
+
+// The queries a job takes of `all` of a kv head (for Python to compare with its own count of jobs).
+extern "C" int64_t specdraft_attend_job_queries(int64_t all) { return job_queries(all); }
 
 // Where an `Attention` holds the field so named (null: its size); -1 where it has none.
 extern "C" int64_t specdraft_attention_offset(const char* field) {

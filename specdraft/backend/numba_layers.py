@@ -331,16 +331,39 @@ def _join(tops, totals, sums, out):  # pragma: no cover - compiled
                 o[d] /= total
 
 
+@njit(cache=True)
+def _attention_share(part, parts, kv_heads, spans, chunks, size, queries, kv, width):  # pragma: no cover - compiled
+    """The kernel's attention jobs [start, end) that thread share `part` of `parts` computes: the jobs
+    in their order (kv head, span, chunk of `size` of its `queries`), each weighing its queries times
+    its span's entries (the last span of `kv` entries is partly filled), in shares of about equal
+    weight (a job goes to the share its middle falls in). Equal numbers of jobs were not equal work:
+    with two spans, the one full and the other nearly empty, one thread took twice the other's."""
+    total = kv_heads * kv * queries
+    done = start = end = 0
+    for _ in range(kv_heads):
+        for span in range(spans):
+            entries = min(width, kv - span * width)
+            for chunk in range(chunks):
+                weight = entries * min(size, queries - chunk * size)
+                share = (2 * done + weight) * parts // (2 * total)
+                start += share < part
+                end += share <= part
+                done += weight
+    return start, end
+
+
 @njit(parallel=True, fastmath=_SUM, cache=True)
-def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel):  # pragma: no cover
+def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel, threads):  # pragma: no cover
     """Write each token's k and v into its row's cache at its position, then attention: out [N, heads *
     head_dim]. qkv [N, (heads + 2 kv_heads) * head_dim] (q, k rotated); rows, positions [N]: each
     token's row in the window and position; visible [N, kv] bool (which cache entries each token
     sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows.
-    kernel: the compiled kernel's `specdraft_attend` address (`attention_kernel`), or 0: numba's loops.
+    kernel: the compiled kernel's `specdraft_attend` address (`attention_kernel`), or 0: numba's loops;
+    threads: the threads the kernel's jobs are shared among (`_attention_share`; numba's own thread
+    count, read in here, would keep numba from caching this function).
 
-    A job is queries that share a kv head (and its key and value loads; the kernel's: two (token, query
-    head) pairs, `blocks.JOB_QUERIES`; numba's loops': one token's query heads) over a span of `SPAN`
+    A job is queries that share a kv head (and its key and value loads; the kernel's: up to
+    `blocks.MAX_JOB_QUERIES` (token, query head) pairs, `blocks.job_queries`; numba's loops': one token's query heads) over a span of `SPAN`
     cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
     result does not depend on the pass), each span's softmax kept as (max, sum, weighted values) and
     joined after in order. Either way one order of arithmetic per (token, head, span): the kernel's
@@ -350,9 +373,11 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     scale = np.float32(1.0 / np.sqrt(head_dim))
     for t in range(n):  # all writes first: a row's tokens in this pass see each other
         for g in range(kv_heads):
+            key, value = keys[rows[t], g, positions[t]], values[rows[t], g, positions[t]]  # [head_dim] views
+            k, v = (heads + g) * head_dim, (heads + kv_heads + g) * head_dim
             for d in range(head_dim):
-                keys[rows[t], g, positions[t], d] = qkv[t, (heads + g) * head_dim + d]
-                values[rows[t], g, positions[t], d] = qkv[t, (heads + kv_heads + g) * head_dim + d]
+                key[d] = qkv[t, k + d]
+                value[d] = qkv[t, v + d]
     # Spans at fixed offsets (0, SPAN, 2 SPAN, ...), each computed over its whole width: a token's
     # keys are split, and every span's sums run, the same way whatever pass the token is in.
     width = SPAN
@@ -363,15 +388,18 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     tops = np.empty((n, heads, spans), np.float32)
     totals = np.empty((n, heads, spans), np.float32)
     sums = np.empty((n, heads, spans, head_dim), np.float32)
-    if kernel != 0:  # a job per span and two of a kv head's (token, query head) pairs
-        pairs = (n * group + blocks.JOB_QUERIES - 1) // blocks.JOB_QUERIES
-        for job in prange(kv_heads * spans * pairs):  # the Attention made here: a parallel loop takes none in
+    if kernel != 0:  # a job per span and chunk of a kv head's (token, query head) pairs; the jobs shared by work
+        size = blocks.job_queries(n * group)
+        chunks = (n * group + size - 1) // size
+        parts = max(1, min(threads, kv_heads * spans * chunks))
+        for part in prange(parts):  # the Attention made here: a parallel loop takes none in
+            start, end = _attention_share(part, parts, kv_heads, spans, chunks, size, n * group, kv, width)
             attention = blocks.Attention(
                 qkv=qkv.ctypes.data, qkv_stride=qkv.shape[1], rows=rows.ctypes.data, visible=visible.ctypes.data,
                 kv=kv, keys=keys.ctypes.data, values=values.ctypes.data, capacity=keys.shape[2], heads=heads,
                 kv_heads=kv_heads, head_dim=head_dim, span=width, spans=spans, tokens=n, tops=tops.ctypes.data,
                 totals=totals.ctypes.data, sums=sums.ctypes.data)
-            blocks.call(kernel, attention, job, job + 1)
+            blocks.call(kernel, attention, start, end)
         _join(tops, totals, sums, out)
         return
     for job in prange(n * kv_heads * spans):  # tokens fastest: a thread's jobs reuse one span of the cache
@@ -421,15 +449,16 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
 
 @njit(cache=True)
 def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
-           head_dim, kernel, attention):  # pragma: no cover - compiled
+           head_dim, kernel, attention, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
     before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
-    eps [layers, 2]; kernel: `project`'s; attention: `attend`'s. Returns the stream after the last layer."""
+    eps [layers, 2]; kernel: `project`'s; attention, threads: `attend`'s kernel and threads. Returns
+    the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
         norm, qkv_weights = before[i]
         qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim, kernel)
-        attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended, attention)
+        attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended, attention, threads)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
         x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights, kernel)
     return x
@@ -655,7 +684,7 @@ class NumbaLayers:
         with _named("specdraft::numba_stack"):
             x = _stack(_array(x), _array(cos), _array(sin), _array(rows), _array(positions), _array(visible),
                        keys, values, self._before, self._after, self._eps, *self._shape, self._kernel,
-                       self.attention_address)
+                       self.attention_address, numba.get_num_threads())
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

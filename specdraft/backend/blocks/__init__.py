@@ -19,14 +19,14 @@ This package is their one face; its modules, by job:
 - `gguf_file`: a GGUF's blocks swapped into a loaded model (`use_gguf_blocks`).
 """
 
-from specdraft.backend.blocks.cpp_kernel import (JOB_QUERIES, MAX_SPAN, PATHS, Attention, Kernel, Projection, call, kernel,
-                                                 kernel_problem, project_native)
+from specdraft.backend.blocks.cpp_kernel import (MAX_JOB_QUERIES, MAX_SPAN, PATHS, Attention, Kernel, Projection, call,
+                                                 job_queries, kernel, kernel_problem, project_native)
 from specdraft.backend.blocks.format import BLOCK, BLOCK_BYTES, F32, NAMES, Q4_1, Q8_0, dequantize, unit
 from specdraft.backend.blocks.gguf_file import rotary_order, use_gguf_blocks
 from specdraft.backend.blocks.modules import (ARITHMETICS, BlockEmbedding, BlockLinear, dense_values, int8_problem,
                                               use_arithmetic)
 from specdraft.backend.blocks.readers import Reader, Storage, reader
 
-__all__ = ["ARITHMETICS", "Attention", "JOB_QUERIES", "MAX_SPAN", "BLOCK", "BLOCK_BYTES", "F32", "NAMES", "PATHS", "Q4_1", "Q8_0", "BlockEmbedding", "BlockLinear", "Kernel",
-           "Projection", "Reader", "Storage", "call", "dense_values", "dequantize", "int8_problem", "kernel", "kernel_problem",
+__all__ = ["ARITHMETICS", "Attention", "MAX_JOB_QUERIES", "MAX_SPAN", "BLOCK", "BLOCK_BYTES", "F32", "NAMES", "PATHS", "Q4_1", "Q8_0", "BlockEmbedding", "BlockLinear", "Kernel",
+           "Projection", "Reader", "Storage", "call", "dense_values", "dequantize", "int8_problem", "job_queries", "kernel", "kernel_problem",
            "project_native", "reader", "rotary_order", "unit", "use_arithmetic", "use_gguf_blocks"]

@@ -48,7 +48,14 @@ kv_heads, capacity, head_dim] float32 (head_dim a multiple of 16); span, spans: 
 and how many spans; tokens: n; tops, totals [n, heads, spans], sums [n, heads, spans, head_dim] float32: what each
 job writes (attention.cpp says how it sums)."""
 MAX_SPAN = 256  # attention.cpp's kMaxSpan
-JOB_QUERIES = 2  # attention.cpp's kQueries: the (token, query head) pairs of one kv head a job computes
+MAX_JOB_QUERIES = 6  # attention.cpp's kMaxQueries: the (token, query head) pairs of one kv head a job takes at most
+
+
+@njit(cache=True)
+def job_queries(queries):  # pragma: no cover - compiled
+    """attention.cpp's `job_queries`: the queries a job takes of a kv head's `queries` (tokens * group),
+    at most MAX_JOB_QUERIES, and two jobs where there are two queries or more."""
+    return min((queries + 1) // 2, MAX_JOB_QUERIES)
 
 
 @intrinsic
@@ -192,6 +199,9 @@ class Kernel:
         self.quantize_address = ctypes.cast(self._library.specdraft_quantize, ctypes.c_void_p).value
         self.expand_address = ctypes.cast(self._library.specdraft_expand, ctypes.c_void_p).value
         self.attend_address = ctypes.cast(self._library.specdraft_attend, ctypes.c_void_p).value
+        self.job_queries = self._library.specdraft_attend_job_queries  # for a test to compare with `job_queries`
+        self.job_queries.restype = ctypes.c_int64
+        self.job_queries.argtypes = [ctypes.c_int64]
         self._library.specdraft_blocks_version.restype = ctypes.c_int64
         self.code = CODES[self._library.specdraft_blocks_version()]
         self.avx2 = self.code != "portable"
