@@ -363,9 +363,9 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     count, read in here, would keep numba from caching this function).
 
     A job is queries that share a kv head (and its key and value loads; the kernel's: up to
-    `blocks.MAX_JOB_QUERIES` (token, query head) pairs, `blocks.job_queries`; numba's loops': one token's query heads) over a span of `SPAN`
-    cache entries at a fixed offset (flash-decoding's split, fixed so that a token's
-    result does not depend on the pass), each span's softmax kept as (max, sum, weighted values) and
+    `blocks.MAX_JOB_QUERIES` (token, query head) pairs, `blocks.job_queries`; numba's loops': one
+    token's query heads) over a span of `SPAN` cache entries at a fixed offset (flash-decoding's
+    split, fixed so that a token's result does not depend on the pass), each span's softmax kept as (max, sum, weighted values) and
     joined after in order. Either way one order of arithmetic per (token, head, span): the kernel's
     (attention.cpp states it), or numba's loops'."""
     n, kv = qkv.shape[0], visible.shape[1]
