@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include <type_traits>
+#include "for_count.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(SPECDRAFT_PORTABLE)
 #include <immintrin.h>
@@ -354,15 +354,6 @@ inline int64_t job_queries(int64_t all) {
     return half < kMaxQueries ? half : kMaxQueries;
 }
 
-// f(std::integral_constant<int, M>()), M = min(m, Max) for m >= 1: code compiled per query count.
-template <int Max, typename F>
-inline void for_queries(int64_t m, F&& f) {
-    if constexpr (Max > 1) {
-        if (m < Max) return for_queries<Max - 1>(m, f);
-    }
-    f(std::integral_constant<int, Max>());
-}
-
 // Job `job`: chunk c of kv head g's tokens * group queries (job_queries(...) of them from c times that)
 // over one span. Chunks vary fastest, then spans: consecutive jobs (one thread's, in numba's share of
 // them by their work, `numba_layers.attend`) read the same span of keys and values. A job's queries
@@ -375,7 +366,7 @@ void attend_job(const Attention& a, int64_t job) {
     for (int64_t q = chunk * size; q < end;) {
         int64_t m = 1;  // the queries from q of q's row
         while (q + m < end && m < kBatch && a.rows[(q + m) / group] == a.rows[q / group]) ++m;
-        for_queries<kBatch>(m, [&](auto Q) { attend_queries<Q>(a, g, span, q); });
+        for_count<kBatch>(m, [&](auto Q) { attend_queries<Q>(a, g, span, q); });
         q += m;
     }
 }

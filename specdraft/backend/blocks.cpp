@@ -28,8 +28,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
+
+#include "for_count.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SPECDRAFT_PORTABLE)
 #include <immintrin.h>
@@ -527,15 +528,6 @@ inline __m256i broadcast4(const int8_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
-}
-
-// f(std::integral_constant<int, T>()), T = min(n, Max) for n >= 1: code compiled per token count, chosen at
-// run time.
-template <int Max, typename F>
-inline void for_count(int64_t n, F&& f) {
-    if constexpr (Max > 1)
-        if (n < Max) return for_count<Max - 1>(n, f);
-    f(std::integral_constant<int, Max>());
 }
 
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as

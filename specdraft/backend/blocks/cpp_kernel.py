@@ -27,6 +27,7 @@ from specdraft.params import cache_dir
 
 # Beside the package, where the package data puts them: the projections, and the CPU step's attention.
 SOURCES = (Path(__file__).parent.parent / "blocks.cpp", Path(__file__).parent.parent / "attention.cpp")
+HEADERS = (Path(__file__).parent.parent / "for_count.h",)  # what the sources include: part of a build's key
 
 Projection = namedtuple("Projection", ["kind", "w", "rows", "row_bytes", "width", "x", "n", "xs", "y", "ys", "bias",
                                        "residual", "rs", "qx", "xd", "xsum", "xtotal"])
@@ -167,7 +168,7 @@ def build(path: str = "native") -> Path:
     # "avx2" as a machine without AVX-512 compiles it: 16 vector registers, no VNNI.
     flags += {"native": [], "ymm": ["-DSPECDRAFT_NO_ZMM"], "avx2": ["-DSPECDRAFT_NO_VNNI"] + ["-mno-avx512f"] * x86,
               "portable": ["-DSPECDRAFT_PORTABLE"]}[path]
-    texts = [source.read_text() for source in SOURCES]
+    texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*texts, version, _machine(), *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"blocks-{key}.so"
     if not target.is_file():
