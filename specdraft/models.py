@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from specdraft import catalogue
 from specdraft.backend import blocks
 from specdraft.backend.int8 import use_int8_linears
 from specdraft.backend.linear import use_few_rows_linears
@@ -95,6 +96,9 @@ def resolve(spec: str | None) -> tuple[str, Path | str]:
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} is a directory but has no config.json (not a Hugging Face model)")
         return path.name, path
+    listed = catalogue.lookup(spec)
+    if listed is not None and listed.fetched:  # a model known by name: fetched and verified on first use
+        return listed.name, catalogue.fetch(listed)
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelNotFoundError(f"model path not found: {spec}")
     return spec, spec  # a hub id, looked up in the local Hugging Face cache

@@ -1,5 +1,5 @@
-"""`specdraft` command line: `generate` (one prompt), `serve` (the OpenAI-compatible server) and
-`drafters` (every drafter, built-in or plugin, with its options).
+"""`specdraft` command line: `generate` (one prompt), `serve` (the OpenAI-compatible server),
+`drafters` (every drafter, built-in or plugin, with its options) and `models` (the models known by name).
 
 Options are parsed here, the engine's into one `Settings` (which checks them); bad input exits non-zero
 with one line naming it."""
@@ -83,7 +83,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The options of the model and its engine, shared by generate and serve. An option that sets a
     `Settings` field is stored under the field's name (`settings_from` reads them); one left out where
     the field has a default of its own (SUPPRESS) is not set, so that the default has one owner."""
-    parser.add_argument("--model", default=None, help="HF id, local directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default=None, help="a name `specdraft models` lists (fetched on first use), HF id, local directory or "
+                             ".gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=None, choices=drafter_names(),
                         help="how drafts are proposed: a built-in drafter or an installed plugin (`specdraft drafters` "
                              f"lists them; none = plain decoding). Default: the first of serve's --drafters, else {DEFAULT_DRAFTER}")
@@ -155,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="SECONDS")
 
     sub.add_parser("drafters", help="list every drafter (built-in and installed plugins), where it comes from and its options")
+
+    models = sub.add_parser("models", help="list the models known by name (--model NAME), their sizes and what is cached")
+    models.add_argument("--fetch", nargs="+", default=[], metavar="NAME",
+                        help="fetch and verify these models now (otherwise their first use does)")
+    models.add_argument("--json", action="store_true", help="print a JSON array, one object a model")
     return parser
 
 
@@ -293,6 +299,26 @@ def _drafters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    """The models known by name, with their role, family, size and local file (or "not cached");
+    `--fetch` fetches the named ones first."""
+    from specdraft import catalogue
+
+    for model in [catalogue.entry(name) for name in args.fetch]:  # every name checked before any fetch
+        print(f"{model.name}: {catalogue.fetch(model)}", file=sys.stderr)
+    rows = [(model, catalogue.cached_path(model)) for model in catalogue.CATALOGUE]
+    if args.json:
+        print(json.dumps([{"name": m.name, "role": m.role, "family": m.family, "bytes": m.size, "sha256": m.sha256,
+                           "packages": m.packages_text, "description": m.description,
+                           "path": str(path) if path else None} for m, path in rows], indent=2))
+        return 0
+    width = max(len(m.name) for m, _ in rows)
+    for model, path in rows:
+        print(f"{model.name:<{width}}  {model.role:<7}  {model.family:<6}  {model.size / 1e6:>6.0f} MB  "
+              f"{path or 'not cached'}\n{'':<{width}}  {model.description}")
+    return 0
+
+
 def _as_json(value) -> str:
     try:
         return json.dumps(value)
@@ -300,7 +326,7 @@ def _as_json(value) -> str:
         return repr(value)
 
 
-COMMANDS = {"generate": _generate, "serve": _serve, "drafters": _drafters}
+COMMANDS = {"generate": _generate, "serve": _serve, "drafters": _drafters, "models": _models}
 
 
 class _OneLine(logging.Formatter):
