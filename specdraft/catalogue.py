@@ -292,5 +292,5 @@ def _locked(path: Path) -> Iterator[None]:
 def _bar(total: int, what: str, show: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=what, unit="B", unit_scale=True, unit_divisor=1024, disable=not show,
+    return tqdm(total=total, desc=what, unit="B", unit_scale=True, disable=not show,
                 file=sys.stderr)
