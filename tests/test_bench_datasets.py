@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks import datasets
-from benchmarks.datasets import DOMAINS, DatasetError, load_domain
+from benchmarks.domains import datasets
+from benchmarks.domains.datasets import DOMAINS, DatasetError, load_domain
 
 
 @pytest.mark.slow
