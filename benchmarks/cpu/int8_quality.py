@@ -3,7 +3,7 @@ Instruct, its Q4_1/Q8_0 GGUF read natively), which decides whether `--arithmetic
 (`specdraft.models.INT8_BY_DEFAULT`: perplexity within 1% of float32's):
 
 - perplexity on a fixed public text of at least 20k tokens: the Lee background corpus (300 news
-  articles, as gensim's wheel ships it: `benchmarks.domains.datasets.LEE`), in windows of `--window` tokens,
+  articles, as gensim's wheel ships it: `benchmarks.domains.pinned.LEE`), in windows of `--window` tokens,
   every token after a window's first scored; both arithmetics through the compiled CPU step in
   passes of 32 tokens (the passes a verify step runs);
 - per domain (code, JSON, prose: `benchmarks.domains.datasets`, a seed the other benchmarks do not use),
@@ -21,7 +21,8 @@ import time
 import torch
 
 from benchmarks.common import RESULTS, cli, machine, write_results
-from benchmarks.domains.datasets import DOMAINS, LEE, fetch, load_domain
+from benchmarks.domains.datasets import DOMAINS, load_domain
+from benchmarks.domains.pinned import LEE, fetch
 from specdraft import LLM, SamplingParams
 from specdraft.backend import RowModel
 from specdraft.backend.numba_layers import MAX_TOKENS
