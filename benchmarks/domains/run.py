@@ -130,7 +130,7 @@ def run_hf(fn, *args, **kwargs) -> dict:
             "tokens_per_second": result.tokens_per_second}
 
 
-def main() -> None:
+def arguments():
     parser = cli(__doc__)
     parser.add_argument("--prompts", type=int, default=12, help="prompts per domain")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -156,14 +156,13 @@ def main() -> None:
     parser.add_argument("--float32", action="store_true",
                         help="also run each specdraft drafter in the float32 arithmetic (methods "
                              "`specdraft-<name>-float32`), interleaved, beside the int8 one")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    loaded = load_model(args.model, device=None, dtype="auto", arithmetic=args.arithmetic)
-    device = loaded.model.device
-    # The peers run the stock Hugging Face model, as their users would; ours runs it as specdraft loads it.
-    stock = load_model(args.model, device=device, dtype="auto", few_rows_linears=False, weights="dense") if loaded.few_rows_linears else loaded
-    assistant = load_model(args.draft_model, device=device, dtype="auto", few_rows_linears=False, weights="dense").model if args.draft_model else None
-    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
+
+def our_methods(args, loaded: LoadedModel, names: list[str]) -> tuple[list[str], dict, list, dict]:
+    """The drafters that built (a plugin that failed is left out), specdraft's methods by name (each drafter, and again on every `--dense` / `--float32` load of
+    the model), their engines, and each method's lossless reference: the plain decoding of its
+    arithmetic (Hugging Face `generate`'s for float32, specdraft-none's for int8, which no peer computes)."""
     llm = specdraft_llm(loaded, args.k, names, args.draft_model, args.drafter_options)
     for name, why in llm.runtime.skipped.items():  # a plugin that failed to build: the others run
         print(f"benchmark: drafter {name!r} is left out: {why}", file=sys.stderr)
@@ -172,46 +171,47 @@ def main() -> None:
     llms = [llm]
     variants = [("dense", {"weights": "dense"})] * args.dense + [("float32", {"arithmetic": "float32"})] * args.float32
     for suffix, options in variants:  # each drafter again on another load of the model, beside the first
-        other = specdraft_llm(load_model(args.model, device=device, dtype="auto", **options), args.k, names,
-                              args.draft_model, args.drafter_options)
+        other = specdraft_llm(load_model(args.model, device=loaded.model.device, dtype="auto", **options), args.k,
+                              names, args.draft_model, args.drafter_options)
         llms.append(other)
         ours.update({f"specdraft-{n}-{suffix}": (lambda ids, n=n, e=other: run_specdraft(e, n, ids, args.max_tokens))
                      for n in names})
-    # Lossless means the output of plain decoding in the same arithmetic: Hugging Face `generate`'s for
-    # float32, specdraft-none's for int8 (its own arithmetic, which no peer computes).
     int8_reference = "specdraft-none" if loaded.arithmetic == "int8" and "none" in names else "hf-generate"
     reference_of = {m: int8_reference if m.startswith("specdraft-") and not m.endswith(("-dense", "-float32"))
                     else "hf-generate" for m in ours}
+    return names, ours, llms, reference_of
+
+
+def hf_methods(args, stock: LoadedModel) -> dict:
+    """The Hugging Face peers by name, on the stock model (and `--draft-model` for assisted generation)."""
     eos = stock.eos_token_ids
-    hf_methods = {
+    methods = {
         "hf-generate": lambda ids: run_hf(peers.hf_generate, stock.model, ids, args.max_tokens, eos),
         f"hf-prompt-lookup-k{HF_PROMPT_LOOKUP_DEFAULT}": lambda ids: run_hf(
             peers.hf_prompt_lookup, stock.model, ids, args.max_tokens, eos, num_tokens=HF_PROMPT_LOOKUP_DEFAULT),
         f"hf-prompt-lookup-k{args.k}": lambda ids: run_hf(
             peers.hf_prompt_lookup, stock.model, ids, args.max_tokens, eos, num_tokens=args.k),
     }
-    if assistant is not None:
-        hf_methods["hf-assisted"] = lambda ids: run_hf(peers.hf_assisted, stock.model, assistant, ids, args.max_tokens, eos)
+    if args.draft_model:
+        assistant = load_model(args.draft_model, device=stock.model.device, dtype="auto", few_rows_linears=False,
+                               weights="dense").model
+        methods["hf-assisted"] = lambda ids: run_hf(peers.hf_assisted, stock.model, assistant, ids, args.max_tokens, eos)
+    return methods
 
-    # Warm-up: first calls pay one-off allocation and kernel selection costs.
-    warm = encode_prompt(loaded.tokenizer, "Say hello.")
-    for name in names:
-        for engine in llms:
-            run_specdraft(engine, name, warm, 8)
-    for fn in hf_methods.values():
-        fn(warm)
 
-    domains = [d.strip() for d in args.domains.split(",") if d.strip()]
-    prompts = {d: load_domain(d, args.prompts) for d in domains}
+def run_prompts(prompts: dict, ours: dict, theirs: dict, reference_of: dict, loaded: LoadedModel,
+                stock: LoadedModel, repeats: int) -> dict[tuple[str, str], list[dict]]:
+    """Every method on every prompt, interleaved prompt by prompt: (domain, method) -> per-prompt rows,
+    each with whether its output equals its reference's (and where it parted, if not)."""
     cells: dict[tuple[str, str], list[dict]] = {}
-    total = sum(len(p) for p in prompts.values()) * (len(ours) * args.repeats + len(hf_methods))
+    total = sum(len(p) for p in prompts.values()) * (len(ours) * repeats + len(theirs))
     with tqdm(total=total, desc="benchmark", unit="run") as bar:
-        for domain in domains:
-            for prompt in prompts[domain]:
+        for domain, domain_prompts in prompts.items():
+            for prompt in domain_prompts:
                 ids = encode_prompt(loaded.tokenizer, prompt.messages)
                 bar.set_postfix_str(f"{domain} {prompt.id}")
-                rows = {method: fn(ids) for method, fn in hf_methods.items()}
-                rows.update(run_repeated(ours, ids, args.repeats))
+                rows = {method: fn(ids) for method, fn in theirs.items()}
+                rows.update(run_repeated(ours, ids, repeats))
                 outputs: dict[str, list[int]] = {}
                 for method, row in rows.items():
                     outputs[method] = row["token_ids"]
@@ -223,8 +223,31 @@ def main() -> None:
                     row["source"] = prompt.source
                     del row["token_ids"]
                     cells.setdefault((domain, method), []).append(row)
-                    bar.update(args.repeats if method in ours else 1)
+                    bar.update(repeats if method in ours else 1)
+    return cells
 
+
+def main() -> None:
+    args = arguments()
+    loaded = load_model(args.model, device=None, dtype="auto", arithmetic=args.arithmetic)
+    # The peers run the stock Hugging Face model, as their users would; ours runs it as specdraft loads it.
+    stock = load_model(args.model, device=loaded.model.device, dtype="auto", few_rows_linears=False,
+                       weights="dense") if loaded.few_rows_linears else loaded
+    asked = [n.strip() for n in args.drafters.split(",") if n.strip()]
+    names, ours, llms, reference_of = our_methods(args, loaded, asked)
+    theirs = hf_methods(args, stock)
+
+    # Warm-up: first calls pay one-off allocation and kernel selection costs.
+    warm = encode_prompt(loaded.tokenizer, "Say hello.")
+    for name in names:
+        for engine in llms:
+            run_specdraft(engine, name, warm, 8)
+    for fn in theirs.values():
+        fn(warm)
+
+    domains = [d.strip() for d in args.domains.split(",") if d.strip()]
+    prompts = {d: load_domain(d, args.prompts) for d in domains}
+    cells = run_prompts(prompts, ours, theirs, reference_of, loaded, stock, args.repeats)
     repeats = repeat_slow_prompts(cells, prompts, ours, loaded.tokenizer, args.repeat_slow)
     results = {
         "machine": machine(),
