@@ -1,9 +1,11 @@
-"""What every benchmark shares: where results go, the machine they ran on, writing a report
-(`name`.json with every figure, `name`.md with the tables), and a `specdraft serve` process to
+"""What every benchmark shares: where results go, the machine they ran on, a command line with its
+`--out`, writing a report (`name`.json with every figure, `name`.md with the tables), the time of a
+verifier step by draft length (the CPU and GPU step benchmarks), and a `specdraft serve` process to
 measure through (loopback only)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,6 +16,12 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from specdraft.verifier import Verifier
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -34,6 +42,14 @@ def machine() -> str:
     return f"{cpu}; {os.cpu_count()} cores; {device}"
 
 
+def cli(doc: str, out: Path = RESULTS) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring as the description (what `--help` says it measures),
+    and `--out`, the folder its report goes to (`out` by default)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=out, help=f"where the report goes (default {out})")
+    return parser
+
+
 def write_results(out_dir: Path, name: str, results: dict, markdown: str, markdown_name: str | None = None) -> None:
     """A benchmark's report: `name`.json (every figure) and `name`.md (the tables; `markdown_name`.md
     where a hand-written `name`.md exists beside it), and the tables on stdout."""
@@ -42,6 +58,40 @@ def write_results(out_dir: Path, name: str, results: dict, markdown: str, markdo
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out_dir / f"{markdown_name or name}.md").write_text(markdown if markdown.endswith("\n") else markdown + "\n")
     print(markdown)
+
+
+def verify_step_times(verifier: Verifier, batch: int, ks: list[int], repeats: int,
+                      rng: np.random.Generator) -> list[dict]:
+    """Step times for every k at this batch size, the ks interleaved within each repeat so that the
+    machine's drift hits them alike; every step starts from the same cache lengths."""
+    import statistics
+
+    import numpy as np
+
+    from specdraft.drafters.base import Draft
+
+    rows = verifier.row_ids[:batch]
+    assert len(rows) == batch
+    lengths = {r: verifier.length(r) for r in rows}
+    totals: dict[int, list[float]] = {k: [] for k in ks}
+    forwards: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(repeats + 1):
+        for k in ks:
+            drafts = {r: Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for r in rows} if k else {}
+            before = verifier.forward_seconds
+            start = time.perf_counter()
+            verifier.step({r: 42 for r in rows}, drafts)
+            totals[k].append(time.perf_counter() - start)
+            forwards[k].append(verifier.forward_seconds - before)
+            for r in rows:  # roll back
+                verifier.truncate(r, lengths[r])
+    cells = []
+    for k in ks:
+        total, forward = totals[k][1:], forwards[k][1:]  # the first repeat warms allocations
+        cells.append({"batch": batch, "k": k, "step_ms": 1000 * statistics.median(total),
+                      "forward_ms": 1000 * statistics.median(forward),
+                      "outside_forward_share": 1 - sum(forward) / sum(total)})
+    return cells
 
 
 def free_port() -> int:

@@ -301,7 +301,7 @@ def ignore_gpu_folder() -> None:
 
 def prepare(python_version: str) -> dict:
     sys.path.insert(0, str(ROOT))
-    from benchmarks.datasets import PINNED, cache_root, fetch
+    from benchmarks.domains.pinned import PINNED, cache_root, fetch
     from specdraft.models import EMBEDDED_FILE, embedded_gguf
 
     ignore_gpu_folder()

@@ -12,7 +12,7 @@ runs; the script exits 0 whatever failed (the report says what did):
    the default policy and with `policy="fixed"`, interleaved prompt by prompt; tok/s, its ratio to
    `none`'s on the same prompt (medians), drafted and accepted tokens, and whether each method's
    token ids equal `none`'s (and where they first differ);
-4. `gpu-step`: `benchmarks.gpu_step` at the Llama-3.2-1B/-3B shapes, our `triton` and `torch`
+4. `gpu-step`: `benchmarks.gpu.step` at the Llama-3.2-1B/-3B shapes, our `triton` and `torch`
    kernels beside Hugging Face's static-cache forward;
 5. `cuda-tests-slow`: the slow CUDA test subsets (`CUDA_TESTS_SLOW`).
 
@@ -100,7 +100,7 @@ def parts(rehearse: bool, out: Path) -> list[Part]:
         Part("cuda-tests", (*pytest, *CUDA_TESTS), budget["cuda-tests"], device, "pytest"),
         Part("domains", (python, str(Path(__file__).resolve()), "--part", "domains", "--out", str(out),
                          *(("--rehearse",) if rehearse else ())), budget["domains"]),
-        Part("gpu-step", (python, "-m", "benchmarks.gpu_step", *step, "--out", str(out)), budget["gpu-step"]),
+        Part("gpu-step", (python, "-m", "benchmarks.gpu.step", *step, "--out", str(out)), budget["gpu-step"]),
         Part("cuda-tests-slow", (*pytest, *CUDA_TESTS_SLOW), budget["cuda-tests-slow"], device, "pytest"),
     ]
 
@@ -168,8 +168,8 @@ def domain_benchmark(out: Path, rehearse: bool) -> None:
     import torch
 
     from benchmarks.common import machine
-    from benchmarks.datasets import DOMAINS, load_domain
-    from benchmarks.run import specdraft_llm
+    from benchmarks.domains.datasets import DOMAINS, load_domain
+    from benchmarks.domains.run import specdraft_llm
     from specdraft.models import load_model
     from specdraft.params import SamplingParams, SpeculationParams
     from specdraft.runtime import encode_prompt
@@ -301,7 +301,7 @@ def collect(out: Path, results: list[PartResult], started: str, budget: float, s
         raw = json.loads(domains.read_text())
         report["machine"] = raw["machine"]
         report["domains"] = {k: v for k, v in raw.items() if k != "rows"} | {"summary": summarise_domains(raw)}
-    # gpu_step writes `gpu_step_<device type>`; other files there (a tiling tried by hand) are not this run's
+    # benchmarks.gpu.step writes `gpu_step_<device type>`; other files there (a tiling tried by hand) are not this run's
     steps = [out / f"gpu_step_{kind}.json" for kind in ("cuda", "cpu") if (out / f"gpu_step_{kind}.json").is_file()]
     if steps:
         step = json.loads(steps[0].read_text())

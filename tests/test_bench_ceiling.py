@@ -1,4 +1,4 @@
-"""The oracle copy drafter that bounds what copying can reach (benchmarks/ceiling.py)."""
+"""The oracle copy drafter that bounds what copying can reach (benchmarks/serving/ceiling.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.ceiling import UNBOUNDED, copy_ceiling
+from benchmarks.serving.ceiling import UNBOUNDED, copy_ceiling
 
 
 def naive_ceiling(prompt: list[int], output: list[int], k: int, corpus: list[list[int]]) -> float:

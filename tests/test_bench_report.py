@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.report import summarize, write_report
+from benchmarks.domains.report import summarize, write_report
 
 
 def hf_row(pid, tps, lossless=True, source="set-a"):

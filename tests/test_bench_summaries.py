@@ -1,4 +1,4 @@
-"""The long-drafts and agent-under-load reports: figures computed from hand-made rows; the
+"""The agent-under-load, compare and native-kernel reports: figures computed from hand-made rows; the
 projections benchmark measured on a tiny model."""
 
 from __future__ import annotations
@@ -6,38 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks import agent_load, long_drafts, projections
-from benchmarks.methods import Methods, display_order
+from benchmarks.cpu import projections
+from benchmarks.domains.methods import Methods, display_order
+from benchmarks.serving import agent_load
 from tests.conftest import loaded
-
-
-def _engine_run(tps: float, steps: int, drafted: int, accepted: int) -> dict:
-    return {"tokens_per_second": tps, "steps": steps, "draft_tokens": drafted, "accepted_tokens": accepted}
-
-
-def test_long_drafts_summary_and_report(tmp_path):
-    rows = [{"id": f"p{i}", "domain": "code", "source": src, "tokens": 20,
-             "equal_to_none": {"none": True, "ngram k=5": True, "hf-generate": i == 0},
-             "copy_ceiling": {"5": 2.0 + i, str(1 << 30): 3.0 + i},
-             "runs": {"none": [_engine_run(10.0, 20, 0, 0), _engine_run(10.0, 20, 0, 0)],
-                      "ngram k=5": [_engine_run(20.0, 10, 15, 10), _engine_run(30.0, 10, 15, 10)],
-                      "hf-generate": [{"tokens_per_second": 5.0}, {"tokens_per_second": 5.0}]}}
-            for i, src in enumerate(("humaneval", "humaneval-edit"))]
-    summary = long_drafts.summarize(rows)
-    code = summary["code"]
-    assert code["prompts"] == 2
-    ngram = code["cells"]["ngram k=5"]
-    assert ngram["speedup"] == pytest.approx(2.5)  # per prompt: median of 2.0 and 3.0
-    assert ngram["tokens_per_step"] == pytest.approx((20 + 20) / 20)
-    assert ngram["accepted_per_drafted"] == pytest.approx(20 / 30)
-    assert code["cells"]["hf-generate"]["equal_to_none"] == 1 and "tokens_per_step" not in code["cells"]["hf-generate"]
-    assert code["copy_ceiling"] == {"5": 2.5, str(1 << 30): 3.5}
-    assert summary["humaneval-edit"]["copy_ceiling"]["5"] == 3.0
-    text = long_drafts.render({"machine": "m", "model": "x", "max_tokens": 20, "rounds": 2, "summary": summary})
-    assert "| code | 2 | hf-generate | 5.0 | 0.50x | - | - | - | 1/2 |" in text
-    assert "| scope | k = 5 | unbounded |" in text and "| humaneval-edit | 3.00 | 4.00 |" in text
-    long_drafts.plot({"max_tokens": 20, "summary": summary, "prompts": rows}, tmp_path / "long.png")
-    assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def _request(conversation: str, turn: int, text: str, tps: float, decode: float, cached: int = 0) -> dict:
@@ -120,7 +92,7 @@ def test_projections_report_every_kernel_and_token_count(tmp_path, monkeypatch):
 
 
 def test_compare_puts_each_runs_figures_side_by_side(tmp_path):
-    from benchmarks import compare
+    from benchmarks.domains import compare
 
     def run(none: float, ngram: float) -> dict:
         rows = lambda tps: [{"id": "p", "tokens": 10, "seconds": 1.0, "tokens_per_second": tps, "lossless": True}]  # noqa: E731
@@ -136,7 +108,7 @@ def test_compare_puts_each_runs_figures_side_by_side(tmp_path):
 
 
 def test_native_kernel_report_puts_projections_beside_the_step_and_says_whether_native_equals_dense(tmp_path):
-    from benchmarks import native_kernel
+    from benchmarks.cpu import native_kernel
 
     kinds = list(native_kernel.KINDS)
     result = {"date": "d", "machine": "m", "load_before": 0.1, "threads": 2, "rounds": 3, "avx2": True,
@@ -152,7 +124,7 @@ def test_native_kernel_report_puts_projections_beside_the_step_and_says_whether_
 
 
 def test_repeated_runs_interleave_and_keep_the_run_of_median_speed():
-    from benchmarks.run import run_repeated
+    from benchmarks.domains.run import run_repeated
     order, speeds = [], {"a": iter([30.0, 10.0, 20.0]), "b": iter([5.0, 6.0, 7.0])}
 
     def method(name):

@@ -334,7 +334,7 @@ def test_library_refuses_unknown_options_of_a_plugin_by_name(copycat, tiny_dir):
 @pytest.mark.slow
 def test_benchmark_measures_the_plugin(copycat, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--drafters", "none,copycat", "--domains", "json",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.domains.run", "--drafters", "none,copycat", "--domains", "json",
                            "--prompts", "1", "--max-tokens", "16", "--repeat-slow", "0", "--out", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

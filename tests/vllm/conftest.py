@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from benchmarks.vllm_engines import TINY_VOCAB
+from benchmarks.peers.vllm_engines import TINY_VOCAB
 
 
 @pytest.fixture(scope="session")

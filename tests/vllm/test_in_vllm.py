@@ -17,7 +17,7 @@ pytest.importorskip(
 )
 
 from tests.prompts import E2E_PROMPTS  # noqa: E402
-from benchmarks.vllm_engines import PROPOSER, TINY_VOCAB, run_engines  # noqa: E402
+from benchmarks.peers.vllm_engines import PROPOSER, TINY_VOCAB, run_engines  # noqa: E402
 
 K = 4
 REQUESTS = 16

@@ -1,0 +1,150 @@
+"""The int8 arithmetic's speed on CPU beside the float32 arithmetic and beside llama.cpp on the same
+GGUF file (the embedded SmolLM2-135M-Instruct, Q4_1), in one run, 2 threads, decode only:
+
+- plain decoding: a row fed one token a step from a one-token prompt for 128 steps (llama-bench's
+  tg128), tokens per second over the 128 steps;
+- a verify pass of 6 tokens (k = 5) against a plain step at the same context (128 tokens), as a ratio;
+- prefill: a 512-token prompt in one row (llama-bench's pp512), tokens per second.
+
+Rounds interleave the arithmetics (and llama-bench, where `--llama-bench` names its binary: a
+benchmark-only tool, built from the vendor tree of the `llama-cpp-python` sdist, see
+`benchmarks/results/int8/README.md`); medians over rounds. Our figures are the verifier's steps, the
+engine's own decode step without its scheduler.
+
+    python -m benchmarks.cpu.int8_speed [--rounds 5] [--llama-bench PATH] [--out benchmarks/results/int8]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import RESULTS, cli, machine, write_results
+from specdraft.drafters.base import Draft
+from specdraft.models import embedded_gguf, load_model
+from specdraft.params import SamplingParams
+from specdraft.verifier import Verifier
+
+ARITHMETICS = ("float32", "int8")
+DECODE, CONTEXT, PREFILL, VERIFY_K = 128, 128, 512, 5
+
+
+def decode(verifier: Verifier, rng: np.random.Generator) -> float:
+    """tg128: tokens per second of 128 plain steps from a one-token prompt."""
+    verifier.admit("decode", [int(rng.integers(1000, 2000))], SamplingParams())
+    start = time.perf_counter()
+    for _ in range(DECODE):
+        verifier.step({"decode": int(rng.integers(1000, 2000))}, {})
+    seconds = time.perf_counter() - start
+    verifier.remove("decode")
+    return DECODE / seconds
+
+
+def verify_ratio(verifier: Verifier, rng: np.random.Generator, repeats: int = 15) -> dict:
+    """A 6-token verify pass against a plain step, alternating, each from the same 128-token context."""
+    verifier.admit("verify", rng.integers(1000, 2000, CONTEXT).tolist(), SamplingParams())
+    length = verifier.length("verify")
+    times: dict[int, list[float]] = {0: [], VERIFY_K: []}
+    for i in range(repeats + 1):
+        for k in times:
+            drafts = {"verify": Draft(rng.integers(1000, 2000, k).astype(np.int32))} if k else {}
+            start = time.perf_counter()
+            verifier.step({"verify": int(rng.integers(1000, 2000))}, drafts)
+            if i:  # the first round warms up
+                times[k].append(time.perf_counter() - start)
+            verifier.truncate("verify", length)
+    verifier.remove("verify")
+    plain, verify = statistics.median(times[0]), statistics.median(times[VERIFY_K])
+    return {"plain_ms": plain * 1e3, "verify_ms": verify * 1e3, "ratio": verify / plain}
+
+
+def prefill(verifier: Verifier, rng: np.random.Generator) -> float:
+    """pp512: tokens per second of one 512-token prompt."""
+    start = time.perf_counter()
+    verifier.admit("prefill", rng.integers(1000, 2000, PREFILL).tolist(), SamplingParams())
+    seconds = time.perf_counter() - start
+    verifier.remove("prefill")
+    return PREFILL / seconds
+
+
+def llama_bench(binary: Path, gguf: Path, threads: int) -> dict:
+    """llama-bench's pp512, tg128 and a 6-token prompt pass (pp6), tokens per second, 5 repetitions each."""
+    out = subprocess.run([str(binary), "-m", str(gguf), "-t", str(threads), "-p", f"{PREFILL},6", "-n", str(DECODE),
+                          "-r", "5", "-o", "json"], capture_output=True, text=True, check=True, timeout=900)
+    rows = json.loads(out.stdout)
+    figures = {}
+    for row in rows:
+        name = f"pp{row['n_prompt']}" if row["n_gen"] == 0 else f"tg{row['n_gen']}"
+        figures[name] = row["avg_ts"]
+    figures["build"] = rows[0].get("build_commit")
+    return figures
+
+
+def main() -> None:
+    parser = cli(__doc__, RESULTS / "int8")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--llama-bench", type=Path, default=None, help="llama.cpp's llama-bench binary (optional)")
+    args = parser.parse_args()
+
+    load = os.getloadavg()[0]
+    threads = torch.get_num_threads()
+    verifiers = {}
+    for arithmetic in ARITHMETICS:
+        loaded = load_model(None, device="cpu", dtype="float32", arithmetic=arithmetic)
+        assert loaded.arithmetic == arithmetic, f"{arithmetic} asked, {loaded.arithmetic} loaded"
+        verifiers[arithmetic] = Verifier(loaded.model, compiled=True)
+    rng = np.random.default_rng(0)
+    for verifier in verifiers.values():  # warm-up
+        decode(verifier, rng), prefill(verifier, rng)
+    rounds: list[dict] = []
+    for r in range(args.rounds):
+        row: dict = {}
+        for arithmetic, verifier in verifiers.items():
+            row[arithmetic] = {"decode_tok_s": decode(verifier, rng), **verify_ratio(verifier, rng),
+                               "prefill_tok_s": prefill(verifier, rng)}
+        if args.llama_bench:
+            row["llama.cpp"] = llama_bench(args.llama_bench, embedded_gguf(), threads)
+        rounds.append(row)
+        print(json.dumps(row))
+    medians = {name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]
+                      if key != "build"} for name in rounds[0]}
+    result = {"machine": machine(), "load_at_start": load, "threads": threads, "rounds": rounds, "medians": medians,
+              "llama_bench": str(args.llama_bench) if args.llama_bench else None,
+              "llama_cpp_build": rounds[0].get("llama.cpp", {}).get("build")}
+    write_results(args.out, "speed", result, report(result))
+
+
+def report(result: dict) -> str:
+    m = result["medians"]
+    lines = [f"# int8 arithmetic: speed on CPU ({result['machine']}, load {result['load_at_start']:.2f} at start)", "",
+             f"Medians of {len(result['rounds'])} interleaved rounds: `python -m benchmarks.cpu.int8_speed"
+             + (" --llama-bench build/bin/llama-bench`" if result["llama_bench"] else "`"), "",
+             "| | plain decoding, tg128 (tok/s) | 6-token verify pass / plain step | prefill, pp512 (tok/s) |",
+             "| --- | --- | --- | --- |"]
+    for name in ARITHMETICS:
+        f = m[name]
+        lines.append(f"| specdraft, {name} arithmetic | {f['decode_tok_s']:.1f} | {f['ratio']:.2f} "
+                     f"({f['verify_ms']:.2f} / {f['plain_ms']:.2f} ms) | {f['prefill_tok_s']:.0f} |")
+    if "llama.cpp" in m:
+        f = m["llama.cpp"]
+        six, one = 6 / f["pp6"] * 1e3, 1 / f["tg128"] * 1e3
+        lines.append(f"| llama.cpp llama-bench ({result['llama_cpp_build']}) | {f['tg128']:.1f} | "
+                     f"{six / one:.2f} (pp6 {six:.2f} ms / tg {one:.2f} ms) | {f['pp512']:.0f} |")
+        i8 = m["int8"]
+        lines += ["", f"int8 over llama.cpp: plain decoding {i8['decode_tok_s'] / f['tg128']:.2f}x, prefill "
+                      f"{i8['prefill_tok_s'] / f['pp512']:.2f}x."]
+    f32, i8 = m["float32"], m["int8"]
+    lines += [f"int8 over float32: plain decoding {i8['decode_tok_s'] / f32['decode_tok_s']:.2f}x, prefill "
+              f"{i8['prefill_tok_s'] / f32['prefill_tok_s']:.2f}x."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Resident memory of `specdraft serve` on the embedded model, native weights against dense ones.
+
+For each `--weights` setting, a server as a user starts it (`specdraft serve --weights W`), its
+resident set (VmRSS) read from /proc once it answers /health, and again after one short chat
+request (what the first request adds: its buffers, the compiled step's scratch); the settings
+alternate over `--rounds` rounds, medians reported.
+
+    python -m benchmarks.serving.memory [--rounds 2] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import statistics
+from pathlib import Path
+
+from benchmarks.common import cli, live_server, machine, write_results
+from benchmarks.serving.load import server_pid
+
+SETTINGS = ("dense", "native")
+
+
+def resident_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def measure(weights: str) -> dict:
+    import httpx
+
+    with live_server("--weights", weights) as url:
+        pid = server_pid(url)
+        started = resident_bytes(pid)
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        reply = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": model, "max_tokens": 32, "messages": [{"role": "user", "content": "Name three rivers."}]})
+        reply.raise_for_status()
+        return {"after_start": started, "after_a_request": resident_bytes(pid)}
+
+
+def main() -> None:
+    parser = cli(__doc__)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {w: [] for w in SETTINGS}
+    for r in range(args.rounds):
+        for weights in SETTINGS:
+            runs[weights].append(measure(weights))
+            print(f"round {r + 1} {weights}: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in runs[weights][-1].items()),
+                  flush=True)
+    medians = {w: {k: statistics.median(run[k] for run in rows) for k in rows[0]} for w, rows in runs.items()}
+    result = {"date": dt.date.today().isoformat(), "machine": machine(), "load_before": load_before,
+              "rounds": args.rounds, "runs": runs, "median": medians}
+    lines = [
+        "# Resident memory of `specdraft serve`: native weights against dense ones",
+        "",
+        f"{result['date']}, {result['machine']}; load average {load_before:.2f} at the start. The embedded model, "
+        f"`specdraft serve --weights W` as a user starts it (default drafters, prefix cache on, empty); VmRSS, "
+        f"medians of {args.rounds} alternating rounds. Run with `python -m benchmarks.serving.memory`.",
+        "",
+        "| weights | after start | after one request |",
+        "| --- | --- | --- |",
+        *(f"| {w} | {m['after_start'] / 1e6:.0f} MB | {m['after_a_request'] / 1e6:.0f} MB |" for w, m in medians.items()),
+        "",
+        f"Native over dense after start: {medians['native']['after_start'] / medians['dense']['after_start']:.2f}x.",
+    ]
+    write_results(args.out, "serve_memory", result, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
