@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, drafter_parts, is_builtin, uses
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 # What an engine for one request changes (`specdraft generate`): one row, and no prefix cache, since
 # nothing could reuse what it computed.
-ONE_REQUEST = {"max_batch": 1, "prefix_cache_mb": 0}
+ONE_REQUEST = MappingProxyType({"max_batch": 1, "prefix_cache_mb": 0})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +130,7 @@ class Settings:
     def resolve(self, model: str | LoadedModel | None = None) -> Resolved:
         """Every default decided, for `model` (a name, path or .gguf, None for the embedded model, or a
         `LoadedModel`, whose loading was decided when it loaded): what `build_runtime` builds."""
-        from specdraft.models import LoadedModel, plan_load  # torch: where an engine is built, not in the CLI's parser
+        from specdraft.models import LoadedModel, plan_load  # torch: here, not in the CLI's parser
 
         loading = None if isinstance(model, LoadedModel) else plan_load(
             model, self.device, self.dtype, self.weights, self.arithmetic, eager=self.enforce_eager)

@@ -106,7 +106,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="what native weights compute in: int8 (activations quantised in blocks of 32, integer "
                              "dot products: fastest), float32 (the dense model's arithmetic, bitwise); auto: int8 "
                              "where native weights load. Speculation is lossless in either")
-    parser.add_argument("--enforce-eager", action="store_true", default=argparse.SUPPRESS, help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
+    parser.add_argument("--enforce-eager", action="store_true", default=argparse.SUPPRESS,
+                        help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
 
 
 def build_parser() -> argparse.ArgumentParser:
