@@ -200,35 +200,52 @@ def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) 
     return None
 
 
-def native_weights(choice: str, gguf: Path | None, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a model loads with native weights (`weights`: auto, native or dense; `native_problem`).
-    `auto` takes them where they apply; `native` where they do not is an error saying why."""
-    if choice not in WEIGHTS:
-        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}; got {choice!r}")
-    if choice == "dense":
-        return False
-    problem = native_problem(gguf, device, dtype)
-    if problem is not None and choice == "native":
-        raise ValueError(f"--weights native: {problem}")
-    return problem is None
+@dataclass(frozen=True)
+class Loading:
+    """How a model loads, every choice made (`plan_load`): what it is, where it runs and in what dtype,
+    whether a GGUF's Q4_1/Q8_0 layers are read as the file's blocks and what they compute in."""
+
+    name: str  # as it is shown
+    source: Path | str  # a .gguf file, a Hugging Face directory, or a hub id
+    device: torch.device
+    dtype: torch.dtype
+    weights: str  # "native": the GGUF's blocks (`backend.blocks`); "dense": float tensors
+    arithmetic: str  # "int8" (native weights only) or "float32"
+    few_rows_linears: bool  # its linear layers become `FewRowsLinear`s (fast decode and verify steps on CPU)
+    int8_asked: bool = False  # int8 was asked for, not chosen: layers that cannot take it are an error, not float32
+
+    @property
+    def gguf(self) -> Path | None:
+        return self.source if isinstance(self.source, Path) and self.source.suffix == ".gguf" else None
 
 
-# Whether `auto` computes native weights in int8: set by the measured quality of the embedded model
-# (perplexity within 1% of float32's, `benchmarks/int8_quality.py`, `benchmarks/results/int8/`).
-INT8_BY_DEFAULT = True
-
-
-def native_arithmetic(choice: str, native: str | None) -> str:
-    """What a model's native weights compute in (`arithmetic`: auto, int8 or float32; `native`: None
-    where the model loads them, else why not): int8 only on native weights, where `int8` without
-    them is an error saying why; `auto` is int8 there (`INT8_BY_DEFAULT`), float32 otherwise."""
-    if choice not in ARITHMETIC:
-        raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETIC)}; got {choice!r}")
-    if choice == "int8" and native is not None:
-        raise ValueError(f"--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: {native}")
-    if choice == "float32" or native is not None:
-        return "float32"
-    return "int8" if choice == "int8" or INT8_BY_DEFAULT else "float32"
+def plan_load(spec: str | None = None, device: torch.device | str | None = None, dtype: str = "auto",
+              weights: str = "auto", arithmetic: str = "auto", eager: bool = False,
+              few_rows_linears: bool | None = None) -> Loading:
+    """Every choice of how a model loads, made here once (the library's, the CLI's and the server's
+    through `Settings.resolve`). device: default cuda where present, else cpu; dtype auto: float32 on
+    CPU, bfloat16 on CUDA. weights (`WEIGHTS`): auto is native where it applies (`native_problem`)
+    unless `eager` (eager layers would dequantise every block at every pass), dense otherwise; native
+    where it does not apply is an error saying why. arithmetic (`ARITHMETIC`): auto is int8 on native
+    weights, float32 otherwise; int8 without native weights is an error saying why. few_rows_linears:
+    default on CPU."""
+    for option, value, choices in (("weights", weights, WEIGHTS), ("arithmetic", arithmetic, ARITHMETIC)):
+        if value not in choices:
+            raise ValueError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+    device = torch.device(device) if device is not None else default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    name, source = resolve(spec)
+    gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
+    dense = "the weights asked for are dense" if weights == "dense" else native_problem(gguf, device, torch_dtype)
+    if dense is not None and weights == "native":
+        raise ValueError(f"--weights native: {dense}")
+    if dense is None and weights == "auto" and eager:
+        dense = "enforce_eager reads the weights dense"
+    if dense is not None and arithmetic == "int8":
+        raise ValueError(f"--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: {dense}")
+    few_rows = device.type == "cpu" if few_rows_linears is None else few_rows_linears
+    return Loading(name, source, device, torch_dtype, "dense" if dense else "native",
+                   "int8" if dense is None and arithmetic != "float32" else "float32", few_rows, arithmetic == "int8")
 
 
 def load_model(
@@ -239,55 +256,31 @@ def load_model(
     weights: str = "auto",
     arithmetic: str = "auto",
 ) -> LoadedModel:
-    """Load a target or draft model for decoding. `few_rows_linears` (default: on CPU) swaps its
-    linear layers for `FewRowsLinear`, which keeps decode and verify steps fast on CPU; False gives
-    the stock Hugging Face model (what the benchmark's peers run). `weights` (`native_weights`):
-    a GGUF's Q4_1/Q8_0 layers as its blocks ("native", the default where it applies) or as float
-    ("dense"); the same logits either way. `arithmetic` (`native_arithmetic`): what native weights
-    compute in, "int8" (each token quantised in blocks of 32, integer dot products; the default
-    where native weights load) or "float32" (the dense model's logits, bitwise)."""
-    device = torch.device(device) if device is not None else default_device()
-    torch_dtype = resolve_dtype(dtype, device)
-    name, source = resolve(spec)
-    gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
-    native = native_weights(weights, gguf, device, torch_dtype)
-    computes = native_arithmetic(arithmetic, None if native else (native_problem(gguf, device, torch_dtype)
-                                                                  or "the weights asked for are dense"))
-    if gguf is not None:
-        source = convert_gguf(gguf)
+    """Load a target or draft model for decoding, each choice made by `plan_load`. `few_rows_linears`
+    (default: on CPU) swaps its linear layers for `FewRowsLinear`, which keeps decode and verify steps
+    fast on CPU; False gives the stock Hugging Face model (what the benchmark's peers run). `weights`:
+    a GGUF's Q4_1/Q8_0 layers as its blocks ("native") or as float ("dense"); the same logits either
+    way. `arithmetic`: what native weights compute in, "int8" (each token quantised in blocks of 32,
+    integer dot products) or "float32" (the dense model's logits, bitwise)."""
+    return load(plan_load(spec, device, dtype, weights, arithmetic, few_rows_linears=few_rows_linears))
+
+
+def load(loading: Loading) -> LoadedModel:
+    """Load a model as `loading` says (`plan_load`)."""
+    gguf = loading.gguf
+    source = convert_gguf(gguf) if gguf is not None else loading.source
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    native = loading.weights == "native"
     built = _native_from_pretrained(source, gguf) if native else None
-    try:
-        # Local files first: a model already on disk never touches the network.
-        tokenizer, model = built or _from_pretrained(source, torch_dtype, local_only=True)
-    except OSError:
-        if isinstance(source, Path) or _offline():
-            raise ModelNotFoundError(
-                f"model {spec!r} not found: not a local directory or .gguf file, not in the Hugging Face cache, "
-                "and no hub download attempted (offline: HF_HUB_OFFLINE=1)"
-            ) from None
-        try:
-            tokenizer, model = _from_pretrained(source, torch_dtype, local_only=False)
-        except OSError as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelNotFoundError(
-                f"model {spec!r} not found locally or in the Hugging Face cache, and the hub download failed: {first_line}"
-            ) from None
-    model.to(device).eval()
+    tokenizer, model = built or _dense_from_pretrained(loading.source, source, loading.dtype)
+    model.to(loading.device).eval()
     model.requires_grad_(False)
-    if few_rows_linears is None:
-        few_rows_linears = device.type == "cpu"
     if native and built is None:  # loaded dense after all: read the blocks now
         native = blocks.use_gguf_blocks(model, gguf) > 0
-    if native and computes == "int8":
-        problem = blocks.int8_problem(model)
-        if problem is not None and arithmetic == "int8":
-            raise ValueError(f"--arithmetic int8: {problem}")
-        computes = "float32" if problem is not None else "int8"
-        blocks.use_arithmetic(model, computes)
-    if few_rows_linears:
+    computes = _use_int8(model, loading.int8_asked) if native and loading.arithmetic == "int8" else "float32"
+    if loading.few_rows_linears:
         use_few_rows_linears(model)
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
@@ -295,8 +288,40 @@ def load_model(
         eos_ids += (tokenizer.eos_token_id,)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     path = Path(source) if isinstance(source, Path) else Path(str(source))
-    return LoadedModel(model, tokenizer, name, path, max_context, eos_ids, few_rows_linears,
-                       weights="native" if native else "dense", arithmetic=computes if native else "float32")
+    return LoadedModel(model, tokenizer, loading.name, path, max_context, eos_ids, loading.few_rows_linears,
+                       weights="native" if native else "dense", arithmetic=computes)
+
+
+def _dense_from_pretrained(spec: Path | str, source: Path | str, dtype: torch.dtype):
+    """(tokenizer, model) from a directory or the Hugging Face cache; from the hub only where `source`
+    is a hub id and we are not offline."""
+    try:
+        # Local files first: a model already on disk never touches the network.
+        return _from_pretrained(source, dtype, local_only=True)
+    except OSError:
+        if isinstance(source, Path) or _offline():
+            raise ModelNotFoundError(
+                f"model {str(spec)!r} not found: not a local directory or .gguf file, not in the Hugging Face cache, "
+                "and no hub download attempted (offline: HF_HUB_OFFLINE=1)"
+            ) from None
+    try:
+        return _from_pretrained(source, dtype, local_only=False)
+    except OSError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(
+            f"model {str(spec)!r} not found locally or in the Hugging Face cache, and the hub download failed: {first_line}"
+        ) from None
+
+
+def _use_int8(model: torch.nn.Module, asked: bool) -> str:
+    """Set a native model's layers to the int8 arithmetic where they can take it (`blocks.int8_problem`):
+    "int8", else "float32" (chosen) or an error saying why (asked for)."""
+    problem = blocks.int8_problem(model)
+    if problem is not None and asked:
+        raise ValueError(f"--arithmetic int8: {problem}")
+    computes = "float32" if problem is not None else "int8"
+    blocks.use_arithmetic(model, computes)
+    return computes
 
 
 def release_freed_memory() -> bool:

@@ -27,7 +27,9 @@ class Policy(StrEnum):
 
 POLICIES = tuple(policy.value for policy in Policy)  # as requests, flags and options spell them
 DEFAULT_POLICY = Policy.AUTO
-DEFAULT_MAX_BATCH = 8  # rows an engine decodes together, unless it is given a number
+# Rows an engine decodes together, unless it is given a number: a server's concurrent requests (the
+# cost-aware policy lets rows with weak drafts decode plainly beside those that draft).
+DEFAULT_MAX_BATCH = 16
 PREFILL_CHUNK = 512  # prompt tokens a prefill call takes at once; an engine's prefill budget a step, by default
 DEFAULT_MAX_QUEUED = 64  # requests that may wait for a row in a server, unless it is given a number
 DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafters keep (the n-gram memory)
@@ -36,8 +38,9 @@ DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafter
 # holds ~23k tokens, a few agent conversations' histories.
 DEFAULT_PREFIX_CACHE_MB = 1024
 MAX_LOGPROBS = 20  # the most likely tokens a request may ask to see at each position, as OpenAI allows
-WEIGHTS = ("auto", "native", "dense")  # how a GGUF model's layers are read (`models.native_weights`)
-ARITHMETIC = ("auto", "int8", "float32")  # what native weights compute in (`models.native_arithmetic`)
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # a model's dtype (auto: float32 on CPU, bfloat16 on CUDA)
+WEIGHTS = ("auto", "native", "dense")  # how a GGUF model's layers are read (`models.plan_load`)
+ARITHMETIC = ("auto", "int8", "float32")  # what native weights compute in (`models.plan_load`)
 
 
 def cache_dir() -> Path:

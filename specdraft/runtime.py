@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from specdraft.backend import StaticShapes, llama, worth_compiling
-from specdraft.drafters import Drafter, Resources, create_drafter, drafter_parts, is_builtin, uses
+from specdraft.drafters import Drafter, Resources, create_drafter, is_builtin
 from specdraft.engine import Engine, RequestError
 from specdraft.grammar import GrammarCompiler
-from specdraft.models import LoadedModel, load_model, release_freed_memory
+from specdraft.models import LoadedModel, load, release_freed_memory
 from specdraft.settings import Settings
 from specdraft.text import check_text
 from specdraft.verifier import Verifier
@@ -27,33 +27,11 @@ class Runtime:
     resources: Resources = field(default_factory=Resources)  # what its drafters share; `save()` saves their state
 
 
-def resolve_options(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Each drafter's options (`settings` checked them). A composite gets its parts' options through the
-    same path as the parts alone: each part takes the options of the drafter it is (`ngram`'s
-    cross-request memory reaches `hybrid`'s n-gram part), unless the composite names its own under the
-    part's name. `draft_model` and `dtype` are the `model` drafter's."""
-    names = settings.served
-    given = {name: dict(options) for name, options in (settings.drafter_options or {}).items()}
-    if any(uses(name, "model") for name in names):
-        model = given.setdefault("model", {})
-        if settings.draft_model is not None:
-            model.setdefault("draft_model", settings.draft_model)
-        model.setdefault("dtype", settings.dtype)
-    return {name: _with_parts(name, given) for name in names}
-
-
-def _with_parts(name: str, given: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    options = dict(given.get(name, {}))
-    for part, drafter in drafter_parts(name).items():
-        options[part] = {**_with_parts(drafter, given), **options.get(part, {})}
-    return options
-
-
 def build_drafters(names: Sequence[str], k: int, target: LoadedModel, options: Mapping[str, Mapping[str, Any]],
                    resources: Resources) -> tuple[dict[str, Drafter], dict[str, str]]:
-    """Build and warm each named drafter once, with its options (already resolved: `resolve_options`),
-    all sharing `resources`. A plugin that fails to build is left out, with a warning naming it
-    (returned as name -> why); a built-in one that fails raises."""
+    """Build and warm each named drafter once, with its options (already resolved:
+    `Settings.resolve_drafter_options`), all sharing `resources`. A plugin that fails to build is left
+    out, with a warning naming it (returned as name -> why); a built-in one that fails raises."""
     drafters, skipped = {}, {}
     for name in names:
         try:
@@ -69,27 +47,22 @@ def build_drafters(names: Sequence[str], k: int, target: LoadedModel, options: M
 def build_runtime(model: str | LoadedModel | None = None, settings: Settings | None = None) -> Runtime:
     """The one assembly of an engine (the server, the CLI, `specdraft.LLM` and the benchmarks use it).
     model: a name, path or .gguf, or an already loaded `LoadedModel` (default: the embedded model);
-    settings: the engine's options (default: `Settings()`), checked when they were made."""
-    settings = settings or Settings()
-    weights = settings.weights
-    if settings.enforce_eager and weights == "auto":  # eager layers would dequantise every block at every pass
-        weights = "dense"
-    target = model if isinstance(model, LoadedModel) else load_model(model, device=settings.device,
-                                                                     dtype=settings.dtype, weights=weights,
-                                                                     arithmetic=settings.arithmetic)
-    context = min(settings.max_context, target.max_context) if settings.max_context else target.max_context
-    compiled = not settings.enforce_eager
-    static = static_shapes(target, settings.max_batch, context, graphs=compiled)
-    resources = Resources(static, compiled=compiled)
-    built, skipped = build_drafters(settings.served, settings.k, target, resolve_options(settings), resources)
-    verifier = Verifier(target.model, static, compiled=compiled and worth_compiling(target.model),
-                        prefix_cache_bytes=settings.prefix_cache_mb << 20)
+    settings: the engine's options (default: `Settings()`), checked when they were made. It builds
+    what `Settings.resolve` decides, and decides nothing itself."""
+    plan = (settings or Settings()).resolve(model)
+    target = model if plan.loading is None else load(plan.loading)
+    context = plan.context(target.max_context)
+    static = static_shapes(target, plan.max_batch, context, graphs=plan.compiled)
+    resources = Resources(static, compiled=plan.compiled)
+    built, skipped = build_drafters(plan.drafters, plan.k, target, plan.drafter_options, resources)
+    verifier = Verifier(target.model, static, compiled=plan.compiled and worth_compiling(target.model),
+                        prefix_cache_bytes=plan.prefix_cache_bytes)
     grammar = GrammarCompiler(target.tokenizer, verifier.vocab_size, target.eos_token_ids)
-    engine = Engine(verifier, built, target.tokenizer, target.eos_token_ids, context, k=settings.k,
-                    max_batch=settings.max_batch, default_drafter=settings.default_drafter, policy=settings.policy,
-                    calibrate=settings.calibrate, grammar=grammar)
+    engine = Engine(verifier, built, target.tokenizer, target.eos_token_ids, context, k=plan.k,
+                    max_batch=plan.max_batch, default_drafter=plan.default_drafter, policy=plan.policy,
+                    calibrate=plan.calibrate, grammar=grammar)
     release_freed_memory()  # what building freed (draft copies' float32 transients) leaves the process
-    return Runtime(engine, target, settings.default_drafter, skipped, resources)
+    return Runtime(engine, target, plan.default_drafter, skipped, resources)
 
 
 def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: bool = True) -> StaticShapes | None:

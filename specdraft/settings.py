@@ -1,22 +1,29 @@
-"""How an engine is built: `Settings`, every option documented and checked here, once. The library
-(`LLM(model, settings)` or `LLM(model, **options)`), the CLI (`specdraft generate|serve`) and the
-benchmarks each make one and hand it to `build_runtime`. What one request chooses is not here
-(`SamplingParams`, `SpeculationParams`); the server's own options (host, queue) are the CLI's."""
+"""How an engine is built: `Settings`, every option documented, checked and given its default here,
+once. The library (`LLM(model, settings)` or `LLM(model, **options)`), the CLI (`specdraft
+generate|serve`, whose flags default to these fields' defaults) and the benchmarks each make one and
+hand it to `build_runtime`, which builds what `Settings.resolve` decides (`Resolved`: each drafter's
+options, the model's device, dtype, weights and arithmetic) and decides nothing itself. What one
+request chooses is not here (`SamplingParams`, `SpeculationParams`); the server's own options (host,
+queue) are the CLI's."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, drafter_parts, uses
+from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, drafter_parts, is_builtin, uses
 from specdraft.params import (ARITHMETIC, DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY,
-                              DEFAULT_PREFIX_CACHE_MB, WEIGHTS, Policy, check_num_speculative_tokens, check_policy)
+                              DEFAULT_PREFIX_CACHE_MB, DTYPES, WEIGHTS, Policy, check_num_speculative_tokens,
+                              check_policy)
 
 if TYPE_CHECKING:
-    from specdraft.models import LoadedModel
+    from specdraft.models import LoadedModel, Loading
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+# What an engine for one request changes (`specdraft generate`): one row, and no prefix cache, since
+# nothing could reuse what it computed.
+ONE_REQUEST = MappingProxyType({"max_batch": 1, "prefix_cache_mb": 0})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +38,7 @@ class Settings:
     drafters: Sequence[str] | None = None
     # The longest draft a step verifies, 0..64 (0: plain decoding); a request may ask for less.
     k: int = DEFAULT_NUM_SPECULATIVE_TOKENS
-    # Rows (requests) decoded together.
+    # Rows (requests) decoded together; beyond them requests wait (a server queues them).
     max_batch: int = DEFAULT_MAX_BATCH
     # The context length served, prompt and output together: at most the model's (None: the model's).
     max_context: int | None = None
@@ -120,6 +127,31 @@ class Settings:
     def default_drafter(self) -> str:
         return self.served[0]
 
+    def resolve(self, model: str | LoadedModel | None = None) -> Resolved:
+        """Every default decided, for `model` (a name, path or .gguf, None for the embedded model, or a
+        `LoadedModel`, whose loading was decided when it loaded): what `build_runtime` builds."""
+        from specdraft.models import LoadedModel, plan_load  # torch: here, not in the CLI's parser
+
+        loading = None if isinstance(model, LoadedModel) else plan_load(
+            model, self.device, self.dtype, self.weights, self.arithmetic, eager=self.enforce_eager)
+        return Resolved(drafters=tuple(self.served), drafter_options=self.resolve_drafter_options(), k=self.k,
+                        max_batch=self.max_batch, max_context=self.max_context, policy=self.policy,
+                        compiled=not self.enforce_eager, calibrate=self.calibrate,
+                        prefix_cache_bytes=self.prefix_cache_mb << 20, loading=loading)
+
+    def resolve_drafter_options(self) -> dict[str, dict[str, Any]]:
+        """Each drafter's options, by name. A composite gets its parts' options through the same path as
+        the parts alone: each part takes the options of the drafter it is (`ngram`'s cross-request memory
+        reaches `hybrid`'s n-gram part), unless the composite names its own under the part's name.
+        `draft_model` and `dtype` are the `model` drafter's (and so its composites')."""
+        given = {name: dict(options) for name, options in (self.drafter_options or {}).items()}
+        if any(uses(name, "model") for name in self.served):
+            model = given.setdefault("model", {})
+            if self.draft_model is not None:
+                model.setdefault("draft_model", self.draft_model)
+            model.setdefault("dtype", self.dtype)
+        return {name: _with_parts(name, given) for name in self.served}
+
     def replace(self, **changes: Any) -> Settings:
         """These settings with `changes` (by field name), checked again; a name that is not a field is
         refused by name."""
@@ -128,6 +160,49 @@ class Settings:
             raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                             f"the options: {', '.join(f.name for f in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """`Settings` with every default decided (`Settings.resolve`): `build_runtime` builds it as it is."""
+
+    drafters: tuple[str, ...]  # every drafter built, the default first
+    drafter_options: Mapping[str, Mapping[str, Any]]  # each drafter's, a composite's parts' under the part's name
+    k: int
+    max_batch: int
+    max_context: int | None  # the most served; None: the model's
+    policy: Policy
+    compiled: bool  # steps compiled (CUDA graphs on CUDA, the compiled step on CPU): not enforce_eager
+    calibrate: bool
+    prefix_cache_bytes: int
+    loading: Loading | None  # how the target loads (`models.plan_load`); None: it came loaded
+
+    @property
+    def default_drafter(self) -> str:
+        return self.drafters[0]
+
+    def context(self, model_context: int) -> int:
+        """The context served on a model whose own is `model_context`."""
+        return min(self.max_context, model_context) if self.max_context else model_context
+
+
+def default(name: str) -> Any:
+    """The default of the `Settings` field `name` (the CLI's flags show and leave it)."""
+    return Settings.__dataclass_fields__[name].default
+
+
+def server_drafters() -> list[str]:
+    """The drafters a server builds unless told (`specdraft serve` without --drafters): the default
+    drafter, the other built-ins requests choose among, then every installed plugin."""
+    builtins = [DEFAULT_DRAFTER, *(name for name in ("ngram", "none", "model", "hybrid") if name != DEFAULT_DRAFTER)]
+    return builtins + [name for name in drafter_names() if not is_builtin(name)]
+
+
+def _with_parts(name: str, given: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    options = dict(given.get(name, {}))
+    for part, drafter in drafter_parts(name).items():
+        options[part] = {**_with_parts(drafter, given), **options.get(part, {})}
+    return options
 
 
 def built_on(name: str) -> set[str]:

@@ -94,14 +94,12 @@ def test_one_function_says_which_code_reads_weights(stored, device, with_kernel,
 
 
 def test_without_the_kernel_blocks_dequantise_by_torch_and_native_weights_say_why(monkeypatch):
-    from specdraft.models import native_weights
+    from specdraft.models import native_problem
 
     w = torch.from_numpy(random_blocks(np.random.default_rng(4), blocks.Q4_1, 5, 64))
     monkeypatch.setattr(cpp_kernel, "kernel", no_kernel)
     assert torch.equal(blocks.dense_values(w, blocks.Q4_1, 64), blocks.dequantize(w, blocks.Q4_1, 64))
-    assert not native_weights("auto", Path("m.gguf"), CPU, torch.float32)
-    with pytest.raises(ValueError, match=r"the block kernel is not available here: no C\+\+ compiler found"):
-        native_weights("native", Path("m.gguf"), CPU, torch.float32)
+    assert "the block kernel is not available here: no C++ compiler found" in native_problem(Path("m.gguf"), CPU, torch.float32)
 
 
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
@@ -281,16 +279,16 @@ def test_the_embedded_model_gives_the_dense_logits_bitwise_for_every_pass(embedd
 
 
 def test_weights_are_checked_and_native_where_it_cannot_be_says_why(tmp_path):
-    from specdraft.models import load_model, native_weights
+    from specdraft.models import load_model, plan_load
 
-    with pytest.raises(ValueError, match="weights must be one of auto, native, dense; got 'int4'"):
-        native_weights("int4", None, torch.device("cpu"), torch.float32)
-    with pytest.raises(ValueError, match="not a GGUF file"):
-        native_weights("native", None, torch.device("cpu"), torch.float32)
+    gguf = tmp_path / "m.gguf"
+    gguf.touch()
+    with pytest.raises(ValueError, match="weights must be one of auto, native, dense, got 'int4'"):
+        plan_load(str(gguf), "cpu", weights="int4")
     with pytest.raises(ValueError, match="compute in float32, not bfloat16"):
-        native_weights("native", tmp_path / "m.gguf", torch.device("cpu"), torch.bfloat16)
-    assert not native_weights("auto", None, torch.device("cpu"), torch.float32)
-    assert not native_weights("dense", tmp_path / "m.gguf", torch.device("cpu"), torch.float32)
+        plan_load(str(gguf), "cpu", "bfloat16", weights="native")
+    assert plan_load(str(gguf), "cpu", "bfloat16").weights == "dense"
+    assert plan_load(str(gguf), "cpu", weights="dense").weights == "dense"
     (tmp_path / "config.json").write_text("{}")  # a Hugging Face directory, refused before anything loads
     with pytest.raises(ValueError, match="--weights native: the model is not a GGUF file"):
         load_model(str(tmp_path), weights="native")

@@ -282,7 +282,7 @@ def test_the_embedded_model_computes_in_int8_by_default_and_speculation_is_lossl
 
 
 def test_the_arithmetic_is_checked_and_int8_where_it_cannot_run_says_why(tmp_path):
-    from specdraft.models import native_arithmetic
+    from specdraft.models import plan_load
 
     with pytest.raises(ValueError, match="arithmetic must be one of auto, int8, float32, got 'int4'"):
         Settings(arithmetic="int4")
@@ -290,11 +290,12 @@ def test_the_arithmetic_is_checked_and_int8_where_it_cannot_run_says_why(tmp_pat
         Settings(arithmetic="int8", weights="dense")
     with pytest.raises(ValueError, match="not with enforce_eager"):
         Settings(arithmetic="int8", enforce_eager=True)
-    assert native_arithmetic("auto", "the model is not a GGUF file") == "float32"
-    assert native_arithmetic("float32", None) == "float32"
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")  # a Hugging Face directory: dense weights
+    assert plan_load(str(tmp_path / "hf"), "cpu").arithmetic == "float32"
     with pytest.raises(ValueError, match="--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: "
                                          "the model is not a GGUF file"):
-        native_arithmetic("int8", "the model is not a GGUF file")
+        plan_load(str(tmp_path / "hf"), "cpu", arithmetic="int8")
     odd = make_tiny_model(seed=3, dtype=torch.float32, layers=1, vocab_size=TINY_VOCAB + 4)  # 100 output rows
     path = tmp_path / "odd.gguf"
     write_gguf(odd, path)

@@ -13,12 +13,9 @@ import logging
 import os
 import sys
 
-from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, is_builtin, uses
-from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_PREFIX_CACHE_MB, DEFAULT_SAVE_EVERY, ARITHMETIC, POLICIES, WEIGHTS
-from specdraft.settings import DTYPES, Settings
-
-# Served by default, with every plugin; the first is the default drafter.
-SERVED_BUILTINS = [DEFAULT_DRAFTER, *(name for name in ("ngram", "none", "model", "hybrid") if name != DEFAULT_DRAFTER)]
+from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, uses
+from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, ARITHMETIC, POLICIES, WEIGHTS
+from specdraft.settings import DTYPES, ONE_REQUEST, Settings, default, server_drafters
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,23 +78,25 @@ def _drafter_options(value: str) -> dict[str, dict]:
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The options of the model and its engine, shared by generate and serve. An option that sets a
-    `Settings` field is stored under the field's name (`settings_from` reads them); one left out where
-    the field has a default of its own (SUPPRESS) is not set, so that the default has one owner."""
+    `Settings` field is stored under the field's name (`settings_from` reads them); one left out is not
+    set (SUPPRESS, or None where the field's default is None), so that `Settings` owns every default."""
     parser.add_argument("--model", default=None, help="a name `specdraft models` lists (fetched on first use), HF id, local directory or "
                              ".gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=None, choices=drafter_names(),
                         help="how drafts are proposed: a built-in drafter or an installed plugin (`specdraft drafters` "
                              f"lists them; none = plain decoding). Default: the first of serve's --drafters, else {DEFAULT_DRAFTER}")
-    parser.add_argument("--drafter-options", type=_drafter_options, default={}, metavar="JSON",
+    parser.add_argument("--drafter-options", type=_drafter_options, default=None, metavar="JSON",
                         help='options by drafter, e.g. \'{"ngram": {"max_n": 4}}\' (`specdraft drafters` lists them)')
     parser.add_argument("--policy", default=argparse.SUPPRESS, choices=POLICIES,
                         help="how each step's draft length is chosen: auto = the cost-aware policy (drafts only where "
-                             "it pays); fixed = as long as the drafter goes, up to k, every step (measures a drafter as it is)")
+                             "it pays); fixed = as long as the drafter goes, up to k, every step (measures a drafter as it "
+                             f"is). Default: {default('policy')}")
     parser.add_argument("--draft-model", default=None,
                         help="draft model for the model and hybrid drafters: HF id, directory or .gguf sharing the "
                              "target's vocabulary (default: self-int8, an int8 copy of the target)")
     parser.add_argument("-k", "--num-speculative-tokens", dest="k", type=_draft_length, default=argparse.SUPPRESS,
-                        metavar="NUM_SPECULATIVE_TOKENS", help="longest draft per step (0..64; 0 = plain decoding)")
+                        metavar="NUM_SPECULATIVE_TOKENS",
+                        help=f"longest draft per step (0..64; 0 = plain decoding). Default: {default('k')}")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=DTYPES,
                         help="auto: float32 on CPU, bfloat16 on CUDA; float32 gives exact parity with plain decoding on a GPU")
@@ -108,7 +107,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="what native weights compute in: int8 (activations quantised in blocks of 32, integer "
                              "dot products: fastest), float32 (the dense model's arithmetic, bitwise); auto: int8 "
                              "where native weights load. Speculation is lossless in either")
-    parser.add_argument("--enforce-eager", action="store_true", help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
+    parser.add_argument("--enforce-eager", action="store_true", default=argparse.SUPPRESS,
+                        help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,17 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
     structured.add_argument("--json-schema", type=_json_schema, default=None, metavar="FILE",
                             help="constrain the output to JSON valid under the JSON Schema in FILE")
     structured.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
-    gen.set_defaults(max_batch=1, prefix_cache_mb=0)  # one request: nothing could reuse what it computed
+    gen.set_defaults(**ONE_REQUEST)
 
     serve = sub.add_parser("serve", help="serve an OpenAI-compatible completions API (SSE streaming)")
     add_model_options(serve)
     serve.add_argument("--drafters", type=_drafter_list, default=None,
-                       help=f"comma-separated drafters requests may choose (default: {','.join(SERVED_BUILTINS)} and "
-                            "every installed plugin)")
+                       help=f"comma-separated drafters requests may choose (default: {','.join(server_drafters())})")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000)
-    serve.add_argument("--max-batch-size", dest="max_batch", type=_positive("--max-batch-size"), default=16,
-                       metavar="MAX_BATCH_SIZE", help="rows decoded together")
+    serve.add_argument("--max-batch-size", dest="max_batch", type=_positive("--max-batch-size"), default=argparse.SUPPRESS,
+                       metavar="MAX_BATCH_SIZE", help=f"rows decoded together (default: {default('max_batch')})")
     serve.add_argument("--max-queue", type=_integer("--max-queue", 0), default=DEFAULT_MAX_QUEUED,
                        help="requests that may wait for a row; beyond them a request gets 429")
     serve.add_argument("--max-model-len", dest="max_context", type=_positive("--max-model-len"), default=None, metavar="MAX_MODEL_LEN",
@@ -148,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
     serve.add_argument("--prefix-cache-mb", type=_integer("--prefix-cache-mb", 0), default=argparse.SUPPRESS,
                        metavar="MB", help="keep earlier requests' keys and values, up to this many MiB, for prompts that "
-                            f"start alike (multi-turn chats, shared system prompts); 0 turns it off (default: {DEFAULT_PREFIX_CACHE_MB})")
+                            f"start alike (multi-turn chats, shared system prompts); 0 turns it off (default: {default('prefix_cache_mb')})")
     serve.add_argument("--ngram-memory", nargs="?", const="", default=None, metavar="PATH",
                        help="let the ngram drafter (and hybrid's n-gram part) draft from earlier requests' outputs; with "
                             "PATH, load it from there at start and save it there periodically and at shutdown")
@@ -251,10 +250,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    drafters = args.drafters or SERVED_BUILTINS + [name for name in drafter_names() if not is_builtin(name)]
+    drafters = args.drafters or server_drafters()
     if args.drafter is not None and args.drafter not in drafters:
         drafters = [args.drafter, *drafters]
-    options = dict(args.drafter_options)
+    options = dict(args.drafter_options or {})
     if args.ngram_memory is not None:  # an option of the ngram drafter, wherever it is used
         if not any(uses(name, "ngram") for name in drafters):
             raise ValueError("--ngram-memory needs the ngram or hybrid drafter among --drafters (or another built on ngram)")
