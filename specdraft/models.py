@@ -27,6 +27,7 @@ from specdraft.backend.int8 import use_int8_linears
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
+from specdraft.gguf_check import check_gguf
 from specdraft.params import ARITHMETIC, WEIGHTS, cache_dir
 
 log = logging.getLogger("specdraft")
@@ -250,6 +251,8 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
     gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
+    if gguf is not None:  # a bad file is refused by name before transformers or the kernel reads it
+        check_gguf(gguf)
     native = native_weights(weights, gguf, device, torch_dtype)
     computes = native_arithmetic(arithmetic, None if native else (native_problem(gguf, device, torch_dtype)
                                                                   or "the weights asked for are dense"))
