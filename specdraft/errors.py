@@ -32,3 +32,13 @@ class ModelIntegrityError(ModelFetchError):
     def __init__(self, message: str, what: str, expected: str, actual: str) -> None:
         super().__init__(message)
         self.what, self.expected, self.actual = what, expected, actual
+
+
+class BadModelFileError(ModelNotFoundError):
+    """A model file that cannot be loaded as it is (truncated, corrupted, or of a format, block kind or
+    family specdraft does not read): the message names the file and the `problem`, found before
+    anything else reads the file (`specdraft.gguf_check`)."""
+
+    def __init__(self, message: str, path: str, problem: str) -> None:
+        super().__init__(message)
+        self.path, self.problem = path, problem

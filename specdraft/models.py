@@ -27,6 +27,7 @@ from specdraft.backend.int8 import use_int8_linears
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
+from specdraft.gguf_check import check_gguf
 from specdraft.params import ARITHMETIC, WEIGHTS, cache_dir
 
 log = logging.getLogger("specdraft")
@@ -236,6 +237,8 @@ def plan_load(spec: str | None = None, device: torch.device | str | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
     gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
+    if gguf is not None:  # a bad file is refused by name before transformers or the kernel reads it
+        check_gguf(gguf)
     dense = "the weights asked for are dense" if weights == "dense" else native_problem(gguf, device, torch_dtype)
     if dense is not None and weights == "native":
         raise ValueError(f"--weights native: {dense}")

@@ -1,0 +1,242 @@
+"""Check a GGUF file before anything else reads it (before transformers converts it, before its
+blocks are memory-mapped for the kernel): `check_gguf` reads only the header, the metadata and the
+tensor infos, and raises `BadModelFileError` naming the file and its first problem, or returns the
+file's `GgufLayout`. After it passes, every tensor's data lies whole inside the file, aligned, in a
+block kind the loader reads, and the model is of a family specdraft decodes.
+
+The format (GGUF v2 and v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64
+key-value count; the key-values (a string key, a u32 value type, the value); the tensor infos (a
+string name, u32 dimension count, u64 dimensions, u32 type, u64 offset from the data section); the
+data section at the next multiple of `general.alignment` (default 32). A string is a u64 length
+and its bytes; an array a u32 item type, a u64 count and the items.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
+
+from specdraft.errors import BadModelFileError
+
+# The model families specdraft decodes, by their GGUF `general.architecture`.
+FAMILIES = ("llama", "qwen2")
+VERSIONS = (2, 3)  # GGUF v1 counted in u32s; gguf's reader (and transformers) read v2 and v3
+MAGIC = b"GGUF"
+MAX_DIMS = 4  # GGML_MAX_DIMS
+
+# The block kinds a model loads from: every GGUF is first dequantised by transformers, through
+# gguf's `dequantize` (F32, F16 and each kind `gguf.quants` has a class for); the native reader's
+# Q4_1/Q8_0 are among them.
+READ_KINDS = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16}
+                       | {t for t in GGMLQuantizationType if isinstance(getattr(quants, t.name, None), type)})
+
+_SCALARS = {  # value type -> struct format of one item
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    kind: GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF's order: the row length first
+    offset: int  # from the data section's start
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GgufLayout:
+    version: int
+    architecture: str
+    alignment: int
+    data_start: int  # the data section's byte offset in the file
+    size: int  # the file's size in bytes
+    tensors: tuple[TensorInfo, ...]
+
+
+class _Cursor:
+    """Reads a GGUF's little-endian values from `buf`, each checked to lie inside the file; running
+    past the end is a truncation, named by the section being read (`section`)."""
+
+    def __init__(self, buf, path: Path) -> None:
+        self.buf, self.path, self.pos, self.section = buf, path, 0, "header"
+
+    def need(self, n: int) -> None:
+        """Raise the truncation where fewer than `n` bytes are left."""
+        if self.pos + n > len(self.buf):
+            raise _bad(self.path, f"the file ends inside its {self.section}, at byte {len(self.buf):,} "
+                                  f"of the {self.pos + n:,} needed: truncated or corrupted")
+
+    def take(self, n: int) -> int:
+        """Step over `n` bytes; return where they start."""
+        self.need(n)
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def value(self, fmt: str):
+        return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> bytes:
+        n = self.value("<Q")
+        start = self.take(n)
+        return bytes(self.buf[start:start + n])
+
+    def text(self, what: str) -> str:
+        raw = self.string()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad(self.path, f"{what} is not UTF-8 text ({raw[:40]!r}): corrupted") from None
+
+
+def _bad(path: Path, problem: str) -> BadModelFileError:
+    return BadModelFileError(f"bad model file {path}: {problem}", path=str(path), problem=problem)
+
+
+def check_gguf(path: Path | str) -> GgufLayout:
+    """Check that `path` is a GGUF specdraft can load (the module docstring lists what), reading only
+    its header, metadata and tensor infos; raise `BadModelFileError` naming the first problem."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = path.stat().st_size
+            if size < len(MAGIC):
+                raise _bad(path, f"the file is {size} bytes, too short for a GGUF header: truncated")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _layout(_Cursor(buf, path))
+    except OSError as exc:
+        raise _bad(path, f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _layout(cur: _Cursor) -> GgufLayout:
+    magic = bytes(cur.buf[cur.take(4):4])
+    if magic != MAGIC:
+        raise _bad(cur.path, f"not a GGUF file (it starts with {magic!r}, not {MAGIC!r})")
+    version = cur.value("<I")
+    if version not in VERSIONS:
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+        why = "a big-endian GGUF" if swapped in VERSIONS else f"GGUF version {version}"
+        raise _bad(cur.path, f"{why} is not supported (little-endian GGUF versions {', '.join(map(str, VERSIONS))})")
+    n_tensors, n_keys = cur.value("<Q"), cur.value("<Q")
+    metadata = _metadata(cur, n_keys)
+    architecture = _architecture(cur.path, metadata.get("general.architecture"))
+    alignment = _alignment(cur.path, metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+    tensors = _tensor_infos(cur, n_tensors)
+    data_start = -(-cur.pos // alignment) * alignment
+    _check_data(cur.path, tensors, data_start, alignment, len(cur.buf))
+    return GgufLayout(version, architecture, alignment, data_start, len(cur.buf), tensors)
+
+
+def _metadata(cur: _Cursor, count: int) -> dict[str, object]:
+    """The key-values a check reads (the scalars and strings of `general.*`); the rest are skipped,
+    each checked to lie inside the file."""
+    cur.section = f"metadata ({count:,} key-values)"
+    cur.need(count * 12)  # each at least a key length and a value type
+    wanted = {}
+    for i in range(count):
+        cur.section = f"metadata (key-value {i + 1} of {count:,})"
+        key = cur.text(f"metadata key {i + 1}")
+        cur.section = f"metadata (key-value {i + 1} of {count:,}, {key!r})"
+        kind = cur.value("<I")
+        if kind == GGUFValueType.ARRAY:
+            _skip_array(cur, key)
+        elif key.startswith("general.") and kind == GGUFValueType.STRING:
+            wanted[key] = cur.text(key)
+        elif key.startswith("general.") and kind in _SCALARS:
+            wanted[key] = cur.value(_SCALARS[GGUFValueType(kind)])
+        else:
+            _skip_item(cur, key, kind)
+    return wanted
+
+
+def _skip_item(cur: _Cursor, key: str, kind: int) -> None:
+    if kind == GGUFValueType.STRING:
+        cur.take(cur.value("<Q"))
+    elif kind in _SCALARS:
+        cur.take(struct.calcsize(_SCALARS[GGUFValueType(kind)]))
+    else:
+        raise _bad(cur.path, f"metadata key {key!r} has value type {kind}, not a GGUF value type: corrupted")
+
+
+def _skip_array(cur: _Cursor, key: str) -> None:
+    kind, count = cur.value("<I"), cur.value("<Q")
+    if kind in _SCALARS:
+        cur.take(count * struct.calcsize(_SCALARS[GGUFValueType(kind)]))
+    elif kind == GGUFValueType.STRING:
+        cur.need(count * 8)  # each at least its length
+        for _ in range(count):
+            cur.take(cur.value("<Q"))
+    else:  # arrays of arrays: no model file has them, and gguf's own reader does not read them
+        raise _bad(cur.path, f"metadata key {key!r} is an array of value type {kind}, which is not read")
+
+
+def _architecture(path: Path, architecture: object) -> str:
+    if architecture is None:
+        raise _bad(path, "no general.architecture in its metadata (the model family is unknown)")
+    if architecture not in FAMILIES:
+        raise _bad(path, f"general.architecture is {architecture!r}, not a family specdraft decodes "
+                         f"({', '.join(FAMILIES)})")
+    return str(architecture)
+
+
+def _alignment(path: Path, alignment: object) -> int:
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or alignment & (alignment - 1):
+        raise _bad(path, f"general.alignment is {alignment!r}, not a positive power of two: corrupted")
+    return alignment
+
+
+def _tensor_infos(cur: _Cursor, count: int) -> tuple[TensorInfo, ...]:
+    cur.section = f"tensor infos ({count:,} tensors)"
+    if count == 0:
+        raise _bad(cur.path, "it holds no tensors")
+    cur.need(count * 24)  # each at least a name length, a dimension count, a type and an offset
+    tensors, names = [], set()
+    for i in range(count):
+        cur.section = f"tensor infos (tensor {i + 1} of {count:,})"
+        name = cur.text(f"tensor name {i + 1}")
+        cur.section = f"tensor infos (tensor {i + 1} of {count:,}, {name!r})"
+        n_dims = cur.value("<I")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise _bad(cur.path, f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS}): corrupted")
+        shape = tuple(cur.value("<Q") for _ in range(n_dims))
+        kind, offset = cur.value("<I"), cur.value("<Q")
+        if name in names:
+            raise _bad(cur.path, f"tensor {name!r} appears twice: corrupted")
+        names.add(name)
+        tensors.append(_tensor(cur.path, name, shape, kind, offset))
+    return tuple(tensors)
+
+
+def _tensor(path: Path, name: str, shape: tuple[int, ...], kind: int, offset: int) -> TensorInfo:
+    try:
+        qtype = GGMLQuantizationType(kind)
+    except ValueError:
+        raise _bad(path, f"tensor {name!r} has type {kind}, not a GGML type: corrupted or newer than this gguf") from None
+    if qtype not in READ_KINDS:
+        raise _bad(path, f"tensor {name!r} is in block kind {qtype.name}, which neither specdraft's native reader "
+                         "nor transformers' dequantisation reads")
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    if shape[0] % block:
+        raise _bad(path, f"tensor {name!r} has rows of {shape[0]} weights, not whole {qtype.name} blocks of {block}")
+    count = 1
+    for n in shape:
+        count *= n
+    return TensorInfo(name, qtype, shape, offset, count // block * block_bytes)
+
+
+def _check_data(path: Path, tensors: tuple[TensorInfo, ...], data_start: int, alignment: int, size: int) -> None:
+    for t in tensors:
+        if t.offset % alignment:
+            raise _bad(path, f"tensor {t.name!r} starts at data offset {t.offset:,}, not a multiple of the "
+                             f"alignment {alignment}: corrupted")
+        end = data_start + t.offset + t.nbytes
+        if end > size:
+            raise _bad(path, f"tensor {t.name!r} ({t.kind.name}, {t.nbytes:,} bytes) ends at byte {end:,}, past "
+                             f"the end of the file ({size:,} bytes): truncated, or its offset is corrupted")
