@@ -237,8 +237,6 @@ def plan_load(spec: str | None = None, device: torch.device | str | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
     gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
-    if gguf is not None:  # a bad file is refused by name before transformers or the kernel reads it
-        check_gguf(gguf)
     dense = "the weights asked for are dense" if weights == "dense" else native_problem(gguf, device, torch_dtype)
     if dense is not None and weights == "native":
         raise ValueError(f"--weights native: {dense}")
@@ -271,6 +269,8 @@ def load_model(
 def load(loading: Loading) -> LoadedModel:
     """Load a model as `loading` says (`plan_load`)."""
     gguf = loading.gguf
+    if gguf is not None:  # a bad file is refused by name before transformers or the kernel reads it
+        check_gguf(gguf)
     source = convert_gguf(gguf) if gguf is not None else loading.source
     from transformers.utils import logging as hf_logging
 
