@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from specdraft import catalogue
-from specdraft.backend import blocks
-from specdraft.backend.int8 import use_int8_linears
+from specdraft.backend import native as blocks
+from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
@@ -54,7 +54,7 @@ class LoadedModel:
     few_rows_linears: bool = False  # its linear layers are `FewRowsLinear`s
     compute_dtype: torch.dtype | None = None  # the activations' dtype where it is not the weights' (int8 copies)
     target_copy: bool = False  # a draft built from the target's own layers (`int8_copy`): its keys and values mean the target's
-    weights: str = "dense"  # "native": its Q4_1/Q8_0 linears read the GGUF's blocks (`backend.blocks`); "dense": float
+    weights: str = "dense"  # "native": its Q4_1/Q8_0 linears read the GGUF's blocks (`backend.native`); "dense": float
     arithmetic: str = "float32"  # "int8": its native linears compute in the kernel's int8 arithmetic
 
 
@@ -210,7 +210,7 @@ class Loading:
     source: Path | str  # a .gguf file, a Hugging Face directory, or a hub id
     device: torch.device
     dtype: torch.dtype
-    weights: str  # "native": the GGUF's blocks (`backend.blocks`); "dense": float tensors
+    weights: str  # "native": the GGUF's blocks (`backend.native`); "dense": float tensors
     arithmetic: str  # "int8" (native weights only) or "float32"
     few_rows_linears: bool  # its linear layers become `FewRowsLinear`s (fast decode and verify steps on CPU)
     int8_asked: bool = False  # int8 was asked for, not chosen: layers that cannot take it are an error, not float32
@@ -360,7 +360,7 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
     """
     shared = {id(t): t for t in list(target.model.parameters()) + list(target.model.buffers())}
     model = copy.deepcopy(target.model, memo=shared)  # new modules over the same tensors
-    use_int8_linears(model)
+    use_weight_only_int8(model)
     device = next(target.model.parameters()).device
     dtype = torch.float32 if device.type == "cpu" else next(target.model.parameters()).dtype
     return LoadedModel(model, target.tokenizer, f"{target.name} (int8 copy)", target.path, target.max_context,

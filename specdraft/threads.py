@@ -1,6 +1,6 @@
 """Intra-op threads that behave on a shared or busy host.
 
-A CPU step runs a hundred or more parallel regions (numba's kernels, `backend/numba_layers.py`,
+A CPU step runs a hundred or more parallel regions (numba's kernels, `backend/numba_layers/`,
 run on torch's OpenMP runtime: its libgomp is loaded first, so numba's calls resolve to it). Between
 two regions a worker thread waits, and how it waits matters:
 - with OpenMP's default (spinning for milliseconds) a thread that finished its share spins on a

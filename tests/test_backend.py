@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from specdraft.backend import RowModel, llama
-from specdraft.backend.int8 import Int8Linear, use_int8_linears
+from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear, use_weight_only_int8
 from specdraft.backend.linear import FewRowsLinear
 from tests.conftest import TINY_VOCAB, make_tiny_model
 
@@ -176,7 +176,7 @@ def test_int8_linear_approximates_the_full_precision_layer():
     linear = torch.nn.Linear(96, 40, bias=True)
     x = torch.randn(7, 96)
     exact = linear(x)
-    for layer in (Int8Linear(linear), Int8Linear(FewRowsLinear(linear))):
+    for layer in (WeightOnlyInt8Linear(linear), WeightOnlyInt8Linear(FewRowsLinear(linear))):
         out = layer(x).float()
         assert layer.weight.dtype == torch.int8
         assert (out - exact).norm() / exact.norm() < 0.02
@@ -189,7 +189,7 @@ def test_int8_copy_shares_the_targets_other_tensors():
     target = LoadedModel(model, None, "tiny", None, 256, (), False)
     draft = int8_copy(target)
     assert draft.model.model.embed_tokens.weight is model.model.embed_tokens.weight
-    assert isinstance(draft.model.lm_head, Int8Linear) and type(model.lm_head) is torch.nn.Linear
+    assert isinstance(draft.model.lm_head, WeightOnlyInt8Linear) and type(model.lm_head) is torch.nn.Linear
     assert not any(type(m) is torch.nn.Linear for m in draft.model.modules())
     assert draft.compute_dtype == torch.float32  # on CPU numba's kernels read int8 weights with float32 activations
     ids = [5, 6, 7, 8, 9]
@@ -198,4 +198,4 @@ def test_int8_copy_shares_the_targets_other_tensors():
     q = rows.prefill("r", ids, chunk=8).softmax(-1)
     p = stock_logits(model, ids)[-1].softmax(-1)
     assert 0.5 * (q - p).abs().sum() < 0.1  # a close draft, not the target itself
-    assert use_int8_linears(draft.model) == 0  # nothing left to convert
+    assert use_weight_only_int8(draft.model) == 0  # nothing left to convert

@@ -1,4 +1,4 @@
-"""Native weights (`specdraft.backend.blocks`): a GGUF's Q4_1/Q8_0 blocks read in place give bitwise
+"""Native weights (`specdraft.backend.native`): a GGUF's Q4_1/Q8_0 blocks read in place give bitwise
 the logits of their dense float32 copy.
 
 The kernel states its kinds, their sizes and its `Projection` as Python does. One function says which
@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from specdraft.backend import RowModel, blocks
-from specdraft.backend.blocks import Reader, Storage, cpp_kernel
+from specdraft.backend import RowModel
+from specdraft.backend import native as blocks
+from specdraft.backend.native import Reader, Storage
+from specdraft.backend.native import library as cpp_kernel
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, NumbaLayers, project
 from tests.conftest import TINY_VOCAB, hf_greedy, make_tiny_model

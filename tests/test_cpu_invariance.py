@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdraft import LLM, SamplingParams, SpeculationParams
-from specdraft.backend import numba_layers
+from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.backend.rowmodel import RowModel
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 
 from specdraft.backend import RowModel
 from specdraft.backend.inductor import MAX_TOKENS, InductorLayers
-from specdraft.backend.int8 import use_int8_linears
+from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.numba_layers import NumbaLayers
 from tests.conftest import make_tiny_model, row_passes
 
@@ -74,9 +74,9 @@ def test_inductor_layers_apply_only_to_plain_float_layers_on_cpu():
     model.config.hidden_act = "gelu"
     assert not InductorLayers.applies(model, layers, torch.float32)
     model.config.hidden_act = "silu"
-    use_int8_linears(model.model.layers[0].mlp)
+    use_weight_only_int8(model.model.layers[0].mlp)
     assert not InductorLayers.applies(model, layers, torch.float32)  # int8 and float linears mixed
-    use_int8_linears(model)
+    use_weight_only_int8(model)
     assert InductorLayers.applies(model, layers, torch.bfloat16)  # all int8: an int8 draft copy
 
 

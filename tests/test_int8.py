@@ -1,4 +1,4 @@
-"""The int8 arithmetic (`blocks.cpp`'s int8 section, `--arithmetic int8`): each token's activations
+"""The int8 arithmetic (`native/csrc/int8.cpp`, `--arithmetic int8`): each token's activations
 quantised in blocks of 32, integer dot products against the GGUF's Q4_1/Q8_0 blocks (held as tiles
 of 16 rows, the last of 8 where the rows are 8 more than a multiple of 16), float scaling and
 accumulation in one fixed order.
@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from specdraft import LLM, SamplingParams, Settings
-from specdraft.backend import RowModel, blocks
+from specdraft.backend import RowModel
+from specdraft.backend import native as blocks
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, NumbaLayers
 from specdraft.engine import Engine

@@ -18,6 +18,8 @@ FLOORS = {  # higher imports lower; a module's floor is its first listed prefix'
     "specdraft.integrations": 4, "specdraft.verifier": 4,
     "specdraft.drafters": 3,
     "specdraft.models": 2, "specdraft.grammar": 2, "specdraft.sampling": 2,
+    # the backend's packages: the kernel wing (GGUF blocks and the compiled kernel) and numba's layers
+    "specdraft.backend.native": 1, "specdraft.backend.numba_layers": 1,
     "specdraft.backend": 1, "specdraft.params": 1, "specdraft.policy": 1, "specdraft.errors": 1,
     "specdraft.draft": 1,
     "specdraft.catalogue": 1, "specdraft.gguf_check": 1,
@@ -89,6 +91,14 @@ def test_no_circles():
     for name in sorted(GRAPH):
         if name not in state:
             visit(name, [])
+
+
+def test_the_kernel_wing_imports_no_layer_above_it():
+    """`backend.native` (GGUF blocks, the compiled kernel) is read by the layers; it reads none of them."""
+    allowed = ("specdraft.backend.native", "specdraft.backend.linear", "specdraft.params")
+    found = sorted((a, b) for a, targets in GRAPH.items() if a.startswith("specdraft.backend.native")
+                   for b in targets if not any(b == prefix or b.startswith(prefix + ".") for prefix in allowed))
+    assert found == []
 
 
 def test_the_steps_stages_never_import_the_loop():

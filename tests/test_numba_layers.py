@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-from specdraft.backend import PREFILL_CHUNK, RowModel, blocks, numba_layers
+from specdraft.backend import PREFILL_CHUNK, RowModel
+from specdraft.backend import native as blocks
+from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.cache import SPAN
-from specdraft.backend.int8 import Int8Linear, use_int8_linears
+from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear, use_weight_only_int8
 from specdraft.backend.numba_layers import MAX_TOKENS, NO_KERNEL, NO_RESIDUAL, NumbaLayers, attend, project, step_weights
 from tests.conftest import TINY_VOCAB, make_tiny_model, row_passes
 
@@ -107,9 +109,9 @@ def test_numba_layers_apply_to_plain_float32_layers_only(monkeypatch):
     model.config.hidden_act = "gelu"
     assert not NumbaLayers.applies(model, layers, torch.float32)
     model.config.hidden_act = "silu"
-    model.lm_head = Int8Linear(model.lm_head)
+    model.lm_head = WeightOnlyInt8Linear(model.lm_head)
     assert not NumbaLayers.applies(model, layers, torch.float32)  # float32 and int8 linears mixed
-    use_int8_linears(model)
+    use_weight_only_int8(model)
     assert NumbaLayers.applies(model, layers, torch.float32)  # an int8 draft copy
     compiled = RowModel(model, dtype=torch.float32, compiled=True)._own.compiled
     assert isinstance(compiled, NumbaLayers)
@@ -165,9 +167,9 @@ def test_a_projection_equals_the_product_for_every_row_and_token_count(out, resi
 
 def test_an_int8_copy_passes_equal_a_float32_model_of_its_dequantised_weights():
     int8 = make_tiny_model(seed=17, dtype=torch.float32, layers=2, attention_bias=True)
-    use_int8_linears(int8)
+    use_weight_only_int8(int8)
     dequantised = make_tiny_model(seed=17, dtype=torch.float32, layers=2, attention_bias=True)
-    linears = {name: m for name, m in int8.named_modules() if isinstance(m, Int8Linear)}
+    linears = {name: m for name, m in int8.named_modules() if isinstance(m, WeightOnlyInt8Linear)}
     with torch.no_grad():
         for name, m in dequantised.named_modules():
             if name in linears:

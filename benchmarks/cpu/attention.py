@@ -2,7 +2,7 @@
 a plain step and a 6-token verify pass (k = 5) at several context lengths, both built over the same
 weights and their steps interleaved within each round; medians over rounds. `--compare`:
 
-- `attention`: numba's loops against the compiled kernel (`backend/attention.cpp`);
+- `attention`: numba's loops against the compiled kernel (`backend/native/csrc/attention.cpp`);
 - `zmm`: the kernel's projections in 256-bit registers only (its `ymm` build) against the native
   build, which on AVX-512 reads each 16-row tile whole in 512-bit registers.
 

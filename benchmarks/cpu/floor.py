@@ -8,7 +8,7 @@ In one run on this machine, with the threads a step uses:
   (native, the default) or their float32 copy (`--weights dense`);
 - each step's floor, bandwidth / its bytes per token, and plain decoding (`none`, batch 1, greedy,
   float32 arithmetic) as a fraction of it: decode-only tokens/s on native weights, on dense ones
-  (both by the compiled kernel, `backend/blocks.cpp`) and on dense ones by numba's loops (the step
+  (both by the compiled kernel, `backend/native/`) and on dense ones by numba's loops (the step
   before native weights), interleaved round by round;
 - the verify step's cost at k = 0..8 relative to a plain step, each step;
 - with one competing busy process: plain decoding per thread setting, each in a fresh process
@@ -75,7 +75,7 @@ def _buffer_bytes() -> int:
 
 def _stored(module):
     """The tensor a module's weights are read from: its GGUF blocks or its weight."""
-    from specdraft.backend.blocks import BlockEmbedding, BlockLinear
+    from specdraft.backend.native import BlockEmbedding, BlockLinear
 
     return module.blocks if isinstance(module, (BlockLinear, BlockEmbedding)) else module.weight
 
@@ -115,7 +115,7 @@ def decode_rate(llm, tokens: int) -> float:
 def built_as(step: str):
     """Build a step of kind `step`: for "numba", float32 layers take numba's loops, as they did
     before the compiled kernel (what int8 draft copies still run)."""
-    from specdraft.backend import numba_layers
+    from specdraft.backend.numba_layers import stack as numba_layers
 
     kernel = numba_layers.native_kernel
     if step == "numba":

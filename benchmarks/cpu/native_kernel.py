@@ -2,7 +2,7 @@
 
 In one run on this machine, the embedded model's every projection and its output layer as a step
 reads them (on 2 MB pages, in step order, all threads), for passes of N tokens: native weights (GGUF
-blocks) and dense float32 ones by the compiled kernel (`backend/blocks.cpp`), and dense ones by
+blocks) and dense float32 ones by the compiled kernel (`backend/native/`), and dense ones by
 numba's loops (the step before); medians of interleaved rounds, each N's native and dense outputs
 checked bitwise equal. Beside them the whole verify step (`Verifier.step`, 256 tokens of context, k =
 N - 1), so what is not projections (attention, norms, rotary, sampling, Python) is their difference;
@@ -30,7 +30,7 @@ KINDS = {"native": "native (GGUF blocks, compiled kernel)", "dense": "dense floa
 
 
 def _width(weights: tuple) -> int:
-    from specdraft.backend import blocks
+    from specdraft.backend import native as blocks
 
     w, kind = weights[0], weights[3]
     if kind == -1:
@@ -55,7 +55,7 @@ def main() -> None:
     import torch
 
     from benchmarks.cpu.floor import built_as, step_models
-    from specdraft.backend import blocks
+    from specdraft.backend import native as blocks
     from specdraft.backend.numba_layers import NO_KERNEL, NumbaLayers, project, step_weights
     from specdraft.models import load_model
     from specdraft.params import SamplingParams

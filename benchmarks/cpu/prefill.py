@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import cli, machine, write_results
-from specdraft.backend import numba_layers
+from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.backend.rowmodel import PREFILL_CHUNK, RowModel
 from specdraft.models import load_model
 

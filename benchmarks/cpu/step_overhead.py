@@ -26,7 +26,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from benchmarks.common import cli, machine, write_results
-from specdraft.backend import numba_layers, rowmodel
+from specdraft.backend import rowmodel
+from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams

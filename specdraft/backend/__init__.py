@@ -2,9 +2,11 @@
 Start at `rowmodel.py` (`RowModel`: a causal LM with one KV-cache row per request, and its static
 shapes for CUDA graphs); `cache.py` holds its storage (`RowKVCache`); `llama.py` the own Llama-family
 forward it runs where it can, which runs a pass's layers one of the ways in `layers.py` (eager
-modules, `numba_layers.py`'s kernels, `inductor.py`'s compiled parts), reading their weights as
+modules, `numba_layers/`'s kernels, `inductor.py`'s compiled parts), reading their weights as
 `weights.py` gives them; `linear.py` the linear layers models are loaded with; `prefix.py` the prefix
-cache, earlier requests' committed entries kept for prompts that start alike."""
+cache, earlier requests' committed entries kept for prompts that start alike. `native/` is the kernel
+wing: GGUF blocks read in place and the compiled C++ kernel that reads them; `weight_only_int8.py`
+the int8 draft copies' layer."""
 
 from specdraft.backend.rowmodel import PREFILL_CHUNK, RowModel, StaticShapes
 from specdraft.backend.weights import worth_compiling

@@ -9,14 +9,15 @@ rate memory allows (`benchmarks/results/cpu_profile.md`). Here a layer's per-tok
 compiled by inductor's CPU backend: norm, q/k/v projections (one joined weight) and rotary
 embedding before attention; output projection, residual, norm, MLP (gate/up joined) and residual
 after it. Layer i's end and layer i + 1's start are one call; the final norm and output layer
-another. Attention and the cache writes are torch's, as the eager layers run them (`layers.attend`).
+another. Attention and the cache writes are torch's, as the eager layers run them
+(`layers.attend_by_sdpa`).
 
 A projection is written as one reduction over each weight row per token (`(W * x[i]).sum(-1)`):
 inductor fuses a pass's reductions into one vectorised loop that reads the weights once for all its
-tokens, near memory speed. Int8 draft copies call torch's int8 kernel instead (`Int8Linear`'s).
-The arithmetic is the eager layer's, summed in another order: logits agree to float rounding
-(`tests/test_fused.py`) and greedy output equals Hugging Face `generate`'s on every test and
-benchmark prompt.
+tokens, near memory speed. Int8 draft copies call torch's int8 kernel instead
+(`WeightOnlyInt8Linear`'s). The arithmetic is the eager layer's, summed in another order: logits
+agree to float rounding (`tests/test_fused.py`) and greedy output equals Hugging Face `generate`'s
+on every test and benchmark prompt.
 
 The weights are arguments, not captured constants, so the layers of a model share one graph per
 token count (1 to `MAX_TOKENS`; larger passes run the eager layers, where BLAS products win). All
@@ -32,8 +33,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from specdraft.backend.layers import Pass, attend
-from specdraft.backend.int8 import Int8Linear
+from specdraft.backend.layers import Pass, attend_by_sdpa
+from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear
 from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, plain_linear, projection,
                                        silu_mlp)
 
@@ -45,7 +46,7 @@ def _linear(x: torch.Tensor, projection: tuple) -> torch.Tensor:
     one vectorised pass that reads the weights once for all N tokens. projection: (weight [out, in],
     bias [out] or None, scales [out] of int8 weights or None)."""
     weight, bias, scales = projection
-    if scales is not None:  # int8 weights: torch's int8 kernel on bf16 rows (`Int8Linear`)
+    if scales is not None:  # int8 weights: torch's int8 kernel on bf16 rows (`WeightOnlyInt8Linear`)
         out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), weight, scales).to(x.dtype)
     else:
         out = torch.stack([(weight * x[i]).sum(-1) for i in range(x.shape[0])])
@@ -154,7 +155,7 @@ class InductorLayers:
             return False
         linears = layer_linears(model, layers)
         return (all(silu_mlp(layer.mlp) for layer in layers) and all(plain_linear(m) for m in linears)
-                and len({type(m) is Int8Linear for m in linears}) == 1)
+                and len({type(m) is WeightOnlyInt8Linear for m in linears}) == 1)
 
     def takes(self, tokens: int) -> bool:
         """Whether a pass of this many tokens runs here (larger ones, and every pass once compiling
@@ -168,7 +169,7 @@ class InductorLayers:
         x, qkv = p.x, self.before_attention(0, p.x, cos, sin)  # then one call between attentions
         for i in range(len(self._layers)):
             q, k, v = (p.heads(y, n, head_dim, self.dtype) for y, n in zip(qkv, (heads, kv_heads, kv_heads)))
-            out = attend(p, i, q, k, v, self.dtype, kv_heads != heads)
+            out = attend_by_sdpa(p, i, q, k, v, self.dtype, kv_heads != heads)
             if i + 1 < len(self._layers):
                 x, *qkv = self.between(i, x, out, cos, sin)
             else:

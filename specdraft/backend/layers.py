@@ -4,10 +4,10 @@ writing the pass's keys and values into the cache), `head(stream) -> logits`; `m
 longest pass it runs (None: any).
 
 - `EagerLayers` (here): the model's own torch modules, layer by layer, attention by torch's SDPA.
-- `NumbaLayers` (`numba_layers.py`): on CPU, float32, GGUF-block or int8 weights, numba kernels for
+- `NumbaLayers` (`numba_layers/`): on CPU, float32, GGUF-block or int8 weights, numba kernels for
   the whole stack, attention included, in one call.
 - `InductorLayers` (`inductor.py`): on CPU, other float dtypes, inductor's compiled parts around
-  torch's attention (`attend`, as here).
+  torch's attention (`attend_by_sdpa`, as here).
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ class Pass:
         return y.view(self.batch, self.steps, heads, head_dim).transpose(1, 2).to(dtype)
 
 
-def attend(p: Pass, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
+def attend_by_sdpa(p: Pass, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
            gqa: bool) -> torch.Tensor:
     """Write the layer's new keys and values ([batch, kv_heads, T, head_dim]) into the cache, then
-    attention of q [batch, heads, T, head_dim] over the rows' entries: [N, heads * head_dim]."""
+    attention of q [batch, heads, T, head_dim] over the rows' entries by torch's SDPA: [N, heads *
+    head_dim]. (`numba_layers.attend` is the CPU step's, by spans.)"""
     keys, values = p.cache.update(k, v, layer)  # [batch, kv_heads, kv, head_dim]
     out = F.scaled_dot_product_attention(q, keys.to(dtype), values.to(dtype), attn_mask=p.mask, enable_gqa=gqa)
     out = out.transpose(1, 2).reshape(p.batch * p.steps, -1)  # [batch * T, heads * head_dim]
@@ -81,7 +82,7 @@ class EagerLayers:
             k = p.heads(attention.k_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
             v = p.heads(attention.v_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
             q, k = apply_rotary_pos_emb(q, k, p.cos, p.sin)  # [batch, heads, T, head_dim]
-            out = attend(p, i, q, k, v, self.dtype, self.num_kv_heads != self.num_heads)
+            out = attend_by_sdpa(p, i, q, k, v, self.dtype, self.num_kv_heads != self.num_heads)
             x = x + attention.o_proj(out).to(self.dtype)
             x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
         return x

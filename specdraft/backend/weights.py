@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.backend.blocks import BlockEmbedding, BlockLinear, Reader, Storage, reader
-from specdraft.backend.int8 import Int8Linear
+from specdraft.backend.native import BlockEmbedding, BlockLinear, Reader, Storage, reader
+from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear
 from specdraft.backend.linear import FewRowsLinear
 
 MIN_WEIGHT_BYTES = 64 << 20  # smaller models keep the eager layers by default (`worth_compiling`)
@@ -38,11 +38,12 @@ def activation_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def storage(module: torch.nn.Module | None) -> Storage:
-    """How a linear layer holds its weight: GGUF blocks (`BlockLinear`), int8 rows (`Int8Linear`),
-    float32 rows (`nn.Linear`, `FewRowsLinear`), or otherwise (another dtype or layer, or None)."""
+    """How a linear layer holds its weight: GGUF blocks (`BlockLinear`), int8 rows
+    (`WeightOnlyInt8Linear`), float32 rows (`nn.Linear`, `FewRowsLinear`), or otherwise (another dtype
+    or layer, or None)."""
     if isinstance(module, BlockLinear):
         return Storage.BLOCKS
-    if type(module) is Int8Linear:
+    if type(module) is WeightOnlyInt8Linear:
         return Storage.INT8
     if type(module) in (torch.nn.Linear, FewRowsLinear) and module.weight.dtype == torch.float32:
         return Storage.FLOAT32
@@ -50,13 +51,13 @@ def storage(module: torch.nn.Module | None) -> Storage:
 
 
 def linears_reader(model: torch.nn.Module, layers: list[torch.nn.Module]) -> Reader:
-    """The code that reads the linears of `layers` and the output layer (`blocks.reader`)."""
+    """The code that reads the linears of `layers` and the output layer (`native.reader`)."""
     return reader({storage(m) for m in layer_linears(model, layers)}, model_device(model))
 
 
 def linears_arithmetic(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:
     """The arithmetic the GGUF-block linears of `layers` and the output layer compute in
-    (`blocks.ARITHMETICS`): "int8" where they all do, else "float32" (float32 rows, int8 draft
+    (`native.ARITHMETICS`): "int8" where they all do, else "float32" (float32 rows, int8 draft
     copies and blocks alike); a mix of the two is refused (one step computes in one)."""
     chosen = {m.arithmetic for m in layer_linears(model, layers) if isinstance(m, BlockLinear)}
     if len(chosen) > 1:
@@ -69,7 +70,7 @@ def read_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     scales); nothing of other modules."""
     if isinstance(module, BlockLinear):
         return [module.blocks]
-    if type(module) is Int8Linear:
+    if type(module) is WeightOnlyInt8Linear:
         return [module.weight, module.scales]
     return [module.weight] if isinstance(module, (torch.nn.Linear, FewRowsLinear)) else []
 
@@ -80,8 +81,8 @@ def float_linear(module: torch.nn.Module) -> bool:
 
 
 def plain_linear(module: torch.nn.Module) -> bool:
-    """A float linear layer, or an int8 one (`Int8Linear`)."""
-    return type(module) in (torch.nn.Linear, FewRowsLinear, Int8Linear)
+    """A float linear layer, or an int8 one (`WeightOnlyInt8Linear`)."""
+    return type(module) in (torch.nn.Linear, FewRowsLinear, WeightOnlyInt8Linear)
 
 
 def layer_linears(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list:

@@ -2,19 +2,20 @@
 token embedding, whose blocks a tied output layer shares). A `BlockLinear` computes in one of two
 arithmetics (`ARITHMETICS`): float32, the dense layer's (called as a module it dequantises,
 `dense_values`, and computes as the dense module does, so a long pass gives the dense pass's result
-too), or int8 (each token quantised in blocks of 32 and integer dot products, `blocks.cpp`'s int8
-section; on CPU, by the kernel, called as a module too). A compiled CPU step reads their blocks in
-place (`numba_layers`) in the same arithmetic."""
+too), or int8 (each token quantised in blocks of 32 and integer dot products, `csrc/int8.cpp`; on
+CPU, by the kernel, called as a module too). A compiled CPU step reads their blocks in place
+(`numba_layers`) in the same arithmetic."""
 
 from __future__ import annotations
 
 import torch
 
-from specdraft.backend.blocks.format import BLOCK, BLOCK_BYTES, NAMES, dequantize
 import numpy as np
 
-from specdraft.backend.blocks.cpp_kernel import TILE_ROWS, expand, kernel, kernel_problem, project_native
-from specdraft.backend.blocks.readers import Reader, Storage, reader
+from specdraft.backend.native.formats import KINDS, NAMES, dequantize
+from specdraft.backend.native.calls import expand, project_native
+from specdraft.backend.native.library import TILE_ROWS, kernel, kernel_problem
+from specdraft.backend.native.readers import Reader, Storage, reader
 from specdraft.backend.linear import few_rows_linear
 
 
@@ -40,7 +41,7 @@ class BlockLinear(torch.nn.Module):
 
     def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, arithmetic: str = "float32") -> None:
         super().__init__()
-        assert blocks.dtype == torch.uint8 and blocks.shape[1] == in_features // BLOCK * BLOCK_BYTES[kind]
+        assert blocks.dtype == torch.uint8 and blocks.shape[1] == KINDS[kind].row_bytes(in_features)
         assert arithmetic in ARITHMETICS, arithmetic
         self.in_features, self.out_features, self.kind = in_features, blocks.shape[0], kind
         self.arithmetic = arithmetic

@@ -1,4 +1,4 @@
-// Shared by the compiled kernels (blocks.cpp, attention.cpp): from a count known at run time to code
+// Shared by the compiled kernels (float32.cpp, int8.cpp, attention.cpp): from a count known at run time to code
 // compiled for it.
 #pragma once
 

@@ -1,7 +1,7 @@
-// Attention over a row's cached keys and values, for the CPU step's layers (numba_layers.attend):
-// one job is up to kMaxQueries (token, query head) pairs of one kv head (a query each) over one span
-// of `span` cache entries at a fixed offset (flash-decoding's split, fixed so that a token's result
-// does not depend on the pass it is in). A job's queries of one row take each key and value it loads
+// Attention over a row's cached keys and values, for the CPU step's layers
+// (numba_layers.attention.attend): one job is up to kMaxQueries (token, query head) pairs of one kv
+// head (a query each) over one span of `span` cache entries at a fixed offset (flash-decoding's
+// split, fixed so that a token's result does not depend on the pass it is in). A job's queries of one row take each key and value it loads
 // together, as many at once as the registers hold (`kBatch`): a verify pass's tokens read their kv
 // head's span once, not once a pair. A query keeps its span's softmax as (max score, sum of
 // exp(score - max), the values so weighted); numba joins the spans after, in order.
@@ -10,8 +10,8 @@
 //   - a score is q . k in 16 lanes: lane l takes elements l, l + 16, ... in order, each a fused
 //     multiply-add from 0; the lanes are added in one tree (l + (l + 8), then + 4, then + 2, then
 //     + 1); then times 1 / sqrt(head_dim);
-//   - exp(score - max) by `exp_lanes` (the same polynomial as numba_layers._exp), 0 where the entry
-//     is not seen; their sum in 8 lanes (entry j in lane j % 8, in order), then the tree from + 4;
+//   - exp(score - max) by `exp_lanes` (the same polynomial as numba_layers.elementwise.exp), 0 where
+//     the entry is not seen; their sum in 8 lanes (entry j in lane j % 8, in order), then the tree from + 4;
 //   - each output element the fused multiply-adds of the seen entries' weights and values, in
 //     order.
 // The AVX-512 code (the 16 lanes in one register), the AVX2 code (in two) and the portable loops
@@ -35,7 +35,7 @@
 #endif
 
 // A layer's attention for a pass, passed by address: every field 8 bytes, in the order of
-// `specdraft.backend.blocks.cpp_kernel.Attention`'s.
+// `specdraft.backend.native.calls.Attention`'s.
 struct Attention {
     const float* qkv;        // [n, qkv_stride]: each token's q heads, then k, then v (q and k rotated)
     int64_t qkv_stride;
@@ -356,7 +356,7 @@ inline int64_t job_queries(int64_t all) {
 
 // Job `job`: chunk c of kv head g's tokens * group queries (job_queries(...) of them from c times that)
 // over one span. Chunks vary fastest, then spans: consecutive jobs (one thread's, in numba's share of
-// them by their work, `numba_layers.attend`) read the same span of keys and values. A job's queries
+// them by their work, `numba_layers.attention`) read the same span of keys and values. A job's queries
 // of one row are computed together, kBatch at a time.
 void attend_job(const Attention& a, int64_t job) {
     const int64_t group = a.heads / a.kv_heads, all = a.tokens * group, size = job_queries(all);

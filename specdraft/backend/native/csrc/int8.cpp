@@ -1,388 +1,4 @@
-// Projections y[t, r] = (w[r] . x[t] + b[r]) (+ residual[t, r]) over float32 rows or GGUF blocks, in
-// one of two arithmetics: float32 (below) or int8 (GGUF blocks held as tiles against activations
-// quantised per token: the int8 section further down says how). Each is one order of arithmetic per
-// token, whatever the pass.
-//
-// The float32 arithmetic: one order for every weight format and every pass size, so that the same weights
-// give bitwise the same sums whether they are read as float32 rows or as GGUF blocks, and whether
-// the pass has 1 token or 32:
-//   - a row's weights are float32 values: a float32 row as it is, a Q4_1 block's d * q + m, a Q8_0
-//     block's d * q (d, m float16, q a 4- or 8-bit integer: each product is exact in float32, so the
-//     value is the one rounding of the sum, the value a dequantised float32 copy holds);
-//   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
-//     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
-//   - the 8 lanes are then added in one fixed tree: j + (j + 4), then + 2, then + 1.
-// (8 lanes, not 16: a pass's tile then holds 2 rows x 6 tokens of sums in AVX2's 16 registers.)
-// The kernels differ only in how they reach those values: a decode token (T = 1) expands the blocks
-// of 8 rows at a time in registers; a short pass (up to 8 tokens: a verify step) expands a row's
-// blocks in registers once for all its tokens; a longer one expands 2 rows at a time into scratch
-// rows and reads them for every 6 tokens. x86 machines with AVX2, FMA and F16C (every AVX-512 machine too) run the intrinsics
-// below; others compile the portable loops (the compiler vectorises them; fmaf is an instruction
-// wherever the machine has FMA). Both give the same sums.
-//
-// Called from numba's parallel loops, one call per block of rows (`specdraft.backend.blocks.cpp_kernel`):
-// a `Projection` by address, and the rows [start, end) to compute; with the int8 arithmetic the
-// tokens are quantised first, once (`specdraft_quantize`).
-
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-#include "for_count.h"
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SPECDRAFT_PORTABLE)
-#include <immintrin.h>
-#define SPECDRAFT_AVX2 1
-#endif
-
-// What a call computes, y[t, r] = (w[r] . x[t] + bias[r]) (+ residual[t, r]), passed by address:
-// every field 8 bytes, in the order of `specdraft.backend.blocks.cpp_kernel.Projection`'s
-// (`specdraft_projection_offset` says where each is, for a test to compare).
-struct Projection {
-    int64_t kind;            // F32, Q4_1 or Q8_0
-    const uint8_t* w;        // [rows, row_bytes]: float32 rows or blocks of `kind`
-    int64_t rows;            // w's rows (the int8 arithmetic's tiles depend on it)
-    int64_t row_bytes;
-    int64_t width;           // weights in a row
-    const float* x;          // [n, xs]: the tokens
-    int64_t n;
-    int64_t xs;
-    float* y;                // [n, ys]
-    int64_t ys;
-    const float* bias;       // [out]
-    const float* residual;   // [n, rs], or null: none
-    int64_t rs;
-    int8_t* qx;              // [n, width]: the tokens quantised (`specdraft_quantize`), or null: float32 arithmetic
-    float* xd;               // [n, width / 32]: each quantised block's scale
-    float* xsum;             // [n, width / 32]: each quantised block's scale times the sum of its values
-    int32_t* xtotal;         // [n, width / 32]: the sum of each quantised block's values
-};
-
-namespace {
-
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2 };  // as `blocks.format` numbers them (`specdraft_kind`)
-constexpr int64_t kLanes = 8;
-constexpr int64_t kBlock = 32;     // weights in a GGUF block
-constexpr int64_t kRows = 8;       // rows a decode tile reads together
-constexpr int64_t kPassRows = 2;   // rows a tile of a longer pass reads together
-constexpr int64_t kTokens = 6;     // tokens a tile of a longer pass computes together (2 x 6 sums)
-constexpr int64_t kShort = 8;      // the most tokens a short pass reads a row's values once for (8 sums)
-
-constexpr int64_t kAhead = 1;  // tiles a decode tile asks the memory for ahead of reading them
-
-inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
-// Into the L2 cache only: the int8 arithmetic's tiles, asked for far ahead where a pass has several
-// tokens (it computes long between asks, and the L1's few outstanding misses would hold the stream
-// back). A decode token's stream the hardware's prefetcher keeps up with alone: asking too made its
-// step 5% slower.
-inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 2); }
-
-float half_to_float(uint16_t h) {
-    uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-    uint32_t bits;
-    if (exponent == 0x1f) {
-        bits = sign | 0x7f800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else {  // subnormal: normalise
-        int shift = 0;
-        while (!(mantissa & 0x400)) {
-            mantissa <<= 1;
-            ++shift;
-        }
-        bits = sign | uint32_t(113 - shift) << 23 | ((mantissa & 0x3ff) << 13);
-    }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-
-int64_t block_bytes(int64_t kind) { return kind == Q4_1 ? 20 : 34; }
-
-// Row r's values as float32 into out[width] (a float32 row is copied).
-void expand_row(int64_t kind, const uint8_t* row, int64_t width, float* out) {
-    if (kind == F32) {
-        std::memcpy(out, row, width * 4);
-        return;
-    }
-    for (int64_t b = 0; b < width / kBlock; ++b) {
-        const uint8_t* p = row + b * block_bytes(kind);
-        float d = half_to_float(load_u16(p));
-        float* o = out + b * kBlock;
-        if (kind == Q4_1) {
-            float m = half_to_float(load_u16(p + 2));
-            for (int j = 0; j < 16; ++j) {
-                o[j] = std::fmaf(d, float(p[4 + j] & 15), m);
-                o[j + 16] = std::fmaf(d, float(p[4 + j] >> 4), m);
-            }
-        } else {
-            for (int j = 0; j < 32; ++j) o[j] = d * float(int8_t(p[2 + j]));
-        }
-    }
-}
-
-#ifdef SPECDRAFT_AVX2
-
-using Lanes = __m256;
-
-inline Lanes zero() { return _mm256_setzero_ps(); }
-
-inline float total(Lanes a) {  // the fixed tree
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
-
-inline Lanes load(const float* p) { return _mm256_loadu_ps(p); }
-
-inline Lanes load(const float* p, int64_t n) {  // n < 8 values, zeros after them
-    alignas(32) float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t j = 0; j < n; ++j) v[j] = p[j];
-    return _mm256_load_ps(v);
-}
-
-inline void fma_into(Lanes w, Lanes x, Lanes& acc) { acc = _mm256_fmadd_ps(w, x, acc); }
-
-// Eight bytes at p as eight int32 lanes, zero- or sign-extended.
-inline __m256i widen_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
-inline __m256i widen_i8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
-inline __m256 half(const uint8_t* p) { return _mm256_cvtph_ps(_mm_set1_epi16(int16_t(load_u16(p)))); }
-
-// A block's 32 values: v[i] holds elements 8i .. 8i + 7. Q4_1: byte j holds element j in its low
-// nibble and element j + 16 in its high one.
-inline void block_values(int64_t kind, const uint8_t* p, Lanes v[4]) {
-    if (kind == Q4_1) {
-        const __m256i low = _mm256_set1_epi32(15);
-        // d, m, d, m, ... from one 4-byte broadcast, then each spread to every lane
-        __m256 dm = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss((const float*)p)));
-        __m256 d = _mm256_moveldup_ps(dm), m = _mm256_movehdup_ps(dm);
-        __m256i a = widen_u8(p + 4), b = widen_u8(p + 12);
-        v[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(a, low)), m);
-        v[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b, low)), m);
-        v[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), m);
-        v[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), m);
-    } else {
-        __m256 d = half(p);
-        for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen_i8(p + 2 + 8 * i)));
-    }
-}
-
-inline void store(float* p, Lanes v) { _mm256_storeu_ps(p, v); }
-
-#else  // portable loops in the same order
-
-struct Lanes {
-    float v[kLanes];
-};
-
-inline Lanes zero() {
-    Lanes a;
-    for (int j = 0; j < kLanes; ++j) a.v[j] = 0.0f;
-    return a;
-}
-
-inline float total(const Lanes& a) {
-    float s4[4];
-    for (int j = 0; j < 4; ++j) s4[j] = a.v[j] + a.v[j + 4];
-    float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
-    return s0 + s1;
-}
-
-inline Lanes load(const float* p) {
-    Lanes a;
-    for (int j = 0; j < kLanes; ++j) a.v[j] = p[j];
-    return a;
-}
-
-inline Lanes load(const float* p, int64_t n) {
-    Lanes a;
-    for (int j = 0; j < kLanes; ++j) a.v[j] = j < n ? p[j] : 0.0f;
-    return a;
-}
-
-inline void fma_into(const Lanes& w, const Lanes& x, Lanes& acc) {
-    for (int j = 0; j < kLanes; ++j) acc.v[j] = std::fmaf(w.v[j], x.v[j], acc.v[j]);
-}
-
-inline void block_values(int64_t kind, const uint8_t* p, Lanes v[4]) {
-    alignas(32) float values[kBlock];
-    expand_row(kind, p, kBlock, values);
-    for (int i = 0; i < 4; ++i) v[i] = load(values + 8 * i);
-}
-
-inline void store(float* p, const Lanes& v) { std::memcpy(p, v.v, sizeof(v.v)); }
-
-#endif
-
-// One decode token, R rows: from their blocks, expanded in registers, or float32 rows.
-template <int R>
-void decode_tile(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, float* sums) {
-    Lanes acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = zero();
-    if (kind == F32) {
-        int64_t i = 0;
-        for (; i + kLanes <= width; i += kLanes) {
-            Lanes xv = load(x + i);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) fma_into(load((const float*)(w + r * row_bytes) + i), xv, acc[r]);
-        }
-        if (i < width) {
-            Lanes xv = load(x + i, width - i);
-            for (int r = 0; r < R; ++r) fma_into(load((const float*)(w + r * row_bytes) + i, width - i), xv, acc[r]);
-        }
-    } else {
-        const int64_t bytes = block_bytes(kind);
-        for (int64_t b = 0; b < width / kBlock; ++b) {
-            const float* xb = x + b * kBlock;
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) {
-                Lanes v[4];
-                const uint8_t* p = w + r * row_bytes + b * bytes;
-                prefetch(p + kAhead * R * row_bytes);  // the same block two tiles on: memory and arithmetic overlap
-                block_values(kind, p, v);
-                for (int i = 0; i < 4; ++i) fma_into(v[i], load(xb + 8 * i), acc[r]);  // x from L1: registers hold sums
-            }
-        }
-    }
-    for (int r = 0; r < R; ++r) sums[r] = total(acc[r]);
-}
-
-// A row of blocks -> its float32 values out[width] (`expand_row`'s values, vectorised).
-void expand_values(int64_t kind, const uint8_t* row, int64_t width, float* out) {
-    for (int64_t b = 0; b < width / kBlock; ++b) {
-        Lanes v[4];
-        block_values(kind, row + b * block_bytes(kind), v);
-        for (int i = 0; i < 4; ++i) store(out + b * kBlock + 8 * i, v[i]);
-    }
-}
-
-// One row against the T tokens (stride xs) of a short pass: sums[t]. The row's values, float32 or
-// blocks expanded in registers, are read once for the T tokens.
-template <int T>
-void row_tokens(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, float* sums) {
-    Lanes acc[T];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc[t] = zero();
-    if (kind == F32) {
-        const float* values = (const float*)row;
-        int64_t i = 0;
-        for (; i + kLanes <= width; i += kLanes) {
-            Lanes v = load(values + i);
-#pragma GCC unroll 8
-            for (int t = 0; t < T; ++t) fma_into(v, load(x + t * xs + i), acc[t]);
-        }
-        if (i < width) {
-            Lanes v = load(values + i, width - i);
-            for (int t = 0; t < T; ++t) fma_into(v, load(x + t * xs + i, width - i), acc[t]);
-        }
-    } else {
-        const int64_t bytes = block_bytes(kind);
-        for (int64_t b = 0; b < width / kBlock; ++b) {
-            Lanes v[4];
-            block_values(kind, row + b * bytes, v);
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; ++i)
-#pragma GCC unroll 8
-                for (int t = 0; t < T; ++t) fma_into(v[i], load(x + t * xs + b * kBlock + 8 * i), acc[t]);
-        }
-    }
-    for (int t = 0; t < T; ++t) sums[t] = total(acc[t]);
-}
-
-// R rows of float32 values (stride `row`) against T tokens (stride `xs`): sums[r * T + t]. Full
-// 8-lane steps first, then the row's tail, each lane summing its elements in order either way.
-template <int R, int T>
-void dense_tile(const float* w, int64_t row, int64_t width, const float* x, int64_t xs, float* sums) {
-    Lanes acc[R][T];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) acc[r][t] = zero();
-    int64_t i = 0;
-    for (; i + kLanes <= width; i += kLanes) {
-        Lanes xv[T];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) xv[t] = load(x + t * xs + i);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-            Lanes wv = load(w + r * row + i);
-#pragma GCC unroll 8
-            for (int t = 0; t < T; ++t) fma_into(wv, xv[t], acc[r][t]);
-        }
-    }
-    if (i < width) {
-        for (int r = 0; r < R; ++r) {
-            Lanes wv = load(w + r * row + i, width - i);
-            for (int t = 0; t < T; ++t) fma_into(wv, load(x + t * xs + i, width - i), acc[r][t]);
-        }
-    }
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) sums[r * T + t] = total(acc[r][t]);
-}
-
-struct Out {
-    float* y;
-    int64_t ys;
-    const float* bias;
-    const float* residual;  // null: none
-    int64_t rs;
-    void put(int64_t t, int64_t r, float sum) const {
-        float v = sum + bias[r];
-        if (residual) v += residual[t * rs + r];
-        y[t * ys + r] = v;
-    }
-};
-
-template <int R>
-void decode_rows(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, int64_t first,
-                 const Out& out) {
-    float sums[R];
-    decode_tile<R>(kind, w + first * row_bytes, row_bytes, width, x, sums);
-    for (int r = 0; r < R; ++r) out.put(0, first + r, sums[r]);
-}
-
-template <int R, int T>
-void pass_tokens(const float* values, int64_t width, const float* x, int64_t xs, int64_t t0, int64_t first,
-                 const Out& out) {
-    float sums[R * T];
-    dense_tile<R, T>(values, width, width, x + t0 * xs, xs, sums);
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) out.put(t0 + t, first + r, sums[r * T + t]);
-}
-
-template <int R>
-void pass_rows(const float* values, int64_t width, const float* x, int64_t xs, int64_t n, int64_t first,
-               const Out& out) {
-    int64_t t = 0;
-    for (; t + kTokens <= n; t += kTokens) pass_tokens<R, kTokens>(values, width, x, xs, t, first, out);
-    switch (n - t) {  // the last tokens, fewer than kTokens
-        case 5: pass_tokens<R, 5>(values, width, x, xs, t, first, out); break;
-        case 4: pass_tokens<R, 4>(values, width, x, xs, t, first, out); break;
-        case 3: pass_tokens<R, 3>(values, width, x, xs, t, first, out); break;
-        case 2: pass_tokens<R, 2>(values, width, x, xs, t, first, out); break;
-        case 1: pass_tokens<R, 1>(values, width, x, xs, t, first, out); break;
-    }
-}
-
-template <int T>
-void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, int64_t r,
-                    const Out& out) {
-    float sums[T];
-    row_tokens<T>(kind, row, width, x, xs, sums);
-    for (int t = 0; t < T; ++t) out.put(t, r, sums[t]);
-}
-
-// ---- int8 arithmetic (a `Projection` whose qx is set; Q4_1 and Q8_0 weights as tiles) ----
+// The projections' int8 arithmetic (a `Projection` with quantised tokens, projection.h).
 //
 // Each token's x is quantised in blocks of 32 (`quantize_token`): d = max |x| / 127, q = x * (1 / d)
 // rounded to the nearest integer, ties to even (all 0 where d = 0), s = d * (sum of q). A weight
@@ -406,6 +22,25 @@ void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float
 // offsets: 256-bit code reads a half, 512-bit code a whole tile, one load a vector; and each block of
 // a tile is one stretch of memory, read front to back.
 
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "for_count.h"
+#include "formats.h"
+#include "projection.h"
+
+namespace {
+
+using specdraft::Out;
+
+// Into the L2 cache only: the int8 arithmetic's tiles, asked for far ahead where a pass has several
+// tokens (it computes long between asks, and the L1's few outstanding misses would hold the stream
+// back). A decode token's stream the hardware's prefetcher keeps up with alone: asking too only
+// slowed its step (benchmarks/results/HISTORY.md).
+inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 2); }
+
 constexpr int64_t kTileRows = 8;     // rows a half tile interleaves (a 256-bit vector's lanes)
 constexpr int64_t kTile = 16;        // rows a whole tile interleaves
 constexpr int64_t kInt8Tokens = 16;  // tokens the portable loops hold a half tile's sums for at once
@@ -414,7 +49,7 @@ constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the b
 // A tile's block of `bytes` at `block`, in a pass of several tokens: its lines kInt8Ahead on asked for,
 // into L2 (`prefetch_far`); a decode token asks for nothing. The callers decide by the token count their
 // code is compiled for: a test of the pass's width inside their loop let the compiler make a second
-// copy of the loop, its sums in memory and two blocks at a time, and take it (Q8_0's 6 tokens 1.5x slower).
+// copy of the loop, its sums in memory and two blocks at a time, and take it (a slower one).
 inline void ask_ahead(const uint8_t* block, int64_t bytes) {
     for (int64_t line = 0; line < bytes; line += 64) prefetch_far(block + kInt8Ahead + line);
 }
@@ -652,10 +287,10 @@ constexpr int64_t kTileTokens = 16;  // tokens a whole tile's sums are held for 
 // Rows 8g .. 8g + 15 (a whole tile, g even) against tokens [t0, t0 + T) of weights of KIND: `int8_halves`'
 // operations on both halves at once in 512-bit registers (one load a vector; one broadcast of a token's
 // group serves 16 rows). T and KIND are known when compiled, so that the T sums stay in registers from
-// block to block and no token tests the kind (a 6-token verify step took 15% less time than with one
-// loop for any T, its sums in memory; a plain step 1% less).
-// Not inlined: inlined into its caller (`for_count`'s), the 1-token code ran 3-4x slower in the kernel
-// alone (measured; the cause not traced).
+// block to block and no token tests the kind (one loop for any T kept its sums in memory, and a
+// verify step took longer).
+// Not inlined: inlined into its caller (`for_count`'s), the 1-token code ran several times slower in
+// the kernel alone (the cause not traced; the figures: benchmarks/results/HISTORY.md).
 template <int64_t KIND, int T>
 [[gnu::noinline]] void int8_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
     static_assert(T >= 1 && T <= kTileTokens, "a tile's sums for at most kTileTokens tokens");
@@ -751,8 +386,10 @@ void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) 
 
 #endif
 
+}  // namespace
+
 // Rows [start, end): each tile whole where the range holds it, else its half tiles.
-void int8_project(const Projection& p, int64_t start, int64_t end, const Out& out) {
+void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
     for (int64_t g = start / kTileRows; g < end / kTileRows;) {
         const int64_t halves = g % 2 == 0 && g + 1 < end / kTileRows ? 2 : 1;
 #ifdef SPECDRAFT_ZMM
@@ -767,59 +404,6 @@ void int8_project(const Projection& p, int64_t start, int64_t end, const Out& ou
     }
 }
 
-
-}  // namespace
-
-extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t end) {
-    const int64_t kind = p->kind, row_bytes = p->row_bytes, width = p->width, n = p->n, xs = p->xs;
-    const uint8_t* w = p->w;
-    const float* x = p->x;
-    Out out{p->y, p->ys, p->bias, p->residual, p->rs};
-    if (p->qx != nullptr && kind != F32) {  // int8 arithmetic: the tokens quantised already (`specdraft_quantize`)
-        int8_project(*p, start, end, out);
-        return;
-    }
-    if (n == 1) {
-        int64_t r = start;
-        for (; r + kRows <= end; r += kRows) decode_rows<kRows>(kind, w, row_bytes, width, x, r, out);
-        for (; r < end; ++r) decode_rows<1>(kind, w, row_bytes, width, x, r, out);
-        return;
-    }
-    if (n <= kShort) {  // a short pass (a verify step's k + 1 tokens): each row's blocks expanded once, in registers
-        for (int64_t r = start; r < end; ++r) {
-            for (int64_t i = 0; i < row_bytes; i += 64) prefetch(w + (r + 1) * row_bytes + i);  // the next row
-            const uint8_t* row = w + r * row_bytes;
-            switch (n) {
-                case 8: short_pass_row<8>(kind, row, width, x, xs, r, out); break;
-                case 7: short_pass_row<7>(kind, row, width, x, xs, r, out); break;
-                case 6: short_pass_row<6>(kind, row, width, x, xs, r, out); break;
-                case 5: short_pass_row<5>(kind, row, width, x, xs, r, out); break;
-                case 4: short_pass_row<4>(kind, row, width, x, xs, r, out); break;
-                case 3: short_pass_row<3>(kind, row, width, x, xs, r, out); break;
-                case 2: short_pass_row<2>(kind, row, width, x, xs, r, out); break;
-            }
-        }
-        return;
-    }
-    static thread_local std::vector<float> scratch;  // a longer pass: rows expanded into scratch, tiles of 2 x 6
-    const bool dense = kind == F32;
-    if (!dense) scratch.resize(kPassRows * width);
-    for (int64_t r = start; r < end; r += kPassRows) {
-        int64_t rows = end - r < kPassRows ? end - r : kPassRows;
-        for (int64_t i = 0; i < kPassRows * row_bytes; i += 64) prefetch(w + (r + kPassRows) * row_bytes + i);  // the next tile
-        const float* values = (const float*)(w + r * row_bytes);
-        if (!dense) {  // each row's blocks expanded once, read for every token
-            for (int64_t i = 0; i < rows; ++i) expand_values(kind, w + (r + i) * row_bytes, width, scratch.data() + i * width);
-            values = scratch.data();
-        }
-        if (rows == kPassRows) {
-            pass_rows<kPassRows>(values, width, x, xs, n, r, out);
-        } else {
-            for (int64_t i = 0; i < rows; ++i) pass_rows<1>(values + i * width, width, x, xs, n, r + i, out);
-        }
-    }
-}
-
 // Tokens [start, end) of x quantised for the int8 arithmetic into qx, xd and xsum (the blocks of
 // `width`). Reads x, xs, width, qx, xd, xsum and xtotal.
 extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t end) {
@@ -827,52 +411,6 @@ extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t e
     for (int64_t t = start; t < end; ++t)
         quantize_token(p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
                        p->xtotal + t * blocks);
-}
-
-// Rows [start, end) of w as float32 values into y (stride ys): the dense weight, for passes that
-// multiply by it elsewhere (prefill chunks, by BLAS). Reads kind, w, row_bytes, width, y and ys.
-extern "C" void specdraft_expand(const Projection* p, int64_t start, int64_t end) {
-    for (int64_t r = start; r < end; ++r) {
-        if (p->kind == F32) {
-            std::memcpy(p->y + r * p->ys, p->w + r * p->row_bytes, p->width * 4);
-        } else {
-            expand_values(p->kind, p->w + r * p->row_bytes, p->width, p->y + r * p->ys);
-        }
-    }
-}
-
-// The format and the boundary as this file states them, for Python to compare with its own
-// statement (`specdraft.backend.blocks.format`, `cpp_kernel.Projection`; tests/test_blocks.py).
-
-// A kind's name, and into weights and bytes those of its unit (a float32 weight, or a block); null
-// for a number that is no kind.
-extern "C" const char* specdraft_kind(int64_t kind, int64_t* weights, int64_t* bytes) {
-    switch (kind) {
-        case F32: *weights = 1; *bytes = 4; return "F32";
-        case Q4_1: *weights = kBlock; *bytes = block_bytes(Q4_1); return "Q4_1";
-        case Q8_0: *weights = kBlock; *bytes = block_bytes(Q8_0); return "Q8_0";
-    }
-    return nullptr;
-}
-
-// Where a `Projection` holds the field so named (null: its size); -1 where it has none.
-extern "C" int64_t specdraft_projection_offset(const char* field) {
-    if (field == nullptr) return sizeof(Projection);
-    static const struct {
-        const char* name;
-        size_t offset;
-    } fields[] = {{"kind", offsetof(Projection, kind)}, {"w", offsetof(Projection, w)},
-                  {"rows", offsetof(Projection, rows)}, {"row_bytes", offsetof(Projection, row_bytes)}, {"width", offsetof(Projection, width)},
-                  {"x", offsetof(Projection, x)}, {"n", offsetof(Projection, n)}, {"xs", offsetof(Projection, xs)},
-                  {"y", offsetof(Projection, y)}, {"ys", offsetof(Projection, ys)},
-                  {"bias", offsetof(Projection, bias)}, {"residual", offsetof(Projection, residual)},
-                  {"rs", offsetof(Projection, rs)}, {"qx", offsetof(Projection, qx)},
-                  {"xd", offsetof(Projection, xd)}, {"xsum", offsetof(Projection, xsum)},
-                  {"xtotal", offsetof(Projection, xtotal)}};
-    for (const auto& f : fields) {
-        if (std::strcmp(field, f.name) == 0) return int64_t(f.offset);
-    }
-    return -1;
 }
 
 // GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's

@@ -1,5 +1,6 @@
-"""A Llama GGUF's Q4_1/Q8_0 tensors read as blocks (`gguf_blocks`, in transformers' names and row
-order) and swapped into the model transformers loaded from the same file (`use_blocks`)."""
+"""A Llama GGUF's tensors of the kinds the kernel reads (`formats.KINDS`) read as blocks (`gguf_blocks`,
+in transformers' names and row order) and swapped into the model transformers loaded from the same
+file (`use_blocks`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdraft.backend.blocks.format import BLOCK_BYTES, NAMES
-from specdraft.backend.blocks.modules import BlockEmbedding, BlockLinear
+from specdraft.backend.native.formats import KINDS
+from specdraft.backend.native.modules import BlockEmbedding, BlockLinear
 
-_READ = {NAMES[kind]: kind for kind in BLOCK_BYTES}  # the GGUF types read as blocks; the rest stay dense
+_READ = {kind.name: number for number, kind in KINDS.items()}  # the GGUF types read as blocks; the rest stay dense
 _PARTS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
           "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
 
@@ -23,8 +24,8 @@ def rotary_order(rows: int, heads: int) -> np.ndarray:
 
 
 def gguf_blocks(gguf: Path, config) -> dict[str, tuple[np.ndarray, int]]:
-    """Every Q4_1/Q8_0 tensor of a Llama GGUF by its transformers name: (blocks [rows, row bytes]
-    uint8 in transformers' row order, kind). Other types are left out (they stay dense)."""
+    """Every tensor of a Llama GGUF of a kind in `KINDS`, by its transformers name: (blocks [rows, row
+    bytes] uint8 in transformers' row order, kind). Other types are left out (they stay dense)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf))
@@ -55,7 +56,7 @@ def gguf_blocks(gguf: Path, config) -> dict[str, tuple[np.ndarray, int]]:
 
 def use_gguf_blocks(model: torch.nn.Module, gguf: Path) -> int:
     """Swap `model`'s linear layers (and its embedding, and a tied output layer) whose GGUF tensors
-    are Q4_1 or Q8_0 for modules over the file's blocks (`use_blocks`)."""
+    are of a kind in `KINDS` for modules over the file's blocks (`use_blocks`)."""
     return use_blocks(model, gguf_blocks(gguf, model.config))
 
 

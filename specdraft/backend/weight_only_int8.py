@@ -1,16 +1,18 @@
-"""`Int8Linear`: a linear layer with int8 weights (per output channel scales), for draft copies of a
-model (`use_int8_linears`), made from float linears or layers of GGUF blocks alike."""
+"""`WeightOnlyInt8Linear`: a linear layer with int8 weights (per output channel scales) and activations
+as they come, for draft copies of a model (`use_weight_only_int8`), made from float linears or layers
+of GGUF blocks alike. (Not the int8 arithmetic of `native`, which quantises the activations too and
+keeps the GGUF blocks: `native.modules.ARITHMETICS`.)"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from specdraft.backend.blocks import BlockLinear
+from specdraft.backend.native import BlockLinear
 from specdraft.backend.linear import FewRowsLinear, replace_linears
 
 
-class Int8Linear(torch.nn.Module):
+class WeightOnlyInt8Linear(torch.nn.Module):
     """Weight-only int8 linear layer (per output channel scales) for draft copies of a model.
 
     A draft step reads every weight once, so a quarter of the bytes is most of the speed. On CPU a
@@ -46,8 +48,8 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-def use_int8_linears(model: torch.nn.Module) -> int:
-    """Replace every plain `nn.Linear`, `FewRowsLinear` and `BlockLinear` in `model` by an
-    `Int8Linear`; return how many. For a draft copy that its builder owns (the copy stops referring
-    to the full-precision weights)."""
-    return replace_linears(model, Int8Linear, (torch.nn.Linear, FewRowsLinear, BlockLinear))
+def use_weight_only_int8(model: torch.nn.Module) -> int:
+    """Replace every plain `nn.Linear`, `FewRowsLinear` and `BlockLinear` in `model` by a
+    `WeightOnlyInt8Linear`; return how many. For a draft copy that its builder owns (the copy stops
+    referring to the full-precision weights)."""
+    return replace_linears(model, WeightOnlyInt8Linear, (torch.nn.Linear, FewRowsLinear, BlockLinear))

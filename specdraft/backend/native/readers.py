@@ -1,5 +1,5 @@
 """Which code reads a model's weights, decided in one place (`reader`): the compiled kernel
-(`blocks.cpp`: float32 rows and GGUF blocks, on CPU, where it compiles), numba's loops (float32 or
+(`csrc/`: float32 rows and GGUF blocks, on CPU, where it compiles), numba's loops (float32 or
 int8 rows) or torch (the rest: other dtypes, other devices, blocks where no kernel compiles)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Iterable
 
 import torch
 
-from specdraft.backend.blocks.cpp_kernel import kernel_problem
+from specdraft.backend.native.library import kernel_problem
 
 
 class Storage(enum.Enum):

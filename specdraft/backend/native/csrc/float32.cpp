@@ -1,0 +1,336 @@
+// The projections' float32 arithmetic (a `Projection` with no quantised tokens, projection.h): one order for every weight format and every pass size, so that the same weights
+// give bitwise the same sums whether they are read as float32 rows or as GGUF blocks, and whether
+// the pass has 1 token or 32:
+//   - a row's weights are float32 values: a float32 row as it is, a Q4_1 block's d * q + m, a Q8_0
+//     block's d * q (d, m float16, q a 4- or 8-bit integer: each product is exact in float32, so the
+//     value is the one rounding of the sum, the value a dequantised float32 copy holds);
+//   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
+//     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
+//   - the 8 lanes are then added in one fixed tree: j + (j + 4), then + 2, then + 1.
+// (8 lanes, not 16: a pass's tile then holds 2 rows x 6 tokens of sums in AVX2's 16 registers.)
+// The kernels differ only in how they reach those values: a decode token (T = 1) expands the blocks
+// of 8 rows at a time in registers; a short pass (up to 8 tokens: a verify step) expands a row's
+// blocks in registers once for all its tokens; a longer one expands 2 rows at a time into scratch
+// rows and reads them for every 6 tokens. x86 machines with AVX2, FMA and F16C (every AVX-512 machine too) run the intrinsics
+// below; others compile the portable loops (the compiler vectorises them; fmaf is an instruction
+// wherever the machine has FMA). Both give the same sums.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "formats.h"
+#include "projection.h"
+
+namespace {
+
+using specdraft::Out;
+
+constexpr int64_t kLanes = 8;
+constexpr int64_t kRows = 8;       // rows a decode tile reads together
+constexpr int64_t kPassRows = 2;   // rows a tile of a longer pass reads together
+constexpr int64_t kTokens = 6;     // tokens a tile of a longer pass computes together (2 x 6 sums)
+constexpr int64_t kShort = 8;      // the most tokens a short pass reads a row's values once for (8 sums)
+
+constexpr int64_t kAhead = 1;  // tiles a decode tile asks the memory for ahead of reading them
+
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+#ifdef SPECDRAFT_AVX2
+
+using Lanes = __m256;
+
+inline Lanes zero() { return _mm256_setzero_ps(); }
+
+inline float total(Lanes a) {  // the fixed tree
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+inline Lanes load(const float* p) { return _mm256_loadu_ps(p); }
+
+inline Lanes load(const float* p, int64_t n) {  // n < 8 values, zeros after them
+    alignas(32) float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n; ++j) v[j] = p[j];
+    return _mm256_load_ps(v);
+}
+
+inline void fma_into(Lanes w, Lanes x, Lanes& acc) { acc = _mm256_fmadd_ps(w, x, acc); }
+
+// Eight bytes at p as eight int32 lanes, zero- or sign-extended.
+inline __m256i widen_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
+inline __m256i widen_i8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
+inline __m256 half(const uint8_t* p) { return _mm256_cvtph_ps(_mm_set1_epi16(int16_t(load_u16(p)))); }
+
+// A block's 32 values: v[i] holds elements 8i .. 8i + 7. Q4_1: byte j holds element j in its low
+// nibble and element j + 16 in its high one.
+inline void block_values(int64_t kind, const uint8_t* p, Lanes v[4]) {
+    if (kind == Q4_1) {
+        const __m256i low = _mm256_set1_epi32(15);
+        // d, m, d, m, ... from one 4-byte broadcast, then each spread to every lane
+        __m256 dm = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss((const float*)p)));
+        __m256 d = _mm256_moveldup_ps(dm), m = _mm256_movehdup_ps(dm);
+        __m256i a = widen_u8(p + 4), b = widen_u8(p + 12);
+        v[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(a, low)), m);
+        v[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b, low)), m);
+        v[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), m);
+        v[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), m);
+    } else {
+        __m256 d = half(p);
+        for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen_i8(p + 2 + 8 * i)));
+    }
+}
+
+inline void store(float* p, Lanes v) { _mm256_storeu_ps(p, v); }
+
+#else  // portable loops in the same order
+
+struct Lanes {
+    float v[kLanes];
+};
+
+inline Lanes zero() {
+    Lanes a;
+    for (int j = 0; j < kLanes; ++j) a.v[j] = 0.0f;
+    return a;
+}
+
+inline float total(const Lanes& a) {
+    float s4[4];
+    for (int j = 0; j < 4; ++j) s4[j] = a.v[j] + a.v[j + 4];
+    float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+    return s0 + s1;
+}
+
+inline Lanes load(const float* p) {
+    Lanes a;
+    for (int j = 0; j < kLanes; ++j) a.v[j] = p[j];
+    return a;
+}
+
+inline Lanes load(const float* p, int64_t n) {
+    Lanes a;
+    for (int j = 0; j < kLanes; ++j) a.v[j] = j < n ? p[j] : 0.0f;
+    return a;
+}
+
+inline void fma_into(const Lanes& w, const Lanes& x, Lanes& acc) {
+    for (int j = 0; j < kLanes; ++j) acc.v[j] = std::fmaf(w.v[j], x.v[j], acc.v[j]);
+}
+
+inline void block_values(int64_t kind, const uint8_t* p, Lanes v[4]) {
+    alignas(32) float values[kBlock];
+    expand_row(kind, p, kBlock, values);
+    for (int i = 0; i < 4; ++i) v[i] = load(values + 8 * i);
+}
+
+inline void store(float* p, const Lanes& v) { std::memcpy(p, v.v, sizeof(v.v)); }
+
+#endif
+
+// One decode token, R rows: from their blocks, expanded in registers, or float32 rows.
+template <int R>
+void decode_tile(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, float* sums) {
+    Lanes acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = zero();
+    if (kind == F32) {
+        int64_t i = 0;
+        for (; i + kLanes <= width; i += kLanes) {
+            Lanes xv = load(x + i);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) fma_into(load((const float*)(w + r * row_bytes) + i), xv, acc[r]);
+        }
+        if (i < width) {
+            Lanes xv = load(x + i, width - i);
+            for (int r = 0; r < R; ++r) fma_into(load((const float*)(w + r * row_bytes) + i, width - i), xv, acc[r]);
+        }
+    } else {
+        const int64_t bytes = block_bytes(kind);
+        for (int64_t b = 0; b < width / kBlock; ++b) {
+            const float* xb = x + b * kBlock;
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                Lanes v[4];
+                const uint8_t* p = w + r * row_bytes + b * bytes;
+                prefetch(p + kAhead * R * row_bytes);  // the same block two tiles on: memory and arithmetic overlap
+                block_values(kind, p, v);
+                for (int i = 0; i < 4; ++i) fma_into(v[i], load(xb + 8 * i), acc[r]);  // x from L1: registers hold sums
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) sums[r] = total(acc[r]);
+}
+
+// A row of blocks -> its float32 values out[width] (`expand_row`'s values, vectorised).
+void expand_values(int64_t kind, const uint8_t* row, int64_t width, float* out) {
+    for (int64_t b = 0; b < width / kBlock; ++b) {
+        Lanes v[4];
+        block_values(kind, row + b * block_bytes(kind), v);
+        for (int i = 0; i < 4; ++i) store(out + b * kBlock + 8 * i, v[i]);
+    }
+}
+
+// One row against the T tokens (stride xs) of a short pass: sums[t]. The row's values, float32 or
+// blocks expanded in registers, are read once for the T tokens.
+template <int T>
+void row_tokens(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, float* sums) {
+    Lanes acc[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[t] = zero();
+    if (kind == F32) {
+        const float* values = (const float*)row;
+        int64_t i = 0;
+        for (; i + kLanes <= width; i += kLanes) {
+            Lanes v = load(values + i);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; ++t) fma_into(v, load(x + t * xs + i), acc[t]);
+        }
+        if (i < width) {
+            Lanes v = load(values + i, width - i);
+            for (int t = 0; t < T; ++t) fma_into(v, load(x + t * xs + i, width - i), acc[t]);
+        }
+    } else {
+        const int64_t bytes = block_bytes(kind);
+        for (int64_t b = 0; b < width / kBlock; ++b) {
+            Lanes v[4];
+            block_values(kind, row + b * bytes, v);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 8
+                for (int t = 0; t < T; ++t) fma_into(v[i], load(x + t * xs + b * kBlock + 8 * i), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) sums[t] = total(acc[t]);
+}
+
+// R rows of float32 values (stride `row`) against T tokens (stride `xs`): sums[r * T + t]. Full
+// 8-lane steps first, then the row's tail, each lane summing its elements in order either way.
+template <int R, int T>
+void dense_tile(const float* w, int64_t row, int64_t width, const float* x, int64_t xs, float* sums) {
+    Lanes acc[R][T];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) acc[r][t] = zero();
+    int64_t i = 0;
+    for (; i + kLanes <= width; i += kLanes) {
+        Lanes xv[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) xv[t] = load(x + t * xs + i);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            Lanes wv = load(w + r * row + i);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; ++t) fma_into(wv, xv[t], acc[r][t]);
+        }
+    }
+    if (i < width) {
+        for (int r = 0; r < R; ++r) {
+            Lanes wv = load(w + r * row + i, width - i);
+            for (int t = 0; t < T; ++t) fma_into(wv, load(x + t * xs + i, width - i), acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) sums[r * T + t] = total(acc[r][t]);
+}
+
+template <int R>
+void decode_rows(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, int64_t first,
+                 const Out& out) {
+    float sums[R];
+    decode_tile<R>(kind, w + first * row_bytes, row_bytes, width, x, sums);
+    for (int r = 0; r < R; ++r) out.put(0, first + r, sums[r]);
+}
+
+template <int R, int T>
+void pass_tokens(const float* values, int64_t width, const float* x, int64_t xs, int64_t t0, int64_t first,
+                 const Out& out) {
+    float sums[R * T];
+    dense_tile<R, T>(values, width, width, x + t0 * xs, xs, sums);
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) out.put(t0 + t, first + r, sums[r * T + t]);
+}
+
+template <int R>
+void pass_rows(const float* values, int64_t width, const float* x, int64_t xs, int64_t n, int64_t first,
+               const Out& out) {
+    int64_t t = 0;
+    for (; t + kTokens <= n; t += kTokens) pass_tokens<R, kTokens>(values, width, x, xs, t, first, out);
+    switch (n - t) {  // the last tokens, fewer than kTokens
+        case 5: pass_tokens<R, 5>(values, width, x, xs, t, first, out); break;
+        case 4: pass_tokens<R, 4>(values, width, x, xs, t, first, out); break;
+        case 3: pass_tokens<R, 3>(values, width, x, xs, t, first, out); break;
+        case 2: pass_tokens<R, 2>(values, width, x, xs, t, first, out); break;
+        case 1: pass_tokens<R, 1>(values, width, x, xs, t, first, out); break;
+    }
+}
+
+template <int T>
+void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, int64_t r,
+                    const Out& out) {
+    float sums[T];
+    row_tokens<T>(kind, row, width, x, xs, sums);
+    for (int t = 0; t < T; ++t) out.put(t, r, sums[t]);
+}
+
+}  // namespace
+
+void specdraft::project_float32(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    const int64_t kind = p.kind, row_bytes = p.row_bytes, width = p.width, n = p.n, xs = p.xs;
+    const uint8_t* w = p.w;
+    const float* x = p.x;
+    if (n == 1) {
+        int64_t r = start;
+        for (; r + kRows <= end; r += kRows) decode_rows<kRows>(kind, w, row_bytes, width, x, r, out);
+        for (; r < end; ++r) decode_rows<1>(kind, w, row_bytes, width, x, r, out);
+        return;
+    }
+    if (n <= kShort) {  // a short pass (a verify step's k + 1 tokens): each row's blocks expanded once, in registers
+        for (int64_t r = start; r < end; ++r) {
+            for (int64_t i = 0; i < row_bytes; i += 64) prefetch(w + (r + 1) * row_bytes + i);  // the next row
+            const uint8_t* row = w + r * row_bytes;
+            switch (n) {
+                case 8: short_pass_row<8>(kind, row, width, x, xs, r, out); break;
+                case 7: short_pass_row<7>(kind, row, width, x, xs, r, out); break;
+                case 6: short_pass_row<6>(kind, row, width, x, xs, r, out); break;
+                case 5: short_pass_row<5>(kind, row, width, x, xs, r, out); break;
+                case 4: short_pass_row<4>(kind, row, width, x, xs, r, out); break;
+                case 3: short_pass_row<3>(kind, row, width, x, xs, r, out); break;
+                case 2: short_pass_row<2>(kind, row, width, x, xs, r, out); break;
+            }
+        }
+        return;
+    }
+    static thread_local std::vector<float> scratch;  // a longer pass: rows expanded into scratch, tiles of 2 x 6
+    const bool dense = kind == F32;
+    if (!dense) scratch.resize(kPassRows * width);
+    for (int64_t r = start; r < end; r += kPassRows) {
+        int64_t rows = end - r < kPassRows ? end - r : kPassRows;
+        for (int64_t i = 0; i < kPassRows * row_bytes; i += 64) prefetch(w + (r + kPassRows) * row_bytes + i);  // the next tile
+        const float* values = (const float*)(w + r * row_bytes);
+        if (!dense) {  // each row's blocks expanded once, read for every token
+            for (int64_t i = 0; i < rows; ++i) expand_values(kind, w + (r + i) * row_bytes, width, scratch.data() + i * width);
+            values = scratch.data();
+        }
+        if (rows == kPassRows) {
+            pass_rows<kPassRows>(values, width, x, xs, n, r, out);
+        } else {
+            for (int64_t i = 0; i < rows; ++i) pass_rows<1>(values + i * width, width, x, xs, n, r + i, out);
+        }
+    }
+}
+
+// Rows [start, end) of w as float32 values into y (stride ys): the dense weight, for passes that
+// multiply by it elsewhere (prefill chunks, by BLAS). Reads kind, w, row_bytes, width, y and ys.
+extern "C" void specdraft_expand(const Projection* p, int64_t start, int64_t end) {
+    for (int64_t r = start; r < end; ++r) {
+        if (p->kind == F32) {
+            std::memcpy(p->y + r * p->ys, p->w + r * p->row_bytes, p->width * 4);
+        } else {
+            expand_values(p->kind, p->w + r * p->row_bytes, p->width, p->y + r * p->ys);
+        }
+    }
+}

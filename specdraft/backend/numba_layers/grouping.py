@@ -1,0 +1,55 @@
+"""A model's linears grouped as a step reads them (`step_weights`: q/k/v joined, output, gate/up
+joined, down; per layer, then the output layer), each group as `project` takes it, and the
+compiled kernel where it reads them (`native_kernel`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specdraft.backend.native import F32, BlockLinear, Kernel, Reader, kernel
+from specdraft.backend.weights import adjacent_view, joined_projection, linears_reader, projections
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as the NumPy array numba reads (a view where it is contiguous)."""
+    return t.detach().contiguous().numpy()
+
+
+def _weights(linear: tuple, native: bool) -> tuple:
+    """(weight, bias or None, scales or None), as `weights.projection` gives it -> `project`'s
+    (weight (a view), float32 scales (none: [0]), bias (none: zeros), kind). `native`: for the
+    compiled kernel, the weight as its bytes [out, row bytes] (kind F32), else as it is (kind -1)."""
+    weight, bias, scales = linear
+    w = host_array(weight)
+    return (w.view(np.uint8) if native else w, np.zeros(0, np.float32) if scales is None else host_array(scales.float()),
+            np.zeros(weight.shape[0], np.float32) if bias is None else host_array(bias.float()), F32 if native else -1)
+
+
+def _group_weights(group: list[torch.nn.Module], native: bool) -> tuple:
+    """`project`'s weights of a group of linears read as one projection (q/k/v, gate/up, or one)."""
+    assert native or not any(isinstance(m, BlockLinear) for m in group), "numba's loops read no GGUF blocks"
+    if all(isinstance(m, BlockLinear) for m in group) and len({m.kind for m in group}) == 1:
+        tensors = [m.blocks for m in group]
+        joined = adjacent_view(tensors)
+        joined = torch.cat(tensors) if joined is None else joined
+        return joined.numpy(), np.zeros(0, np.float32), np.zeros(joined.shape[0], np.float32), group[0].kind
+    if any(isinstance(m, BlockLinear) for m in group):  # blocks of several kinds: read as float32
+        weight = torch.cat([m.dense() if isinstance(m, BlockLinear) else m.weight.detach() for m in group])
+        return _weights((weight, None, None), native)
+    return _weights(joined_projection(group), native)
+
+
+
+def step_weights(model: torch.nn.Module, layers: list[torch.nn.Module], native: bool = False) -> list[tuple]:
+    """`project`'s weights of every projection of `layers` and of the output layer, in the order a
+    step reads them (q/k/v joined, output, gate/up joined, down; per layer). `native`: as the
+    compiled kernel reads them (bytes of float32 rows or GGUF blocks), else as numba's loops do."""
+    return [_group_weights(g, native) for layer in layers for g in projections(layer)] + \
+        [_group_weights([model.lm_head], native)]
+
+
+def native_kernel(model: torch.nn.Module, layers: list[torch.nn.Module]) -> Kernel | None:
+    """The compiled kernel where it reads these layers' weights (float32 rows or GGUF blocks), or None
+    where numba's loops do (int8 weights, or no kernel on this machine): `native.reader` decides."""
+    return kernel() if linears_reader(model, layers) is Reader.KERNEL else None

@@ -1,0 +1,66 @@
+"""Weights moved once onto 2 MB pages in the order a step reads them (`on_huge_pages`): streaming
+them from 4 KB pages costs a page walk every 4 KB, which 2 MB pages spare."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import torch
+
+from specdraft.backend.native import BlockLinear
+
+_HUGE_PAGE = 2 << 20
+
+
+def huge_page_buffer(nbytes: int) -> np.ndarray:
+    """A zeroed uint8 buffer of `nbytes` in anonymous memory, 2 MB aligned, that the kernel is asked
+    to back with 2 MB pages (`MADV_HUGEPAGE`, before any page is touched; where it does not, plain
+    pages). Streaming the weights from 4 KB pages costs a page walk every 4 KB, which 2 MB pages
+    spare (`benchmarks/results/cpu_profile.md`)."""
+    area = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            area.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # transparent huge pages not configured: plain pages
+            pass
+    raw = np.frombuffer(area, np.uint8)  # keeps `area` alive as long as a view of it lives
+    start = (-raw.ctypes.data) % _HUGE_PAGE
+    return raw[start : start + nbytes]
+
+
+def _read_name(module: torch.nn.Module) -> str:
+    """The attribute holding what a step reads of a linear: its GGUF blocks or its weight."""
+    return "blocks" if isinstance(module, BlockLinear) else "weight"
+
+
+def on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) -> None:
+    """Move these linears' weights (or blocks) into one `huge_page_buffer`, each group's adjacent
+    (its joined projection is then a view) and the groups in the order given (the order a step reads
+    them). Each module's tensor becomes a view of the buffer holding the same values (a tied input
+    embedding follows the output layer), so the loader's memory is freed, not kept twice. Tensors
+    moved already (another step built over the same layers) stay where they are."""
+    groups = [g for g in groups if not all(getattr(getattr(m, _read_name(m)), "_on_huge_pages", False) for m in g)]
+    if not groups:
+        return
+    tensors = [[getattr(m, _read_name(m)) for m in g] for g in groups]
+    nbytes = [sum(t.numel() * t.element_size() for t in g) for g in tensors]
+    sizes = [-(-n // 4096) * 4096 for n in nbytes]  # 4 KB aligned each
+    buffer, offset = huge_page_buffer(sum(sizes)), 0
+    embedding = model.get_input_embeddings()
+    with torch.no_grad():
+        for group, olds, n, size in zip(groups, tensors, nbytes, sizes):
+            first = olds[0]
+            joined = torch.from_numpy(buffer[offset : offset + n]).view(first.dtype).view(-1, first.shape[1])
+            start = 0
+            for m, old in zip(group, olds):
+                view = joined[start : start + old.shape[0]]
+                if isinstance(old, torch.nn.Parameter):  # a parameter stays one, a buffer (int8 weights) a buffer
+                    view = torch.nn.Parameter(view, requires_grad=old.requires_grad)
+                view.copy_(old)
+                view._on_huge_pages = True
+                setattr(m, _read_name(m), view)
+                if embedding is not None and getattr(embedding, _read_name(m), None) is old:
+                    setattr(embedding, _read_name(m), view)
+                start += old.shape[0]
+            offset += size

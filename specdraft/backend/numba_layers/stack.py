@@ -1,0 +1,212 @@
+"""`NumbaLayers`: the layer class, and the kernels it runs a pass's layers with (`_stack`, every layer
+in one call; `_head`, the output head), composed of this package's parts: projections, element math,
+attention."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numba
+import numpy as np
+import torch
+from numba import njit
+from numba.typed import List
+
+from specdraft.backend import native
+from specdraft.backend.cache import RowKVCache
+from specdraft.backend.layers import Pass
+from specdraft.backend.numba_layers.attention import attend, attention_kernel
+from specdraft.backend.numba_layers.elementwise import rms_norm, rotate, silu_gate
+from specdraft.backend.numba_layers.grouping import host_array, native_kernel, step_weights
+from specdraft.backend.numba_layers.huge_pages import on_huge_pages
+from specdraft.backend.numba_layers.projection import NO_KERNEL, NO_RESIDUAL, project
+from specdraft.backend.weights import linears_arithmetic, linears_reader, model_device, norm_eps, projections, silu_mlp
+
+MAX_TOKENS = 32  # tokens a call of the layer stack computes
+# With SPECDRAFT_INVARIANT_PREFILL=1, passes longer than MAX_TOKENS (prefill chunks) run here too, in
+# calls of MAX_TOKENS tokens, so that a prompt's keys and values are those token-by-token decoding
+# writes (a prefix-cache hit's logits equal a cold run's bitwise), slower than BLAS's prefill beyond a
+# few hundred tokens (`benchmarks/results/cpu_prefill.md`); by default they run the eager layers
+# (BLAS: the same tokens, logits equal to float rounding).
+LONG_PASSES = os.environ.get("SPECDRAFT_INVARIANT_PREFILL") == "1"
+
+
+@njit(cache=True)
+def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim, kernel):  # pragma: no cover
+    """x [N, hidden] -> the joined q/k/v rows [N, (heads + 2 kv_heads) * head_dim], q and k rotated."""
+    h = np.empty_like(x)
+    rms_norm(x, norm, eps, h)
+    qkv = np.empty((x.shape[0], qkv_weights[0].shape[0]), np.float32)
+    project(qkv_weights, h, qkv, NO_RESIDUAL, kernel)
+    rotate(qkv, 0, heads, head_dim, cos, sin)
+    rotate(qkv, heads * head_dim, kv_heads, head_dim, cos, sin)
+    return qkv
+
+
+@njit(cache=True)
+def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_weights, kernel):  # pragma: no cover
+    """The residual stream x [N, hidden] after the attention output [N, heads * head_dim] and the MLP."""
+    y = np.empty_like(x)
+    project(out_weights, attended, y, x, kernel)
+    h = np.empty_like(x)
+    rms_norm(y, norm, eps, h)
+    gate_up = np.empty((x.shape[0], gate_up_weights[0].shape[0]), np.float32)
+    project(gate_up_weights, h, gate_up, NO_RESIDUAL, kernel)
+    act = np.empty((x.shape[0], gate_up.shape[1] // 2), np.float32)
+    silu_gate(gate_up, act)
+    out = np.empty_like(x)
+    project(down_weights, act, out, y, kernel)
+    return out
+
+
+@njit(cache=True)
+def _head(x, norm, eps, weights, kernel):  # pragma: no cover - compiled
+    """Final norm and output layer: x [N, hidden] -> logits [N, vocab]."""
+    h = np.empty_like(x)
+    rms_norm(x, norm, eps, h)
+    logits = np.empty((x.shape[0], weights[0].shape[0]), np.float32)
+    project(weights, h, logits, NO_RESIDUAL, kernel)
+    return logits
+
+
+@njit(cache=True)
+def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
+           head_dim, kernel, attention, threads):  # pragma: no cover - compiled
+    """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
+    before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
+    eps [layers, 2]; kernel: `project`'s; attention, threads: `attend`'s kernel and threads. Returns
+    the stream after the last layer."""
+    attended = np.empty((x.shape[0], heads * head_dim), np.float32)
+    for i in range(len(before)):
+        norm, qkv_weights = before[i]
+        qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim, kernel)
+        attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended, attention, threads)
+        out_weights, norm2, gate_up_weights, down_weights = after[i]
+        x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights, kernel)
+    return x
+
+
+def _named(name: str):
+    """The call's name in a torch profile, where a profiler runs; nothing otherwise (entering a
+    `record_function` costs a step time even where no profiler runs)."""
+    return torch.profiler.record_function(name) if torch._C._autograd._profiler_enabled() else contextlib.nullcontext()
+
+
+class NumbaLayers:
+    """The per-token parts of `layers` (a model's decoder layers), attention over a `RowKVCache`
+    and the output head, as numba kernels over the model's own weights: moved once, when these
+    layers are built, onto 2 MB pages in the order a step reads them, q/k/v and gate/up adjacent (one
+    buffer each); the model's modules keep using them (views, nothing kept twice)."""
+
+    max_tokens = MAX_TOKENS
+
+    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], head_dim: int, heads: int,
+                 kv_heads: int) -> None:
+        self._shape = (heads, kv_heads, head_dim)
+        on_huge_pages(model, [g for layer in layers for g in projections(layer)] + [[model.lm_head]])
+        compiled = native_kernel(model, layers)
+        self.arithmetic = linears_arithmetic(model, layers)
+        self._kernel = NO_KERNEL if compiled is None else compiled.calls(self.arithmetic)
+        self.attention_address = attention_kernel(heads, kv_heads, head_dim)  # `attend`'s kernel (0: numba's loops)
+        weights = step_weights(model, layers, native=compiled is not None)
+        before, after, eps = List(), List(), []
+        for i, layer in enumerate(layers):
+            qkv, out, gate_up, down = weights[4 * i : 4 * i + 4]
+            before.append((host_array(layer.input_layernorm.weight), qkv))
+            after.append((out, host_array(layer.post_attention_layernorm.weight), gate_up, down))
+            eps.append((norm_eps(layer.input_layernorm), norm_eps(layer.post_attention_layernorm)))
+        self._before, self._after, self._eps = before, after, np.array(eps, dtype=np.float64)  # eps [layers, 2]
+        self._head = (host_array(model.model.norm.weight), norm_eps(model.model.norm), weights[-1], self._kernel)
+        self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
+        self._warm_up(model.config.hidden_size, len(layers))
+
+    def _warm_up(self, hidden: int, layers: int) -> None:
+        """Compile the kernels now, or load them from numba's disk cache: no step pays for it."""
+        heads, kv_heads, head_dim = self._shape
+        cache = RowKVCache(layers, kv_heads, head_dim, torch.float32, torch.device("cpu"), slots=1, capacity=2)
+        cache.push_row()
+        cache.prepare(slice(0, 1), torch.zeros(1, 1, dtype=torch.int64), 1)
+        x = torch.zeros(1, hidden)
+        rotary = torch.zeros(1, head_dim)
+        self.head(self._run(x, rotary, rotary, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+                            torch.ones(1, 1, dtype=torch.bool), cache))
+        self._buffers = (None, None, None)  # hold no reference to the warm-up cache
+
+    def use_kernel_build(self, path: str) -> None:
+        """Run on another build of the compiled kernel (`native.PATHS`), for a benchmark to compare:
+        every build gives bitwise the same sums. Only where the kernel reads the weights."""
+        assert self._kernel != NO_KERNEL, "numba's loops read these weights"
+        built = native.kernel(path)
+        self._kernel = built.calls(self.arithmetic)
+        self._head = (*self._head[:3], self._kernel)
+        if self.attention_address:
+            self.attention_address = built.attend_address
+
+    @staticmethod
+    def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
+        """Whether the layers are plain (SiLU MLP, RMS norms) on CPU, with float32 activations, and
+        their linears read by the compiled kernel or numba's loops (`native.reader`: all float32 or
+        GGUF blocks where the kernel compiles, else all float32 or all int8 `WeightOnlyInt8Linear`s)."""
+        if model_device(model).type != "cpu" or dtype != torch.float32:
+            return False
+        read = linears_reader(model, layers) in (native.Reader.KERNEL, native.Reader.NUMBA)
+        return all(silu_mlp(layer.mlp) for layer in layers) and read
+
+    def takes(self, tokens: int) -> bool:
+        """Whether a pass of this many tokens runs here: every pass where `LONG_PASSES` or the int8
+        arithmetic (a longer one in calls of `MAX_TOKENS` tokens, each token computed as a decode step
+        computes it), else up to `MAX_TOKENS` (longer ones run the eager layers)."""
+        return LONG_PASSES or self.arithmetic == "int8" or tokens <= MAX_TOKENS  # the eager layers have no int8
+
+    def stack(self, p: Pass) -> torch.Tensor:
+        """Every layer on the pass's tokens, attention and cache writes included, in one call per
+        `MAX_TOKENS` tokens: a longer pass (a prefill chunk) runs as passes of that many in turn, so
+        that each of its tokens is computed exactly as a decode or verify step computes it (each
+        call writes its tokens' keys and values before attending: later calls see them)."""
+        flat = torch.arange(p.batch * p.steps) if p.real is None else p.real  # [N] into [batch * T]
+        x, cos, sin = p.x, p.flat(p.cos), p.flat(p.sin)
+        rows, positions = flat // p.steps, p.positions.reshape(-1)[flat]
+        visible = p.mask[:, 0].reshape(p.batch * p.steps, -1)[flat]  # [N, kv]
+        parts = [self._run(x[i : i + MAX_TOKENS], cos[i : i + MAX_TOKENS], sin[i : i + MAX_TOKENS],
+                           rows[i : i + MAX_TOKENS], positions[i : i + MAX_TOKENS], visible[i : i + MAX_TOKENS], p.cache)
+                 for i in range(0, len(flat), MAX_TOKENS)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    @staticmethod
+    def use_torch_threads() -> None:
+        """Numba's threads follow torch's (`specdraft.threads`); set per calling thread, as numba keeps it."""
+        threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+        if numba.get_num_threads() != threads:
+            numba.set_num_threads(threads)
+
+    def _cache(self, cache: RowKVCache) -> tuple:
+        """The prepared pass's keys and values per layer as typed lists (rebuilt when the window or
+        the cache's buffers change)."""
+        held, key, buffers = self._buffers
+        now = (cache.generation, cache.window.start, cache.window.stop)
+        if held is not cache or key != now:
+            keys, values = cache.window_buffers()
+            buffers = (List([k.numpy() for k in keys]), List([v.numpy() for v in values]))
+            self._buffers = (cache, now, buffers)
+        return buffers
+
+    def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+             visible: torch.Tensor, cache: RowKVCache) -> torch.Tensor:
+        """Every layer on the tokens x [N, hidden]: cos, sin [N, head_dim]; rows, positions [N] (each
+        token's row in the cache's prepared window, its position); visible [N, kv] bool (which cache
+        entries each token sees). Writes the tokens' keys and values; returns the stream [N, hidden]."""
+        assert cache.dtype == torch.float32 and cache.num_layers == len(self._before)
+        self.use_torch_threads()
+        keys, values = self._cache(cache)
+        with _named("specdraft::numba_stack"):
+            x = _stack(host_array(x), host_array(cos), host_array(sin), host_array(rows), host_array(positions),
+                       host_array(visible), keys, values, self._before, self._after, self._eps, *self._shape, self._kernel,
+                       self.attention_address, numba.get_num_threads())
+        return torch.from_numpy(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, hidden] -> float32 logits [N, vocab]."""
+        self.use_torch_threads()
+        with _named("specdraft::numba_head"):
+            return torch.from_numpy(_head(host_array(x), *self._head))

@@ -1,0 +1,102 @@
+"""Every block kind the kernel reads (`native.KINDS`), held to gguf's own dequantisation
+(`gguf.quants.dequantize`) on synthetic random blocks, on every build of the kernel this machine runs:
+the kernel states the kind as Python does; its dequantisation (by torch, by the kernel, and read back
+from the int8 arithmetic's tiles) is gguf's, bitwise; its float32 dot products are those of gguf's
+values as float32 rows, bitwise, and within rounding of a float64 product; its int8 dot products are
+within the activations' quantisation error of the float64 product with gguf's values, and bitwise
+the same on every build. A kind added to `KINDS` is checked here as it is added."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdraft.backend import native
+from specdraft.backend.native.calls import expand
+from specdraft.backend.numba_layers import NO_RESIDUAL, project
+
+gguf = pytest.importorskip("gguf")
+
+KINDS = list(native.KINDS.values())
+ROWS, WIDTH = 40, 512  # whole tiles of 16 rows and a last one of 8; rows of whole 256-weight superblocks
+COUNTS = [1, 2, 6, 9, 17]
+
+
+def builds() -> dict[str, native.Kernel]:
+    """Every build of the kernel this machine runs: portable always, and where it has AVX2 the AVX2
+    code, the native build and that in 256-bit registers only."""
+    built = {"portable": native.kernel("portable")}
+    if native.kernel().avx2:
+        built.update(avx2=native.kernel("avx2"), ymm=native.kernel("ymm"), native=native.kernel())
+    return built
+
+
+def synthetic_blocks(rng, kind: native.BlockKind, rows: int = ROWS, width: int = WIDTH) -> np.ndarray:
+    """Random bytes [rows, row bytes], but for the kind's float16 fields: random finite values of a
+    weight's scale (random bits would give infinities and NaNs)."""
+    b = rng.integers(0, 256, (rows, width // kind.weights, kind.bytes), dtype=np.uint8)
+    for at in kind.float16_at:
+        halves = (rng.standard_normal((rows, width // kind.weights)) * 0.01).astype(np.float16)
+        b[..., at : at + 2] = halves[..., None].view(np.uint8)
+    return b.reshape(rows, -1)
+
+
+def gguf_values(kind: native.BlockKind, w: np.ndarray) -> np.ndarray:
+    """gguf's dequantisation of blocks w [rows, row bytes]: float32 [rows, width]."""
+    return gguf.quants.dequantize(w, getattr(gguf.GGMLQuantizationType, kind.name))
+
+
+def projected(kernel: tuple, w: np.ndarray, kind: int, x: np.ndarray) -> np.ndarray:
+    y = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
+    project((w, np.zeros(0, np.float32), np.zeros(w.shape[0], np.float32), kind), x, y, NO_RESIDUAL, kernel)
+    return y
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
+def test_every_kind_is_stated_and_dequantised_as_gguf_does_on_every_build(kind):
+    import torch
+
+    w = synthetic_blocks(np.random.default_rng(kind.number), kind)
+    want = gguf_values(kind, w)
+    assert w.shape[1] == kind.row_bytes(WIDTH) and np.isfinite(want).all()
+    assert np.array_equal(native.dequantize(torch.from_numpy(w), kind.number, WIDTH).numpy(), want)
+    for name, kernel in builds().items():
+        assert kernel.kind(kind.number) == (kind.name, kind.weights, kind.bytes), name
+        expanded = np.full((ROWS, WIDTH), np.nan, np.float32)
+        expand(w, kind.number, expanded, kernel.expand_address)
+        assert np.array_equal(expanded, want), name
+        tiled = kernel.tile_values(kernel.tile(w, kind.number), kind.number, WIDTH, np.arange(ROWS))
+        assert np.array_equal(tiled, want), f"{name}: from the tiles"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
+def test_every_kinds_float32_dot_products_are_those_of_ggufs_values_on_every_build(kind):
+    rng = np.random.default_rng(10 + kind.number)
+    w = synthetic_blocks(rng, kind)
+    values = gguf_values(kind, w)
+    rows = np.ascontiguousarray(values).view(np.uint8)  # gguf's values as the kernel's float32 rows
+    for name, kernel in builds().items():
+        for n in COUNTS:
+            x = rng.standard_normal((n, WIDTH)).astype(np.float32)
+            got = projected(kernel.calls(), w, kind.number, x)
+            assert np.array_equal(got, projected(kernel.calls(), rows, native.F32, x)), f"{name}, {n} tokens"
+            exact = x.astype(np.float64) @ values.T.astype(np.float64)
+            np.testing.assert_allclose(got, exact, rtol=0, atol=1e-5 * np.sqrt(WIDTH) * np.abs(values).max() * 10)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
+def test_every_kinds_int8_dot_products_hold_ggufs_values_on_every_build(kind):
+    rng = np.random.default_rng(20 + kind.number)
+    w = synthetic_blocks(rng, kind)
+    values = gguf_values(kind, w).astype(np.float64)
+    built = builds()
+    tiles = built["portable"].tile(w, kind.number)
+    for n in COUNTS:
+        x = rng.standard_normal((n, WIDTH)).astype(np.float32)
+        want = projected(built["portable"].calls("int8"), tiles, kind.number, x)
+        for name, kernel in built.items():
+            assert np.array_equal(projected(kernel.calls("int8"), tiles, kind.number, x), want), f"{name}, {n} tokens"
+        exact = x.astype(np.float64) @ values.T
+        step = np.abs(x).reshape(n, -1, native.BLOCK).max(axis=2).repeat(native.BLOCK, axis=1) / 127  # x's quantum
+        bound = 0.5 * step @ np.abs(values.T) + 1e-5 * (np.abs(x) @ np.abs(values.T))
+        assert np.all(np.abs(want - exact) <= bound), f"{n} tokens: beyond the quantisation's error"
