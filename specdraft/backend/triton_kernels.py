@@ -67,8 +67,8 @@ def tiling(out_features: int, in_features: int, target: int = TARGET_PROGRAMS, b
            block_k: int = 64, warps: int = 4, stages: int = 3) -> Tiling:
     """The tiling of a weight of this shape: unsplit below `MIN_SPLIT_WEIGHTS`, else split in two
     until the grid has about `target` programs (more parts fill the device for narrow weights), each
-    part at least 4 blocks. Of the tilings `benchmarks/gpu_kernels.py` times alone, others are faster
-    there (weights in the L2 cache), but not inside a step (`benchmarks/gpu_step.py`): these are."""
+    part at least 4 blocks. Of the tilings `benchmarks/gpu/kernels.py` times alone, others are faster
+    there (weights in the L2 cache), but not inside a step (`benchmarks/gpu/step.py`): these are."""
     splits = 1
     if out_features * in_features >= MIN_SPLIT_WEIGHTS:
         tiles, blocks = triton.cdiv(out_features, block_o), triton.cdiv(in_features, block_k)
