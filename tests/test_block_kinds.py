@@ -65,8 +65,9 @@ def test_every_kind_is_stated_and_dequantised_as_gguf_does_on_every_build(kind):
         expanded = np.full((ROWS, WIDTH), np.nan, np.float32)
         expand(w, kind.number, expanded, kernel.expand_address)
         assert np.array_equal(expanded, want), name
-        tiled = kernel.tile_values(kernel.tile(w, kind.number), kind.number, WIDTH, np.arange(ROWS))
-        assert np.array_equal(tiled, want), f"{name}: from the tiles"
+        if kind.int8:
+            tiled = kernel.tile_values(kernel.tile(w, kind.number), kind.number, WIDTH, np.arange(ROWS))
+            assert np.array_equal(tiled, want), f"{name}: from the tiles"
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
@@ -86,6 +87,8 @@ def test_every_kinds_float32_dot_products_are_those_of_ggufs_values_on_every_bui
 
 @pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
 def test_every_kinds_int8_dot_products_hold_ggufs_values_on_every_build(kind):
+    if not kind.int8:
+        pytest.skip(f"the int8 arithmetic does not read {kind.name} yet (a model of it computes in float32)")
     rng = np.random.default_rng(20 + kind.number)
     w = synthetic_blocks(rng, kind)
     values = gguf_values(kind, w).astype(np.float64)
@@ -100,3 +103,14 @@ def test_every_kinds_int8_dot_products_hold_ggufs_values_on_every_build(kind):
         step = np.abs(x).reshape(n, -1, native.BLOCK).max(axis=2).repeat(native.BLOCK, axis=1) / 127  # x's quantum
         bound = 0.5 * step @ np.abs(values.T) + 1e-5 * (np.abs(x) @ np.abs(values.T))
         assert np.all(np.abs(want - exact) <= bound), f"{n} tokens: beyond the quantisation's error"
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.weights > native.BLOCK], ids=lambda k: k.name)
+def test_a_row_of_part_of_a_super_block_is_refused_by_name(kind):
+    import torch
+
+    assert kind.row_bytes(1536) == 6 * kind.bytes  # the Qwen2.5-Coder widths: 1536, 4864, 8960 are whole
+    with pytest.raises(ValueError, match=f"{kind.name} row holds whole blocks of 256 weights; 896 is not"):
+        kind.row_bytes(896)  # the 0.5B's hidden width: its tensors are in other kinds
+    with pytest.raises(ValueError, match="896 is not a multiple of 256"):
+        native.BlockLinear(torch.zeros(8, 4 * kind.bytes, dtype=torch.uint8), kind.number, 896)

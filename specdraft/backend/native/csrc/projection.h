@@ -15,7 +15,7 @@
 // every field 8 bytes, in the order of `specdraft.backend.native.calls.Projection`'s
 // (`specdraft_projection_offset` says where each is, for a test to compare).
 struct Projection {
-    int64_t kind;            // F32, Q4_1 or Q8_0
+    int64_t kind;            // F32 or a block kind (formats.h)
     const uint8_t* w;        // [rows, row_bytes]: float32 rows or blocks of `kind`
     int64_t rows;            // w's rows (the int8 arithmetic's tiles depend on it)
     int64_t row_bytes;
