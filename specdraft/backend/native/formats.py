@@ -26,8 +26,8 @@ F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K = 0, 1, 2, 3, 4, 5  # kinds: float32 rows, and
 @dataclass(frozen=True)
 class BlockKind:
     """A GGUF block type: `weights` weights in `bytes` bytes, float16 fields (scales, offsets) at the
-    byte offsets `float16_at`, and `values`: blocks [..., bytes] uint8 -> float32 [..., weights];
-    `int8`: whether the kernel's int8 arithmetic reads it (else a model of it computes in float32)."""
+    byte offsets `float16_at`, and `values`: blocks [..., bytes] uint8 -> float32 [..., weights]. The
+    int8 arithmetic quantises a token's activations per block (`weights`: a K kind's per 256)."""
 
     number: int
     name: str
@@ -35,7 +35,6 @@ class BlockKind:
     bytes: int
     float16_at: tuple[int, ...]
     values: Callable[[torch.Tensor], torch.Tensor]
-    int8: bool = True
 
     def row_bytes(self, width: int) -> int:
         """The bytes of a row of `width` weights (whole blocks: refused otherwise)."""
@@ -116,9 +115,9 @@ def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
 KINDS = {
     Q4_1: BlockKind(Q4_1, "Q4_1", weights=32, bytes=20, float16_at=(0, 2), values=_q4_1_values),
     Q8_0: BlockKind(Q8_0, "Q8_0", weights=32, bytes=34, float16_at=(0,), values=_q8_0_values),
-    Q5_0: BlockKind(Q5_0, "Q5_0", weights=32, bytes=22, float16_at=(0,), values=_q5_0_values, int8=False),
-    Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values, int8=False),
-    Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values, int8=False),
+    Q5_0: BlockKind(Q5_0, "Q5_0", weights=32, bytes=22, float16_at=(0,), values=_q5_0_values),
+    Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
+    Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }
 NAMES = {F32: "F32", **{number: kind.name for number, kind in KINDS.items()}}  # GGUF's names for them
 BLOCK = 32  # weights the kernel reads together (kBlock): a block, or a K kind's sub-block

@@ -99,9 +99,6 @@ def int8_problem(model: torch.nn.Module) -> str | None:
         return "the model has no GGUF-block layers"
     if any(m.blocks.device.type != "cpu" for m in layers):
         return "the int8 arithmetic runs on CPU"
-    untaken = next((m for m in layers if not KINDS[m.kind].int8), None)
-    if untaken is not None:
-        return f"the int8 arithmetic does not read {NAMES[untaken.kind]} blocks yet"
     odd = next((m for m in layers if m.out_features % TILE_ROWS), None)
     if odd is not None:
         return f"a layer has {odd.out_features} output rows, not a multiple of {TILE_ROWS}"

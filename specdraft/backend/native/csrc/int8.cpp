@@ -11,8 +11,12 @@
 // every float operation is the one above, per row and token, so every path and pass width gives
 // bitwise the same sums.
 //
-// The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
-// same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
+// A K kind's tokens are quantised per super-block of 256 instead (one d over the 256, each 32 of it
+// quantised with that d as above: `quantize_super`). Q5_0, Q4_K and Q6_K blocks are read in place,
+// row by row (int8_rows.cpp: their integer sums and float operations); Q4_1 and Q8_0 as tiles, below.
+//
+// The int8 arithmetic reads Q4_1 and Q8_0 weights as tiles (`specdraft_tile` writes them from GGUF
+// rows, the same bytes rearranged; the other kinds' "tiles" are their rows as they are). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
 // of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
 //   d[R] float16 (Q4_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
 //   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
@@ -78,21 +82,22 @@ HalfOf<Byte> half_tile(int64_t kind, Byte* w, int64_t rows, int64_t row_bytes, i
 // A block of 32 activations quantised: q, and returns the sum of q; d and s as above. Every path
 // computes the same values: the maximum is exact, the rest one IEEE operation each.
 #ifdef SPECDRAFT_AVX2
-int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+float top_of(const float* x, int64_t n) {  // max |x_j| of n (a multiple of 8) activations
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 v[4], top = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        top = _mm256_max_ps(top, _mm256_and_ps(v[i], magnitude));
-    }
+    __m256 top = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
     __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
     __m128 t2 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
-    const float scale = _mm_cvtss_f32(_mm_max_ss(t2, _mm_shuffle_ps(t2, t2, 1))) / 127.0f;
+    return _mm_cvtss_f32(_mm_max_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+// 32 activations quantised with scale d into q; returns the sum of q.
+int32_t quantize_with(const float* x, float scale, int8_t* q) {
     const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
     const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
     __m256i n[4], total = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
-        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         n[i] = _mm256_cvtps_epi32(_mm256_min_ps(high, _mm256_max_ps(low, r)));
         total = _mm256_add_epi32(total, n[i]);
     }
@@ -101,16 +106,17 @@ int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
     _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
     t = _mm_hadd_epi32(t, t);
-    const int32_t sum = _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
-    d = scale;
-    s = scale * float(sum);
-    return sum;
+    return _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
 }
 #else
-int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+float top_of(const float* x, int64_t n) {
     float top = 0.0f;
-    for (int j = 0; j < kBlock; ++j) top = std::fmax(top, std::fabs(x[j]));
-    const float scale = top / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+    for (int64_t j = 0; j < n; ++j) top = std::fmax(top, std::fabs(x[j]));
+    return top;
+}
+
+int32_t quantize_with(const float* x, float scale, int8_t* q) {
+    const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < kBlock; ++j) {
         float v = std::nearbyint(x[j] * inverse);  // the default rounding: to nearest, ties to even
@@ -118,13 +124,35 @@ int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
         q[j] = int8_t(v);
         sum += int32_t(v);
     }
-    d = scale;
-    s = scale * float(sum);
     return sum;
 }
 #endif
 
-void quantize_token(const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
+int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+    const float scale = top_of(x, kBlock) / 127.0f;
+    const int32_t sum = quantize_with(x, scale, q);
+    d = scale;
+    s = scale * float(sum);
+    return sum;
+}
+
+// A K kind's super-block of 256 activations: d = max |x| / 127 over the 256, each of its 32s quantised
+// with it as `quantize_block` quantises a block (d, s and the sum per 32, d the same for the 8).
+void quantize_super(const float* x, int8_t* q, float* d, float* s, int32_t* total) {
+    const float scale = top_of(x, kSuper) / 127.0f;
+    for (int c = 0; c < kSuper / kBlock; ++c) {
+        total[c] = quantize_with(x + kBlock * c, scale, q + kBlock * c);
+        d[c] = scale;
+        s[c] = scale * float(total[c]);
+    }
+}
+
+void quantize_token(int64_t kind, const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
+    if (k_kind(kind)) {
+        for (int64_t b = 0; b < width / kBlock; b += kSuper / kBlock)
+            quantize_super(x + b * kBlock, q + b * kBlock, d + b, s + b, total + b);
+        return;
+    }
     for (int64_t b = 0; b < width / kBlock; ++b) total[b] = quantize_block(x + b * kBlock, q + b * kBlock, d[b], s[b]);
 }
 
@@ -388,8 +416,12 @@ void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) 
 
 }  // namespace
 
-// Rows [start, end): each tile whole where the range holds it, else its half tiles.
+// Rows [start, end): each tile whole where the range holds it, else its half tiles; or in place.
 void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    if (!specdraft::tiled(p.kind)) {
+        specdraft::project_int8_rows(p, start, end, out);
+        return;
+    }
     for (int64_t g = start / kTileRows; g < end / kTileRows;) {
         const int64_t halves = g % 2 == 0 && g + 1 < end / kTileRows ? 2 : 1;
 #ifdef SPECDRAFT_ZMM
@@ -404,18 +436,22 @@ void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, co
     }
 }
 
-// Tokens [start, end) of x quantised for the int8 arithmetic into qx, xd and xsum (the blocks of
-// `width`). Reads x, xs, width, qx, xd, xsum and xtotal.
+// Tokens [start, end) of x quantised for the int8 arithmetic of `kind` into qx, xd, xsum and xtotal
+// (the blocks of `width`). Reads kind, x, xs, width, qx, xd, xsum and xtotal.
 extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t end) {
     const int64_t blocks = p->width / kBlock;
     for (int64_t t = start; t < end; ++t)
-        quantize_token(p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
+        quantize_token(p->kind, p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
                        p->xtotal + t * blocks);
 }
 
 // GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's
-// tiles (the same bytes rearranged) into out.
+// tiles (the same bytes rearranged; a kind read in place, the rows as they are) into out.
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
+    if (!specdraft::tiled(kind)) {
+        std::memcpy(out, w, size_t(rows * row_bytes));
+        return;
+    }
     const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes;
     for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
         const HalfOf<uint8_t> half = half_tile(kind, out, rows, row_bytes, g);
@@ -446,6 +482,10 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
 // values into out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
 extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
                                       int64_t width, const int64_t* ids, int64_t n, float* out) {
+    if (!specdraft::tiled(kind)) {
+        for (int64_t k = 0; k < n; ++k) expand_row(kind, tiles + ids[k] * row_bytes, width, out + k * width);
+        return;
+    }
     for (int64_t k = 0; k < n; ++k) {
         const Half half = half_tile(kind, tiles, rows, row_bytes, ids[k] / kTileRows);
         const int r = int(ids[k] % kTileRows);
