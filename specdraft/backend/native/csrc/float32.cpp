@@ -188,9 +188,10 @@ inline void store(float* p, const Lanes& v) { std::memcpy(p, v.v, sizeof(v.v)); 
 
 #endif
 
-// One decode token, R rows: from their blocks, expanded in registers, or float32 rows.
-template <int R>
-void decode_tile(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, float* sums) {
+// One decode token, R rows: from their blocks, expanded in registers, or float32 rows. (The kernels
+// below are compiled per kind, so that each reads its blocks as if it were the only one.)
+template <int64_t kind, int R>
+void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, float* sums) {
     Lanes acc[R];
     for (int r = 0; r < R; ++r) acc[r] = zero();
     if (kind == F32) {
@@ -236,8 +237,8 @@ void expand_values(int64_t kind, const uint8_t* row, int64_t width, float* out) 
 
 // One row against the T tokens (stride xs) of a short pass: sums[t]. The row's values, float32 or
 // blocks expanded in registers, are read once for the T tokens.
-template <int T>
-void row_tokens(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, float* sums) {
+template <int64_t kind, int T>
+void row_tokens(const uint8_t* row, int64_t width, const float* x, int64_t xs, float* sums) {
     Lanes acc[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[t] = zero();
@@ -299,11 +300,10 @@ void dense_tile(const float* w, int64_t row, int64_t width, const float* x, int6
         for (int t = 0; t < T; ++t) sums[r * T + t] = total(acc[r][t]);
 }
 
-template <int R>
-void decode_rows(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, int64_t first,
-                 const Out& out) {
+template <int64_t kind, int R>
+void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, int64_t first, const Out& out) {
     float sums[R];
-    decode_tile<R>(kind, w + first * row_bytes, row_bytes, width, x, sums);
+    decode_tile<kind, R>(w + first * row_bytes, row_bytes, width, x, sums);
     for (int r = 0; r < R; ++r) out.put(0, first + r, sums[r]);
 }
 
@@ -330,24 +330,22 @@ void pass_rows(const float* values, int64_t width, const float* x, int64_t xs, i
     }
 }
 
-template <int T>
-void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, int64_t r,
-                    const Out& out) {
+template <int64_t kind, int T>
+void short_pass_row(const uint8_t* row, int64_t width, const float* x, int64_t xs, int64_t r, const Out& out) {
     float sums[T];
-    row_tokens<T>(kind, row, width, x, xs, sums);
+    row_tokens<kind, T>(row, width, x, xs, sums);
     for (int t = 0; t < T; ++t) out.put(t, r, sums[t]);
 }
 
-}  // namespace
-
-void specdraft::project_float32(const Projection& p, int64_t start, int64_t end, const Out& out) {
-    const int64_t kind = p.kind, row_bytes = p.row_bytes, width = p.width, n = p.n, xs = p.xs;
+template <int64_t kind>
+void project_kind(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    const int64_t row_bytes = p.row_bytes, width = p.width, n = p.n, xs = p.xs;
     const uint8_t* w = p.w;
     const float* x = p.x;
     if (n == 1) {
         int64_t r = start;
-        for (; r + kRows <= end; r += kRows) decode_rows<kRows>(kind, w, row_bytes, width, x, r, out);
-        for (; r < end; ++r) decode_rows<1>(kind, w, row_bytes, width, x, r, out);
+        for (; r + kRows <= end; r += kRows) decode_rows<kind, kRows>(w, row_bytes, width, x, r, out);
+        for (; r < end; ++r) decode_rows<kind, 1>(w, row_bytes, width, x, r, out);
         return;
     }
     if (n <= kShort) {  // a short pass (a verify step's k + 1 tokens): each row's blocks expanded once, in registers
@@ -355,13 +353,13 @@ void specdraft::project_float32(const Projection& p, int64_t start, int64_t end,
             for (int64_t i = 0; i < row_bytes; i += 64) prefetch(w + (r + 1) * row_bytes + i);  // the next row
             const uint8_t* row = w + r * row_bytes;
             switch (n) {
-                case 8: short_pass_row<8>(kind, row, width, x, xs, r, out); break;
-                case 7: short_pass_row<7>(kind, row, width, x, xs, r, out); break;
-                case 6: short_pass_row<6>(kind, row, width, x, xs, r, out); break;
-                case 5: short_pass_row<5>(kind, row, width, x, xs, r, out); break;
-                case 4: short_pass_row<4>(kind, row, width, x, xs, r, out); break;
-                case 3: short_pass_row<3>(kind, row, width, x, xs, r, out); break;
-                case 2: short_pass_row<2>(kind, row, width, x, xs, r, out); break;
+                case 8: short_pass_row<kind, 8>(row, width, x, xs, r, out); break;
+                case 7: short_pass_row<kind, 7>(row, width, x, xs, r, out); break;
+                case 6: short_pass_row<kind, 6>(row, width, x, xs, r, out); break;
+                case 5: short_pass_row<kind, 5>(row, width, x, xs, r, out); break;
+                case 4: short_pass_row<kind, 4>(row, width, x, xs, r, out); break;
+                case 3: short_pass_row<kind, 3>(row, width, x, xs, r, out); break;
+                case 2: short_pass_row<kind, 2>(row, width, x, xs, r, out); break;
             }
         }
         return;
@@ -382,6 +380,19 @@ void specdraft::project_float32(const Projection& p, int64_t start, int64_t end,
         } else {
             for (int64_t i = 0; i < rows; ++i) pass_rows<1>(values + i * width, width, x, xs, n, r + i, out);
         }
+    }
+}
+
+}  // namespace
+
+void specdraft::project_float32(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    switch (p.kind) {
+        case F32: project_kind<F32>(p, start, end, out); break;
+        case Q4_1: project_kind<Q4_1>(p, start, end, out); break;
+        case Q8_0: project_kind<Q8_0>(p, start, end, out); break;
+        case Q5_0: project_kind<Q5_0>(p, start, end, out); break;
+        case Q4_K: project_kind<Q4_K>(p, start, end, out); break;
+        case Q6_K: project_kind<Q6_K>(p, start, end, out); break;
     }
 }
 

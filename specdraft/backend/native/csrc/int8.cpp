@@ -11,16 +11,19 @@
 // every float operation is the one above, per row and token, so every path and pass width gives
 // bitwise the same sums.
 //
-// A K kind's tokens are quantised per super-block of 256 instead (one d over the 256, each 32 of it
-// quantised with that d as above: `quantize_super`). Q5_0, Q4_K and Q6_K blocks are read in place,
-// row by row (int8_rows.cpp: their integer sums and float operations); Q4_1 and Q8_0 as tiles, below.
+// (Q5_0's i = sum_j (q_j - 16) x_j: its w is q - 16.) A K kind's tokens are quantised per super-block
+// of 256 instead (one d over the 256, each 32 of it quantised with that d as above: `quantize_super`);
+// Q4_K and Q6_K blocks are read in place, row by row (int8_rows.cpp: their integer sums and float
+// operations). Q4_1, Q8_0 and Q5_0 as tiles, below.
 //
-// The int8 arithmetic reads Q4_1 and Q8_0 weights as tiles (`specdraft_tile` writes them from GGUF
-// rows, the same bytes rearranged; the other kinds' "tiles" are their rows as they are). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
+// The int8 arithmetic reads Q4_1, Q8_0 and Q5_0 weights as tiles (`specdraft_tile` writes them from
+// GGUF rows, the same bytes rearranged; the K kinds' "tiles" are their rows as they are). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
 // of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
 //   d[R] float16 (Q4_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
 //   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
-//   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128.
+//   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128; Q5_0
+//   Q4_1's 4 vectors of its q's low 4 bits, then a fifth whose byte 4r + e holds in bit G the 5th bit
+//   of element 4G + e.
 // A group's 4 activations, broadcast, then meet a vector's rows in one instruction that sums them per
 // row. A tile's half h (rows 8h .. 8h + 7) is 16 bytes of d and of m and 32 of each vector, at fixed
 // offsets: 256-bit code reads a half, 512-bit code a whole tile, one load a vector; and each block of
@@ -157,12 +160,14 @@ void quantize_token(int64_t kind, const float* x, int64_t width, int8_t* q, floa
 }
 
 // Row r's (0..7) integer weight j (0..31) of a half tile's block (`at` bytes on from block 0): Q4_1's
-// 0..15, Q8_0's -128..127.
+// 0..15, Q8_0's -128..127, Q5_0's q - 16.
 inline int32_t tile_weight(int64_t kind, const Half& half, int64_t at, int r, int j) {
     const int group = j / 4, e = j % 4;
-    if (kind == Q4_1) {
-        uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
-        return group < 4 ? byte & 15 : byte >> 4;
+    if (kind == Q4_1 || kind == Q5_0) {
+        const uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
+        const int32_t low = group < 4 ? byte & 15 : byte >> 4;
+        if (kind == Q4_1) return low;
+        return (low | ((half.q[at + half.vector * 4 + 4 * r + e] >> group) & 1) << 4) - 16;
     }
     return int32_t(half.q[at + half.vector * group + 4 * r + e]) - 128;
 }
@@ -187,6 +192,13 @@ inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd
 inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
 #endif
 
+// What the bytes group_weights gives exceed the weights by (their dot product less offset * sum of x):
+// Q4_1's none (its weights are its q), Q5_0's 16 (q - 16), Q8_0's 128 with VNNI (w + 128).
+template <int64_t KIND>
+constexpr int32_t offset() {
+    return KIND == Q4_1 ? 0 : KIND == Q5_0 ? 16 : 128;
+}
+
 inline __m256i broadcast4(const int8_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -194,12 +206,16 @@ inline __m256i broadcast4(const int8_t* p) {
 }
 
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
-// bytes the instructions below take (Q4_1's 0..15; Q8_0's w + 128 for VNNI, w without it).
+// bytes the instructions below take (Q4_1's 0..15; Q5_0's q, 0..31; Q8_0's w + 128 for VNNI, w without it).
 template <int64_t KIND>
 inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
-    if (KIND == Q4_1) {
+    if (KIND == Q4_1 || KIND == Q5_0) {
         const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + vector * (G % 4))), nibble = _mm256_set1_epi8(15);
-        return _mm256_and_si256(G < 4 ? raw : _mm256_srli_epi16(raw, 4), nibble);
+        const __m256i low = _mm256_and_si256(G < 4 ? raw : _mm256_srli_epi16(raw, 4), nibble);
+        if (KIND == Q4_1) return low;
+        // bit G of each byte of the fifth vector to bit 4 (16-bit shifts: the bit stays in its byte)
+        const __m256i bit = _mm256_and_si256(_mm256_loadu_si256((const __m256i*)(q + vector * 4)), _mm256_set1_epi8(char(1 << G)));
+        return _mm256_or_si256(low, G <= 4 ? _mm256_slli_epi16(bit, 4 - G) : _mm256_srli_epi16(bit, G - 4));
     }
     const __m256i w = _mm256_loadu_si256((const __m256i*)(q + vector * G));
 #ifdef SPECDRAFT_VNNI
@@ -220,7 +236,7 @@ template <int64_t KIND, int H, int T>
     const int8_t* qx = p.qx + t0 * p.width;
     const float* xd = p.xd + t0 * blocks;
     const float* xsum = p.xsum + t0 * blocks;
-    [[maybe_unused]] const int32_t* xtotal = p.xtotal + t0 * blocks;  // Q8_0 with VNNI
+    [[maybe_unused]] const int32_t* xtotal = p.xtotal + t0 * blocks;  // Q8_0 with VNNI; Q5_0
     __m256 acc[H][T];
     for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
@@ -229,10 +245,10 @@ template <int64_t KIND, int H, int T>
         if (T > 1) ask_ahead(half[0].d + at, half[0].stride);
         const int8_t* x = qx + b * kBlock;
         __m256i sums[H][T];
-#ifdef SPECDRAFT_VNNI  // Q8_0: (w + 128) . x = w . x + 128 * (sum of x)
+#ifdef SPECDRAFT_VNNI  // Q8_0: (w + 128) . x = w . x + 128 * (sum of x); Q5_0: (w + 16) . x likewise
         for (int h = 0; h < H; ++h)
             for (int t = 0; t < T; ++t)
-                sums[h][t] = KIND == Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(-128 * xtotal[t * blocks + b]);
+                sums[h][t] = _mm256_set1_epi32(-offset<KIND>() * xtotal[t * blocks + b]);
         for (int G = 0; G < 8; ++G) {
             __m256i bx[T];
             for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
@@ -258,6 +274,18 @@ template <int64_t KIND, int H, int T>
             }
             for (int h = 0; h < H; ++h)
                 for (int t = 0; t < T; ++t) sums[h][t] = _mm256_madd_epi16(pairs[h][t], ones);
+        } else if (KIND == Q5_0) {  // q (<= 31) . x, each group's pairs to 32 bits at once, less 16 * (sum of x)
+            for (int h = 0; h < H; ++h)
+                for (int t = 0; t < T; ++t) sums[h][t] = _mm256_set1_epi32(-16 * xtotal[t * blocks + b]);
+            for (int G = 0; G < 8; ++G) {
+                __m256i bx[T];
+                for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
+                for (int h = 0; h < H; ++h) {
+                    const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
+                    for (int t = 0; t < T; ++t)
+                        sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bx[t]), ones));
+                }
+            }
         } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
             for (int h = 0; h < H; ++h)
                 for (int t = 0; t < T; ++t) sums[h][t] = _mm256_setzero_si256();
@@ -303,6 +331,7 @@ void int8_halves_kind(const Projection& p, int64_t g, const Out& out) {
 // Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
     if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
+    else if (p.kind == Q5_0) halves == 2 ? int8_halves_kind<Q5_0, 2>(p, g, out) : int8_halves_kind<Q5_0, 1>(p, g, out);
     else halves == 2 ? int8_halves_kind<Q8_0, 2>(p, g, out) : int8_halves_kind<Q8_0, 1>(p, g, out);
 }
 
@@ -337,12 +366,19 @@ template <int64_t KIND, int T>
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
         __m512 mw = _mm512_setzero_ps();
         __m512i w[8];
-        if (KIND == Q4_1) {
-            mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
+        if (KIND == Q4_1 || KIND == Q5_0) {
+            if (KIND == Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
             for (int v = 0; v < 4; ++v) {
                 __m512i raw = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * v));
                 w[v] = _mm512_and_si512(raw, nibble);
                 w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+            }
+            if (KIND == Q5_0) {  // bit G of the fifth vector's bytes to bit 4 of group G's
+                const __m512i fifth = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * 4));
+                for (int G = 0; G < 8; ++G) {
+                    const __m512i bit = _mm512_and_si512(fifth, _mm512_set1_epi8(char(1 << G)));
+                    w[G] = _mm512_or_si512(w[G], G <= 4 ? _mm512_slli_epi16(bit, 4 - G) : _mm512_srli_epi16(bit, G - 4));
+                }
             }
         } else {
             for (int G = 0; G < 8; ++G) w[G] = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * G));
@@ -352,8 +388,7 @@ template <int64_t KIND, int T>
             const int8_t* x = qx + t * p.width + b * kBlock;
             // Two chains of dependent sums (integer: any grouping gives the same sum); Q8_0: (w + 128) . x
             // = w . x + 128 * (sum of x)
-            __m512i chain[2] = {KIND == Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xtotal[at]),
-                                _mm512_setzero_si512()};
+            __m512i chain[2] = {_mm512_set1_epi32(-offset<KIND>() * xtotal[at]), _mm512_setzero_si512()};
             for (int G = 0; G < 8; ++G) {
                 int32_t group;
                 std::memcpy(&group, x + 4 * G, 4);
@@ -375,6 +410,7 @@ template <int64_t KIND, int T>
 void int8_whole_tile(const Projection& p, int64_t g, const Out& out) {
     for (int64_t t = 0; t < p.n; t += kTileTokens) {
         if (p.kind == Q4_1) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q4_1, n>(p, g, t, out); });
+        else if (p.kind == Q5_0) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q5_0, n>(p, g, t, out); });
         else for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q8_0, n>(p, g, t, out); });
     }
 }
@@ -464,11 +500,18 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
                 if (kind == Q4_1) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
                 for (int j = 0; j < kBlock; ++j) {
                     const int group = j / 4, e = j % 4;
-                    if (kind == Q4_1) {
-                        const uint8_t low = block[4 + j % 16] & 15, high = block[4 + j % 16] >> 4;
+                    if (kind == Q4_1 || kind == Q5_0) {  // Q5_0's q's low 4 bits as Q4_1's q, 2 bytes on
+                        const uint8_t* qs = block + (kind == Q4_1 ? 4 : 6);
+                        const uint8_t low = qs[j % 16] & 15, high = qs[j % 16] >> 4;
                         uint8_t& byte = q[half.vector * (group % 4) + 4 * r + e];
                         byte = group < 4 ? uint8_t((byte & 0xf0) | (j < 16 ? low : high))
                                          : uint8_t((byte & 0x0f) | (j < 16 ? low : high) << 4);
+                        if (kind == Q5_0) {  // the 5th bit: qh's bit j, to bit G of the fifth vector's byte
+                            uint32_t qh;
+                            std::memcpy(&qh, block + 2, 4);
+                            uint8_t& fifth = q[half.vector * 4 + 4 * r + e];
+                            fifth = uint8_t((fifth & ~(1 << group)) | ((qh >> j) & 1) << group);
+                        }
                     } else {
                         q[half.vector * group + 4 * r + e] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
                     }
