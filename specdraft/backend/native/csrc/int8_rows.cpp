@@ -1,9 +1,7 @@
 // The int8 arithmetic (int8.cpp says what it computes) for the kinds it reads in place, row by row, as
-// llama.cpp's dot products read them: Q5_0 against tokens quantised per 32 (q8_0's), Q4_K and Q6_K
-// against tokens quantised per 256 (q8_K's: one scale d_x for a super-block, `specdraft_quantize`).
-// For each block and token, from the integers q of the block's weights (formats.h's layouts) and x of
-// the token's:
-//   Q5_0:  i = sum_j (q_j - 16) x_j                                      acc = fma(d * d_x, float(i), acc)
+// llama.cpp's dot products read them: Q4_K and Q6_K against tokens quantised per 256 (q8_K's: one
+// scale d_x for a super-block, `specdraft_quantize`). For each block and token, from the integers q of
+// the block's weights (formats.h's layouts) and x of the token's:
 //   Q4_K:  i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)   (s: 8 sub-blocks of 32)
 //          acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
 //   Q6_K:  i = sum_s scale_s (sum_j (q_sj - 32) x_sj)                   (s: 16 sub-blocks of 16)
@@ -12,8 +10,9 @@
 // are exact on every path (|i| < 2^31; float(i) rounds the same everywhere) and every float operation
 // is one of the above, in scalar, per row and token: every path and pass width gives bitwise the same
 // sums. The AVX2 code reaches the integers by vpmaddubsw and vpmaddwd (the scales as vpmaddwd's
-// multipliers; Q6_K's signed q - 32 by the sign trick), the portable loops one product at a time. A
-// row's block is unpacked once for up to kRowTokens tokens.
+// multipliers; Q6_K's signed q - 32 by the sign trick), 32 weights a vector, or with AVX-512 two
+// sub-blocks' 64 (Q6_K's sign by a mask); the portable loops one product at a time. A row's block is
+// unpacked once for up to kRowTokens tokens.
 
 #include <cmath>
 #include <cstddef>
@@ -42,6 +41,19 @@ inline void q4_k_scales(const uint8_t* p, int32_t scale[8], int32_t min[8]) {
     for (int s = 0; s < 8; ++s) q4_k_scale(p + 4, s, scale[s], min[s]);
 }
 
+// The same 8 scales and 8 mins as bytes, all at once (formats.h's `q4_k_scale` on 4 bytes in parallel):
+// words 0, 1 the scales, 2, 3 the mins.
+inline void q4_k_scale_bytes(const uint8_t* p, uint32_t out[4]) {
+    uint32_t a, b, c;
+    std::memcpy(&a, p + 4, 4);
+    std::memcpy(&b, p + 8, 4);
+    std::memcpy(&c, p + 12, 4);
+    out[0] = a & 0x3f3f3f3f;
+    out[1] = (c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4;
+    out[2] = b & 0x3f3f3f3f;
+    out[3] = ((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4;
+}
+
 inline int32_t q4_k_mins(const int32_t min[8], const int32_t* totals) {
     int32_t n = 0;
     for (int s = 0; s < 8; ++s) n += min[s] * totals[s];
@@ -49,17 +61,100 @@ inline int32_t q4_k_mins(const int32_t min[8], const int32_t* totals) {
 }
 
 #ifdef SPECDRAFT_AVX2
+inline int32_t total(__m256i v) {  // the sum of 8 int32 lanes (exact: any order)
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+#endif
+
+#if defined(SPECDRAFT_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && !defined(SPECDRAFT_NO_ZMM)
+
+// Two 256-bit halves as one 512-bit vector: a low, b high.
+inline __m512i join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+
+// 64 unsigned weights w times 64 int8 x, pairs summed (no saturation: 2 * 63 * 127 < 2^15), then pairs
+// of pairs times `scales` (int16 lanes) summed: 16 int32.
+inline __m512i products(__m512i w, __m512i x, __m512i scales) {
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), scales);
+}
+
+// Q4_K: sub-blocks 2c (the low nibbles of qs bytes 32c ..) and 2c + 1 (their high ones) in one vector,
+// their scales the multipliers of its low and high halves' pairs.
+struct Q4_KBlock {
+    static constexpr int64_t kWeights = 256, kBytes = 144;
+    __m512i q[4], scales[4];
+    __m256i mins;  // 8 int32
+    float d, dmin;
+    void load(const uint8_t* p) {
+        d = _cvtsh_ss(load_u16(p));
+        dmin = _cvtsh_ss(load_u16(p + 2));
+        alignas(16) uint32_t bytes[4];
+        q4_k_scale_bytes(p, bytes);
+        const __m512i scale = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)bytes)));
+        mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 2)));
+        for (int c = 0; c < 4; ++c) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i*)(p + 16 + 32 * c));
+            q[c] = _mm512_and_si512(join(raw, _mm256_srli_epi16(raw, 4)), _mm512_set1_epi8(15));
+            scales[c] = _mm512_permutexvar_epi16(join(_mm256_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1))), scale);
+        }
+    }
+    float step(const int8_t* x, float dx, const int32_t* totals, float acc) const {
+        __m512i sums = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c)
+            sums = _mm512_add_epi32(sums, products(q[c], _mm512_loadu_si512((const void*)(x + 64 * c)), scales[c]));
+        const __m256i n = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i*)totals));
+        return q4_k_step(d, dmin, dx, _mm512_reduce_add_epi32(sums), total(n), acc);
+    }
+};
+
+// Q6_K: pieces 4h + 2j and 4h + 2j + 1 (vector 2h + j): the low 4 bits from ql bytes 64h .. 64h + 63
+// (their low nibbles for j = 0, high for j = 1), the top 2 from qh bytes 32h .. (bits 4j, 4j + 2);
+// q - 32 as its magnitude and a mask of its negative bytes (x negated there); its 4 scales (16
+// weights each) the multipliers of its pairs, 8 each.
+struct Q6_KBlock {
+    static constexpr int64_t kWeights = 256, kBytes = 210;
+    __m512i magnitude[4], scales[4];
+    __mmask64 negative[4];
+    float d;
+    void load(const uint8_t* p) {
+        d = _cvtsh_ss(load_u16(p + 208));
+        const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                                1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);  // lane i: scale i / 8
+        for (int h = 0; h < 2; ++h) {
+            const __m512i ql = _mm512_loadu_si512((const void*)(p + 64 * h));
+            const __m256i qh = _mm256_loadu_si256((const __m256i*)(p + 128 + 32 * h));
+            for (int j = 0; j < 2; ++j) {
+                const __m512i low = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * j), _mm512_set1_epi8(15));
+                const __m512i high = _mm512_and_si512(join(_mm256_srli_epi16(qh, 4 * j), _mm256_srli_epi16(qh, 4 * j + 2)),
+                                                      _mm512_set1_epi8(3));
+                const __m512i w = _mm512_sub_epi8(_mm512_or_si512(low, _mm512_slli_epi16(high, 4)), _mm512_set1_epi8(32));
+                magnitude[2 * h + j] = _mm512_abs_epi8(w);
+                negative[2 * h + j] = _mm512_movepi8_mask(w);
+                int32_t four;
+                std::memcpy(&four, p + 192 + 8 * h + 4 * j, 4);
+                const __m128i scale = _mm_cvtepi8_epi16(_mm_cvtsi32_si128(four));  // 4 int16
+                scales[2 * h + j] = _mm512_permutexvar_epi16(spread, _mm512_castsi128_si512(scale));
+            }
+        }
+    }
+    float step(const int8_t* x, float dx, const int32_t*, float acc) const {
+        __m512i sums = _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v) {
+            const __m512i xv = _mm512_loadu_si512((const void*)(x + 64 * v));
+            const __m512i signed_x = _mm512_mask_sub_epi8(xv, negative[v], _mm512_setzero_si512(), xv);
+            sums = _mm512_add_epi32(sums, products(magnitude[v], signed_x, scales[v]));
+        }
+        return scaled_step(d, dx, _mm512_reduce_add_epi32(sums), acc);
+    }
+};
+
+#elif defined(SPECDRAFT_AVX2)
 
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
 inline __m256i nibbles(__m256i raw, int shift) {  // bits shift .. shift + 3 of each byte
     return _mm256_and_si256(_mm256_srli_epi16(raw, shift), _mm256_set1_epi8(15));
-}
-
-inline int32_t total(__m256i v) {  // the sum of 8 int32 lanes (exact: any order)
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
 }
 
 // 32 unsigned weights w (each <= 63) times 32 int8 x, pairs summed (no saturation: 2 * 63 * 127 < 2^15),
@@ -68,51 +163,30 @@ inline __m256i products(__m256i w, const int8_t* x, __m256i scales) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i*)x)), scales);
 }
 
-// Q5_0: q (0..31) as 32 bytes: the nibbles, and qh's bit j as byte j's bit 4 (each qh byte spread to 8
-// bytes, then byte k tested for bit k % 8).
-struct Q5_0Block {
-    static constexpr int64_t kWeights = 32, kBytes = 22;
-    __m256i q;
-    float d;
-    void load(const uint8_t* p) {
-        d = _cvtsh_ss(load_u16(p));
-        const __m128i qs = _mm_loadu_si128((const __m128i*)(p + 6)), low = _mm_set1_epi8(15);
-        const __m256i nibble = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low));
-        uint32_t qh;
-        std::memcpy(&qh, p + 2, 4);
-        __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(qh)),
-                                           _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                             0x0101010101010101, 0x0000000000000000));
-        bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
-        q = _mm256_or_si256(nibble, _mm256_and_si256(bits, _mm256_set1_epi8(16)));
-    }
-    float step(const int8_t* x, float dx, const int32_t* totals, float acc) const {
-        const int32_t i = total(products(q, x, _mm256_set1_epi16(1))) - 16 * totals[0];
-        return scaled_step(d, dx, i, acc);
-    }
-};
-
 // Q4_K: each sub-block's 32 q (0..15) as bytes; its scale the multiplier of its pairs.
 struct Q4_KBlock {
     static constexpr int64_t kWeights = 256, kBytes = 144;
-    __m256i q[8];
-    int32_t scale[8], min[8];
+    __m256i q[8], scales[8];
+    __m256i mins;  // 8 int32
     float d, dmin;
     void load(const uint8_t* p) {
         d = _cvtsh_ss(load_u16(p));
         dmin = _cvtsh_ss(load_u16(p + 2));
-        q4_k_scales(p, scale, min);
+        alignas(16) uint32_t bytes[4];
+        q4_k_scale_bytes(p, bytes);
+        mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 2)));
         for (int c = 0; c < 4; ++c) {
             const __m256i raw = load32(p + 16 + 32 * c);
             q[2 * c] = nibbles(raw, 0);
             q[2 * c + 1] = nibbles(raw, 4);
         }
+        for (int s = 0; s < 8; ++s) scales[s] = _mm256_set1_epi16(int16_t((bytes[s / 4] >> (8 * (s % 4))) & 0xff));
     }
     float step(const int8_t* x, float dx, const int32_t* totals, float acc) const {
         __m256i sums = _mm256_setzero_si256();
-        for (int s = 0; s < 8; ++s)
-            sums = _mm256_add_epi32(sums, products(q[s], x + 32 * s, _mm256_set1_epi16(int16_t(scale[s]))));
-        return q4_k_step(d, dmin, dx, total(sums), q4_k_mins(min, totals), acc);
+        for (int s = 0; s < 8; ++s) sums = _mm256_add_epi32(sums, products(q[s], x + 32 * s, scales[s]));
+        const __m256i n = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i*)totals));
+        return q4_k_step(d, dmin, dx, total(sums), total(n), acc);
     }
 };
 
@@ -145,23 +219,6 @@ struct Q6_KBlock {
 };
 
 #else  // portable loops: the same integers, one product at a time
-
-struct Q5_0Block {
-    static constexpr int64_t kWeights = 32, kBytes = 22;
-    int32_t q[32];
-    float d;
-    void load(const uint8_t* p) {
-        d = half_to_float(load_u16(p));
-        uint32_t qh;
-        std::memcpy(&qh, p + 2, 4);
-        for (int j = 0; j < 32; ++j) q[j] = (j < 16 ? p[6 + j] & 15 : p[6 + j - 16] >> 4) | int((qh >> j) & 1) << 4;
-    }
-    float step(const int8_t* x, float dx, const int32_t* totals, float acc) const {
-        int32_t i = 0;
-        for (int j = 0; j < 32; ++j) i += q[j] * int32_t(x[j]);
-        return scaled_step(d, dx, i - 16 * totals[0], acc);
-    }
-};
 
 struct Q4_KBlock {
     static constexpr int64_t kWeights = 256, kBytes = 144;
@@ -213,7 +270,7 @@ struct Q6_KBlock {
 
 #endif
 
-static_assert(Q5_0Block::kBytes == 22 && Q4_KBlock::kBytes == 144 && Q6_KBlock::kBytes == 210, "formats.h's sizes");
+static_assert(Q4_KBlock::kBytes == 144 && Q6_KBlock::kBytes == 210, "formats.h's sizes");
 
 // Row r against tokens [t0, t0 + T): each block unpacked once, then met by every token in turn.
 template <class Block, int T>
@@ -244,7 +301,6 @@ void int8_rows_of(const Projection& p, int64_t start, int64_t end, const Out& ou
 
 void specdraft::project_int8_rows(const Projection& p, int64_t start, int64_t end, const Out& out) {
     switch (p.kind) {
-        case Q5_0: int8_rows_of<Q5_0Block>(p, start, end, out); break;
         case Q4_K: int8_rows_of<Q4_KBlock>(p, start, end, out); break;
         case Q6_K: int8_rows_of<Q6_KBlock>(p, start, end, out); break;
     }
