@@ -12,12 +12,14 @@
 // bitwise the same sums.
 //
 // (Q5_0's i = sum_j (q_j - 16) x_j: its w is q - 16.) A K kind's tokens are quantised per super-block
-// of 256 instead (one d over the 256, each 32 of it quantised with that d as above: `quantize_super`);
-// Q4_K and Q6_K blocks are read in place, row by row (int8_rows.cpp: their integer sums and float
-// operations). Q4_1, Q8_0 and Q5_0 as tiles, below.
+// of 256 instead (one d over the 256, each 32 of it quantised with that d as above: `quantize_super`),
+// and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K per super-block
+//   i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)        (s: 8 sub-blocks of 32)
+//   acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
+// (`q4_k_half`, `q4_k_tile`); Q6_K's blocks are read in place, row by row (int8_rows.cpp).
 //
-// The int8 arithmetic reads Q4_1, Q8_0 and Q5_0 weights as tiles (`specdraft_tile` writes them from
-// GGUF rows, the same bytes rearranged; the K kinds' "tiles" are their rows as they are). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
+// The int8 arithmetic reads Q4_1, Q8_0, Q5_0 and Q4_K weights as tiles (`specdraft_tile` writes them
+// from GGUF rows, the same bytes rearranged; Q6_K's "tiles" are its rows as they are). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
 // of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
 //   d[R] float16 (Q4_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
 //   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
@@ -78,7 +80,7 @@ template <typename Byte>
 HalfOf<Byte> half_tile(int64_t kind, Byte* w, int64_t rows, int64_t row_bytes, int64_t g) {
     const int64_t i = g / 2, h = g % 2, R = 16 * i + kTile <= rows ? kTile : kTileRows;
     Byte* tile = w + kTile * i * row_bytes;
-    const int64_t scales = kind == Q4_1 ? 4 * R : 2 * R;  // d (and m) of R rows
+    const int64_t scales = kind == Q4_1 || kind == Q4_K ? 4 * R : 2 * R;  // d (and m, Q4_K's dmin) of R rows
     return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * block_bytes(kind)};
 }
 
@@ -180,6 +182,25 @@ inline void tile_block_sums(int64_t kind, const Half& half, int64_t at, const in
         if (kind == Q4_1) a = std::fmaf(half_to_float(load_u16(half.m + at + 2 * r)), sx, a);
         acc[r] = a;
     }
+}
+
+// Q4_K's tiles: a super-block of R rows at stride 144R holds d[R] and dmin[R] (float16, where the other
+// kinds' d and m lie), 3 vectors of 4R bytes (vector v: each row's scale bytes 4v .. 4v + 3 at 4r),
+// then 32 vectors (3 + 8c + G: row r's qs bytes 32c + 4G .. 32c + 4G + 3 at 4r, sub-block 2c's
+// elements 4G .. 4G + 3 in their low nibbles, sub-block 2c + 1's in their high ones). Row r's pieces
+// of its GGUF block, each as copy(where in the tile, where in the block, bytes).
+template <typename Byte, typename Copy>
+void q4_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 0, 2);
+    copy(half.m + at + 2 * r, 2, 2);
+    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
+    for (int c = 0; c < 4; ++c)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, 16 + 32 * c + 4 * G, 4);
+}
+
+// Row r's (0..7) GGUF block of a half tile's Q4_K super-block (`at` bytes on) into block[144].
+void q4_k_untile(const Half& half, int64_t at, int r, uint8_t* block) {
+    q4_k_pieces(half, at, r, [&](const uint8_t* tile, int offset, int n) { std::memcpy(block + offset, tile, n); });
 }
 
 #ifdef SPECDRAFT_AVX2
@@ -328,9 +349,79 @@ void int8_halves_kind(const Projection& p, int64_t g, const Out& out) {
         for_count<kHalvesTokens[H]>(p.n - t, [&](auto T) { int8_halves<KIND, H, T>(p, g, t, out); });
 }
 
+// A group's 4 weights of 8 rows (unsigned) times a token's 4 activations, added to each row's sum.
+inline __m256i group_dot(__m256i acc, __m256i w, __m256i x) {
+#ifdef SPECDRAFT_VNNI
+    return dot_add(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+constexpr int64_t kQ4KTokens = 4;  // tokens a Q4_K tile's sums (acc, and per super-block i and n) are held for
+
+// Rows 8g .. 8g + 7 (half tile g) of Q4_K tiles against tokens [t0, t0 + T): per super-block, each row's
+// scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`, lane by lane), then per
+// sub-block the rows' integer sums (group_dot) times their scales into i, and mins times the token's
+// sums into n; then int8_rows.cpp's float operations.
+template <int T>
+[[gnu::noinline]] void q4_k_half(const Projection& p, int64_t g, int64_t t0, const Out& out) {
+    const int64_t blocks = p.width / kBlock;
+    const Half half = half_tile(Q4_K, p.w, p.rows, p.row_bytes, g);
+    const __m256i six = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f), top2 = _mm256_set1_epi32(0x03030303);
+    __m256 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < p.width / kSuper; ++b) {
+        const int64_t at = b * half.stride;
+        if (T > 1) ask_ahead(half.d + at, half.stride);
+        const uint8_t* q = half.q + at;
+        const __m256i a = _mm256_loadu_si256((const __m256i*)q), m = _mm256_loadu_si256((const __m256i*)(q + half.vector)),
+                      c = _mm256_loadu_si256((const __m256i*)(q + 2 * half.vector));
+        const __m256i words[4] = {  // bytes: scales 0-3, 4-7, mins 0-3, 4-7
+            _mm256_and_si256(a, six),
+            _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 6), top2), 4)),
+            _mm256_and_si256(m, six),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(m, 6), top2), 4))};
+        __m256i i[T], n[T];
+        for (int t = 0; t < T; ++t) i[t] = n[t] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; ++s) {
+            const __m256i scale = _mm256_and_si256(_mm256_srli_epi32(words[s / 4], 8 * (s % 4)), _mm256_set1_epi32(255));
+            const __m256i min = _mm256_and_si256(_mm256_srli_epi32(words[2 + s / 4], 8 * (s % 4)), _mm256_set1_epi32(255));
+            __m256i w[8];
+            for (int G = 0; G < 8; ++G) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + half.vector * (3 + 8 * (s / 2) + G)));
+                w[G] = _mm256_and_si256(_mm256_srli_epi16(raw, 4 * (s % 2)), _mm256_set1_epi8(15));
+            }
+            for (int t = 0; t < T; ++t) {
+                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
+                __m256i dot = _mm256_setzero_si256();
+                for (int G = 0; G < 8; ++G) dot = group_dot(dot, w[G], broadcast4(x + 4 * G));
+                i[t] = _mm256_add_epi32(i[t], _mm256_mullo_epi32(dot, scale));
+                n[t] = _mm256_add_epi32(n[t], _mm256_mullo_epi32(min, _mm256_set1_epi32(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.m + at)));
+        for (int t = 0; t < T; ++t) {
+            const __m256 dx = _mm256_set1_ps(p.xd[(t0 + t) * blocks + 8 * b]);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(n[t]), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        alignas(32) float sums[kTileRows];
+        _mm256_store_ps(sums, acc[t]);
+        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+    }
+}
+
 // Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
-    if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
+    if (p.kind == Q4_K) {
+        for (int64_t h = 0; h < halves; ++h)
+            for (int64_t t = 0; t < p.n; t += kQ4KTokens)
+                for_count<kQ4KTokens>(p.n - t, [&](auto T) { q4_k_half<T>(p, g + h, t, out); });
+    } else if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
     else if (p.kind == Q5_0) halves == 2 ? int8_halves_kind<Q5_0, 2>(p, g, out) : int8_halves_kind<Q5_0, 1>(p, g, out);
     else halves == 2 ? int8_halves_kind<Q8_0, 2>(p, g, out) : int8_halves_kind<Q8_0, 1>(p, g, out);
 }
@@ -406,8 +497,69 @@ template <int64_t KIND, int T>
     }
 }
 
+// Rows 8g .. 8g + 15 (a whole tile, g even) of Q4_K against tokens [t0, t0 + T): `q4_k_half`'s operations
+// on both halves at once in 512-bit registers.
+template <int T>
+[[gnu::noinline]] void q4_k_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
+    const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(Q4_K), vector = 4 * kTile;
+    const __m512i six = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f), top2 = _mm512_set1_epi32(0x03030303);
+    const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes;
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < p.width / kSuper; ++b, tile += stride) {
+        if (T > 1) ask_ahead(tile, stride);
+        const uint8_t* q = tile + 4 * kTile;
+        const __m512i a = _mm512_loadu_si512((const void*)q), m = _mm512_loadu_si512((const void*)(q + vector)),
+                      c = _mm512_loadu_si512((const void*)(q + 2 * vector));
+        const __m512i words[4] = {
+            _mm512_and_si512(a, six),
+            _mm512_or_si512(_mm512_and_si512(c, low4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), top2), 4)),
+            _mm512_and_si512(m, six),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), low4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(m, 6), top2), 4))};
+        __m512i i[T], n[T];
+        for (int t = 0; t < T; ++t) i[t] = n[t] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s) {
+            const __m512i scale = _mm512_and_si512(_mm512_srli_epi32(words[s / 4], 8 * (s % 4)), _mm512_set1_epi32(255));
+            const __m512i min = _mm512_and_si512(_mm512_srli_epi32(words[2 + s / 4], 8 * (s % 4)), _mm512_set1_epi32(255));
+            __m512i w[8];
+            for (int G = 0; G < 8; ++G) {
+                const __m512i raw = _mm512_loadu_si512((const void*)(q + vector * (3 + 8 * (s / 2) + G)));
+                w[G] = _mm512_and_si512(_mm512_srli_epi16(raw, 4 * (s % 2)), _mm512_set1_epi8(15));
+            }
+            for (int t = 0; t < T; ++t) {
+                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
+                __m512i chain[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                for (int G = 0; G < 8; ++G) {
+                    int32_t group;
+                    std::memcpy(&group, x + 4 * G, 4);
+                    chain[G % 2] = _mm512_dpbusd_epi32(chain[G % 2], w[G], _mm512_set1_epi32(group));
+                }
+                i[t] = _mm512_add_epi32(i[t], _mm512_mullo_epi32(_mm512_add_epi32(chain[0], chain[1]), scale));
+                n[t] = _mm512_add_epi32(n[t], _mm512_mullo_epi32(min, _mm512_set1_epi32(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
+        for (int t = 0; t < T; ++t) {
+            const __m512 dx = _mm512_set1_ps(p.xd[(t0 + t) * blocks + 8 * b]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(i[t]), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(n[t]), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        alignas(64) float sums[2 * kTileRows];
+        _mm512_store_ps(sums, acc[t]);
+        for (int r = 0; r < 2 * kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+    }
+}
+
 // A whole tile (g even) against every token of the pass, kTileTokens at a time.
 void int8_whole_tile(const Projection& p, int64_t g, const Out& out) {
+    if (p.kind == Q4_K) {
+        for (int64_t t = 0; t < p.n; t += kQ4KTokens)
+            for_count<kQ4KTokens>(p.n - t, [&](auto T) { q4_k_tile<T>(p, g, t, out); });
+        return;
+    }
     for (int64_t t = 0; t < p.n; t += kTileTokens) {
         if (p.kind == Q4_1) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q4_1, n>(p, g, t, out); });
         else if (p.kind == Q5_0) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q5_0, n>(p, g, t, out); });
@@ -443,9 +595,42 @@ void int8_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
         for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, acc[t][r]);
 }
 
+// Rows 8g .. 8g + 7 of Q4_K tiles against tokens [t0, t0 + T): each row's GGUF block back from the tile,
+// then its integers and int8_rows.cpp's float operations, one product at a time.
+void q4_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t blocks = p.width / kBlock;
+    const Half half = half_tile(Q4_K, p.w, p.rows, p.row_bytes, g);
+    for (int r = 0; r < kTileRows; ++r) {
+        float acc[kInt8Tokens] = {};
+        for (int64_t b = 0; b < p.width / kSuper; ++b) {
+            uint8_t block[144];
+            q4_k_untile(half, b * half.stride, r, block);
+            const float d = half_to_float(load_u16(block)), dmin = half_to_float(load_u16(block + 2));
+            for (int64_t t = 0; t < T; ++t) {
+                const int64_t token = t0 + t;
+                const int8_t* x = p.qx + token * p.width + b * kSuper;
+                int32_t i = 0, n = 0;
+                for (int s = 0; s < 8; ++s) {
+                    int scale, min, dot = 0;
+                    q4_k_scale(block + 4, s, scale, min);
+                    for (int e = 0; e < kBlock; ++e) dot += ((block[16 + 32 * (s / 2) + e] >> (4 * (s % 2))) & 15) * x[kBlock * s + e];
+                    i += scale * dot;
+                    n += min * p.xtotal[token * blocks + 8 * b + s];
+                }
+                const float dx = p.xd[token * blocks + 8 * b];
+                acc[t] = std::fmaf(-(dmin * dx), float(n), std::fmaf(d * dx, float(i), acc[t]));
+            }
+        }
+        for (int64_t t = 0; t < T; ++t) out.put(t0 + t, g * kTileRows + r, acc[t]);
+    }
+}
+
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
     for (int64_t t = 0; t < p.n; t += kInt8Tokens)
-        for (int64_t h = 0; h < halves; ++h) int8_half(p, g + h, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
+        for (int64_t h = 0; h < halves; ++h) {
+            const int64_t T = p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens;
+            p.kind == Q4_K ? q4_k_half(p, g + h, t, T, out) : int8_half(p, g + h, t, T, out);
+        }
 }
 
 #endif
@@ -495,6 +680,10 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
             const int64_t at = b * half.stride;
             for (int r = 0; r < kTileRows; ++r) {
                 const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * bytes;
+                if (kind == Q4_K) {
+                    q4_k_pieces(half, at, r, [&](uint8_t* tile, int offset, int n) { std::memcpy(tile, block + offset, n); });
+                    continue;
+                }
                 uint8_t* q = half.q + at;
                 std::memcpy(half.d + at + 2 * r, block, 2);  // d
                 if (kind == Q4_1) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
@@ -532,6 +721,14 @@ extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_
     for (int64_t k = 0; k < n; ++k) {
         const Half half = half_tile(kind, tiles, rows, row_bytes, ids[k] / kTileRows);
         const int r = int(ids[k] % kTileRows);
+        if (kind == Q4_K) {  // each block back as GGUF holds it, then its values
+            for (int64_t b = 0; b < width / kSuper; ++b) {
+                uint8_t block[144];
+                q4_k_untile(half, b * half.stride, r, block);
+                expand_row(Q4_K, block, kSuper, out + k * width + b * kSuper);
+            }
+            continue;
+        }
         for (int64_t b = 0; b < width / kBlock; ++b) {
             const int64_t at = b * half.stride;
             const float d = half_to_float(load_u16(half.d + at + 2 * r));

@@ -1,18 +1,16 @@
-// The int8 arithmetic (int8.cpp says what it computes) for the kinds it reads in place, row by row, as
-// llama.cpp's dot products read them: Q4_K and Q6_K against tokens quantised per 256 (q8_K's: one
-// scale d_x for a super-block, `specdraft_quantize`). For each block and token, from the integers q of
-// the block's weights (formats.h's layouts) and x of the token's:
-//   Q4_K:  i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)   (s: 8 sub-blocks of 32)
-//          acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
-//   Q6_K:  i = sum_s scale_s (sum_j (q_sj - 32) x_sj)                   (s: 16 sub-blocks of 16)
-//          acc = fma(d * d_x, float(i), acc)
+// The int8 arithmetic (int8.cpp says what it computes) for the kind it reads in place, row by row, as
+// llama.cpp's dot product reads it: Q6_K against tokens quantised per 256 (q8_K's: one scale d_x for a
+// super-block, `specdraft_quantize`). For each block and token, from the integers q of the block's
+// weights (formats.h's layout) and x of the token's,
+//   i = sum_s scale_s (sum_j (q_sj - 32) x_sj)        (s: 16 sub-blocks of 16)
+//   acc = fma(d * d_x, float(i), acc)
 // block after block from acc = 0, then y = acc + bias (+ residual) as `Out::put` adds them. The integers
-// are exact on every path (|i| < 2^31; float(i) rounds the same everywhere) and every float operation
-// is one of the above, in scalar, per row and token: every path and pass width gives bitwise the same
-// sums. The AVX2 code reaches the integers by vpmaddubsw and vpmaddwd (the scales as vpmaddwd's
-// multipliers; Q6_K's signed q - 32 by the sign trick), 32 weights a vector, or with AVX-512 two
-// sub-blocks' 64 (Q6_K's sign by a mask); the portable loops one product at a time. A row's block is
-// unpacked once for up to kRowTokens tokens.
+// are exact on every path (|i| < 2^31; float(i) rounds the same everywhere) and the float operations
+// are the above, in scalar, per row and token: every path and pass width gives bitwise the same sums.
+// The AVX2 code reaches the integers by vpmaddubsw and vpmaddwd (the scales as vpmaddwd's multipliers,
+// the signed q - 32 by the sign trick), 32 weights a vector, or with AVX-512 two pieces' 64 (the sign by
+// a mask); the portable loops one product at a time. A row's block is unpacked once for up to
+// kRowTokens tokens.
 
 #include <cmath>
 #include <cstddef>
@@ -32,34 +30,6 @@ constexpr int64_t kRowTokens = 8;  // tokens a row's unpacked block serves
 // The float operations of a block and token (every path's, as above).
 inline float scaled_step(float d, float dx, int32_t i, float acc) { return std::fmaf(d * dx, float(i), acc); }
 
-inline float q4_k_step(float d, float dmin, float dx, int32_t i, int32_t n, float acc) {
-    return std::fmaf(-(dmin * dx), float(n), std::fmaf(d * dx, float(i), acc));
-}
-
-// Q4_K's scales and mins of its 8 sub-blocks (formats.h's `q4_k_scale`), and n = sum_s min_s * totals[s].
-inline void q4_k_scales(const uint8_t* p, int32_t scale[8], int32_t min[8]) {
-    for (int s = 0; s < 8; ++s) q4_k_scale(p + 4, s, scale[s], min[s]);
-}
-
-// The same 8 scales and 8 mins as bytes, all at once (formats.h's `q4_k_scale` on 4 bytes in parallel):
-// words 0, 1 the scales, 2, 3 the mins.
-inline void q4_k_scale_bytes(const uint8_t* p, uint32_t out[4]) {
-    uint32_t a, b, c;
-    std::memcpy(&a, p + 4, 4);
-    std::memcpy(&b, p + 8, 4);
-    std::memcpy(&c, p + 12, 4);
-    out[0] = a & 0x3f3f3f3f;
-    out[1] = (c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4;
-    out[2] = b & 0x3f3f3f3f;
-    out[3] = ((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4;
-}
-
-inline int32_t q4_k_mins(const int32_t min[8], const int32_t* totals) {
-    int32_t n = 0;
-    for (int s = 0; s < 8; ++s) n += min[s] * totals[s];
-    return n;
-}
-
 #ifdef SPECDRAFT_AVX2
 inline int32_t total(__m256i v) {  // the sum of 8 int32 lanes (exact: any order)
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -78,35 +48,6 @@ inline __m512i join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_cas
 inline __m512i products(__m512i w, __m512i x, __m512i scales) {
     return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), scales);
 }
-
-// Q4_K: sub-blocks 2c (the low nibbles of qs bytes 32c ..) and 2c + 1 (their high ones) in one vector,
-// their scales the multipliers of its low and high halves' pairs.
-struct Q4_KBlock {
-    static constexpr int64_t kWeights = 256, kBytes = 144;
-    __m512i q[4], scales[4];
-    __m256i mins;  // 8 int32
-    float d, dmin;
-    void load(const uint8_t* p) {
-        d = _cvtsh_ss(load_u16(p));
-        dmin = _cvtsh_ss(load_u16(p + 2));
-        alignas(16) uint32_t bytes[4];
-        q4_k_scale_bytes(p, bytes);
-        const __m512i scale = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)bytes)));
-        mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 2)));
-        for (int c = 0; c < 4; ++c) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i*)(p + 16 + 32 * c));
-            q[c] = _mm512_and_si512(join(raw, _mm256_srli_epi16(raw, 4)), _mm512_set1_epi8(15));
-            scales[c] = _mm512_permutexvar_epi16(join(_mm256_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1))), scale);
-        }
-    }
-    float step(const int8_t* x, float dx, const int32_t* totals, float acc) const {
-        __m512i sums = _mm512_setzero_si512();
-        for (int c = 0; c < 4; ++c)
-            sums = _mm512_add_epi32(sums, products(q[c], _mm512_loadu_si512((const void*)(x + 64 * c)), scales[c]));
-        const __m256i n = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i*)totals));
-        return q4_k_step(d, dmin, dx, _mm512_reduce_add_epi32(sums), total(n), acc);
-    }
-};
 
 // Q6_K: pieces 4h + 2j and 4h + 2j + 1 (vector 2h + j): the low 4 bits from ql bytes 64h .. 64h + 63
 // (their low nibbles for j = 0, high for j = 1), the top 2 from qh bytes 32h .. (bits 4j, 4j + 2);
@@ -163,33 +104,6 @@ inline __m256i products(__m256i w, const int8_t* x, __m256i scales) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i*)x)), scales);
 }
 
-// Q4_K: each sub-block's 32 q (0..15) as bytes; its scale the multiplier of its pairs.
-struct Q4_KBlock {
-    static constexpr int64_t kWeights = 256, kBytes = 144;
-    __m256i q[8], scales[8];
-    __m256i mins;  // 8 int32
-    float d, dmin;
-    void load(const uint8_t* p) {
-        d = _cvtsh_ss(load_u16(p));
-        dmin = _cvtsh_ss(load_u16(p + 2));
-        alignas(16) uint32_t bytes[4];
-        q4_k_scale_bytes(p, bytes);
-        mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 2)));
-        for (int c = 0; c < 4; ++c) {
-            const __m256i raw = load32(p + 16 + 32 * c);
-            q[2 * c] = nibbles(raw, 0);
-            q[2 * c + 1] = nibbles(raw, 4);
-        }
-        for (int s = 0; s < 8; ++s) scales[s] = _mm256_set1_epi16(int16_t((bytes[s / 4] >> (8 * (s % 4))) & 0xff));
-    }
-    float step(const int8_t* x, float dx, const int32_t* totals, float acc) const {
-        __m256i sums = _mm256_setzero_si256();
-        for (int s = 0; s < 8; ++s) sums = _mm256_add_epi32(sums, products(q[s], x + 32 * s, scales[s]));
-        const __m256i n = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i*)totals));
-        return q4_k_step(d, dmin, dx, total(sums), total(n), acc);
-    }
-};
-
 // Q6_K: each piece's 32 q - 32 (-32..31) as |q - 32| and its sign; its two scales (16 weights each)
 // the multipliers of its low and high 128 bits' pairs.
 struct Q6_KBlock {
@@ -220,29 +134,6 @@ struct Q6_KBlock {
 
 #else  // portable loops: the same integers, one product at a time
 
-struct Q4_KBlock {
-    static constexpr int64_t kWeights = 256, kBytes = 144;
-    uint8_t q[256];
-    int32_t scale[8], min[8];
-    float d, dmin;
-    void load(const uint8_t* p) {
-        d = half_to_float(load_u16(p));
-        dmin = half_to_float(load_u16(p + 2));
-        q4_k_scales(p, scale, min);
-        for (int s = 0; s < 8; ++s)
-            for (int e = 0; e < 32; ++e) q[32 * s + e] = (p[16 + 32 * (s / 2) + e] >> (4 * (s % 2))) & 15;
-    }
-    float step(const int8_t* x, float dx, const int32_t* totals, float acc) const {
-        int32_t i = 0;
-        for (int s = 0; s < 8; ++s) {
-            int32_t sum = 0;
-            for (int e = 0; e < 32; ++e) sum += int32_t(q[32 * s + e]) * int32_t(x[32 * s + e]);
-            i += scale[s] * sum;
-        }
-        return q4_k_step(d, dmin, dx, i, q4_k_mins(min, totals), acc);
-    }
-};
-
 struct Q6_KBlock {
     static constexpr int64_t kWeights = 256, kBytes = 210;
     int8_t q[256];  // q - 32
@@ -270,7 +161,7 @@ struct Q6_KBlock {
 
 #endif
 
-static_assert(Q4_KBlock::kBytes == 144 && Q6_KBlock::kBytes == 210, "formats.h's sizes");
+static_assert(Q6_KBlock::kBytes == 210, "formats.h's sizes");
 
 // Row r against tokens [t0, t0 + T): each block unpacked once, then met by every token in turn.
 template <class Block, int T>
@@ -301,7 +192,6 @@ void int8_rows_of(const Projection& p, int64_t start, int64_t end, const Out& ou
 
 void specdraft::project_int8_rows(const Projection& p, int64_t start, int64_t end, const Out& out) {
     switch (p.kind) {
-        case Q4_K: int8_rows_of<Q4_KBlock>(p, start, end, out); break;
         case Q6_K: int8_rows_of<Q6_KBlock>(p, start, end, out); break;
     }
 }

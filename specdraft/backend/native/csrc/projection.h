@@ -60,7 +60,7 @@ void project_float32(const Projection& p, int64_t start, int64_t end, const Out&
 void project_int8(const Projection& p, int64_t start, int64_t end, const Out& out);
 
 // Whether the int8 arithmetic reads a kind as tiles (int8.cpp), or its blocks in place (int8_rows.cpp).
-inline bool tiled(int64_t kind) { return kind == Q4_1 || kind == Q8_0 || kind == Q5_0; }
+inline bool tiled(int64_t kind) { return kind == Q4_1 || kind == Q8_0 || kind == Q5_0 || kind == Q4_K; }
 
 // The int8 arithmetic of the kinds read in place (int8_rows.cpp), as `project_int8`.
 void project_int8_rows(const Projection& p, int64_t start, int64_t end, const Out& out);
