@@ -9,7 +9,7 @@ times a sub-block's 6- or 8-bit scale first: the products are exact, a sum round
 float32 copy holds it), so reading the blocks and expanding them in the kernel gives the dense
 model's values from a fraction of the bytes. The kernel sums float32 rows and blocks in one order
 (`csrc/float32.cpp` says which), so that native and dense weights give bitwise the same logits; its
-int8 arithmetic (`csrc/int8.cpp`, `csrc/int8_rows.cpp`) meets the blocks with each token quantised,
+int8 arithmetic (`csrc/int8.cpp`) meets the blocks with each token quantised,
 in one order on every build.
 
 Its parts, by job:
@@ -22,8 +22,7 @@ Its parts, by job:
   `BlockLinear` computes in (`ARITHMETICS`, `use_arithmetic`).
 - `gguf_file`: a GGUF's blocks swapped into a loaded model (`use_gguf_blocks`).
 - `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h`/`projection.cpp` (a
-  projection's struct and entry points), `float32.cpp` and `int8.cpp` (the two arithmetics; the int8
-  one's kinds read in place in `int8_rows.cpp`),
+  projection's struct and entry points), `float32.cpp` and `int8.cpp` (the two arithmetics),
   `attention.cpp` (the CPU step's attention), `for_count.h` (shared by them).
 """
 

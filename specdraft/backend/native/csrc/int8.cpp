@@ -16,10 +16,13 @@
 // and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K per super-block
 //   i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)        (s: 8 sub-blocks of 32)
 //   acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
-// (`q4_k_half`, `q4_k_tile`); Q6_K's blocks are read in place, row by row (int8_rows.cpp).
+// (`q4_k_half`, `q4_k_tile`), and Q6_K per super-block
+//   i = sum_s scale_s (sum_j (q_sj - 32) x_sj)                              (s: 16 sub-blocks of 16)
+//   acc = fma(d * d_x, float(i), acc)
+// (`q6_k_half`, `q6_k_tile`; |i| < 2^31, float(i) rounding the same everywhere).
 //
-// The int8 arithmetic reads Q4_1, Q8_0, Q5_0 and Q4_K weights as tiles (`specdraft_tile` writes them
-// from GGUF rows, the same bytes rearranged; Q6_K's "tiles" are its rows as they are). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
+// The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
+// same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
 // of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
 //   d[R] float16 (Q4_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
 //   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
@@ -198,9 +201,26 @@ void q4_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
         for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, 16 + 32 * c + 4 * G, 4);
 }
 
-// Row r's (0..7) GGUF block of a half tile's Q4_K super-block (`at` bytes on) into block[144].
-void q4_k_untile(const Half& half, int64_t at, int r, uint8_t* block) {
-    q4_k_pieces(half, at, r, [&](const uint8_t* tile, int offset, int n) { std::memcpy(block + offset, tile, n); });
+// Q6_K's tiles: a super-block of R rows at stride 210R holds d[R] (float16), then vectors of 4R bytes:
+// 4 of scales (vector v: each row's scale bytes 4v .. 4v + 3 at 4r), 32 of ql (4 + 8u + G: row r's ql
+// bytes 32u + 4G .. 32u + 4G + 3 at 4r), 16 of qh (36 + 8h + G: its qh bytes 32h + 4G .. + 3). Piece
+// 4h + k (formats.h's sub-block: 32 weights, scales 8h + 2k and the next) reads group G's low 4 bits
+// from ql vector 4 + 8 (2h + k % 2) + G (the high nibbles for k >= 2), its top 2 from qh vector
+// 36 + 8h + G (bits 2k, 2k + 1).
+template <typename Byte, typename Copy>
+void q6_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 208, 2);
+    for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 192 + 4 * v, 4);
+    for (int u = 0; u < 4; ++u)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (4 + 8 * u + G) + 4 * r, 32 * u + 4 * G, 4);
+    for (int h = 0; h < 2; ++h)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (36 + 8 * h + G) + 4 * r, 128 + 32 * h + 4 * G, 4);
+}
+
+// Row r's (0..7) GGUF block of a half tile's Q4_K or Q6_K super-block (`at` bytes on) into block.
+void k_untile(int64_t kind, const Half& half, int64_t at, int r, uint8_t* block) {
+    const auto copy = [&](const uint8_t* tile, int offset, int n) { std::memcpy(block + offset, tile, n); };
+    kind == Q4_K ? q4_k_pieces(half, at, r, copy) : q6_k_pieces(half, at, r, copy);
 }
 
 #ifdef SPECDRAFT_AVX2
@@ -415,12 +435,73 @@ template <int T>
     }
 }
 
+// Signed weights w (|w| <= 32) of 8 rows' groups times a token's 4 activations x, added to each row's
+// sum: |w| times x with w's sign.
+inline __m256i signed_group_dot(__m256i acc, __m256i magnitude, __m256i w, __m256i x) {
+    return group_dot(acc, magnitude, _mm256_sign_epi8(x, w));
+}
+
+// Piece s's scale j (0, 1: its first or second 16 weights) of 8 rows, sign-extended, from the scale words.
+inline __m256i q6_k_scale(const __m256i words[4], int s, int j) {
+    const int index = 2 * s + j;
+    return _mm256_srai_epi32(_mm256_slli_epi32(words[index / 4], 24 - 8 * (index % 4)), 24);
+}
+
+// Rows 8g .. 8g + 7 (half tile g) of Q6_K tiles against tokens [t0, t0 + T): per piece its groups'
+// weights q - 32 from ql and qh, the rows' integer sums per 16 weights times their scales into i; then
+// int8_rows.cpp's float operation, fma(d * d_x, float(i), acc).
+template <int T>
+[[gnu::noinline]] void q6_k_half(const Projection& p, int64_t g, int64_t t0, const Out& out) {
+    const int64_t blocks = p.width / kBlock;
+    const Half half = half_tile(Q6_K, p.w, p.rows, p.row_bytes, g);
+    __m256 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < p.width / kSuper; ++b) {
+        const int64_t at = b * half.stride;
+        if (T > 1) ask_ahead(half.d + at, half.stride);
+        const uint8_t* q = half.q + at;
+        __m256i words[4];
+        for (int v = 0; v < 4; ++v) words[v] = _mm256_loadu_si256((const __m256i*)(q + half.vector * v));
+        __m256i i[T];
+        for (int t = 0; t < T; ++t) i[t] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; ++s) {
+            const int h = s / 4, k = s % 4;
+            __m256i w[8], magnitude[8];
+            for (int G = 0; G < 8; ++G) {
+                const __m256i ql = _mm256_loadu_si256((const __m256i*)(q + half.vector * (4 + 8 * (2 * h + k % 2) + G)));
+                const __m256i qh = _mm256_loadu_si256((const __m256i*)(q + half.vector * (36 + 8 * h + G)));
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (k / 2)), _mm256_set1_epi8(15));
+                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
+                w[G] = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+                magnitude[G] = _mm256_abs_epi8(w[G]);
+            }
+            const __m256i first = q6_k_scale(words, s, 0), second = q6_k_scale(words, s, 1);
+            for (int t = 0; t < T; ++t) {
+                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
+                __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int G = 0; G < 8; ++G) dot[G / 4] = signed_group_dot(dot[G / 4], magnitude[G], w[G], broadcast4(x + 4 * G));
+                i[t] = _mm256_add_epi32(i[t], _mm256_add_epi32(_mm256_mullo_epi32(dot[0], first), _mm256_mullo_epi32(dot[1], second)));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
+        for (int t = 0; t < T; ++t)
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(p.xd[(t0 + t) * blocks + 8 * b])), _mm256_cvtepi32_ps(i[t]), acc[t]);
+    }
+    for (int t = 0; t < T; ++t) {
+        alignas(32) float sums[kTileRows];
+        _mm256_store_ps(sums, acc[t]);
+        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+    }
+}
+
 // Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
-    if (p.kind == Q4_K) {
+    if (p.kind == Q4_K || p.kind == Q6_K) {
         for (int64_t h = 0; h < halves; ++h)
             for (int64_t t = 0; t < p.n; t += kQ4KTokens)
-                for_count<kQ4KTokens>(p.n - t, [&](auto T) { q4_k_half<T>(p, g + h, t, out); });
+                for_count<kQ4KTokens>(p.n - t, [&](auto T) {
+                    p.kind == Q4_K ? q4_k_half<T>(p, g + h, t, out) : q6_k_half<T>(p, g + h, t, out);
+                });
     } else if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
     else if (p.kind == Q5_0) halves == 2 ? int8_halves_kind<Q5_0, 2>(p, g, out) : int8_halves_kind<Q5_0, 1>(p, g, out);
     else halves == 2 ? int8_halves_kind<Q8_0, 2>(p, g, out) : int8_halves_kind<Q8_0, 1>(p, g, out);
@@ -553,11 +634,68 @@ template <int T>
     }
 }
 
+// Rows 8g .. 8g + 15 (a whole tile, g even) of Q6_K against tokens [t0, t0 + T): `q6_k_half`'s operations
+// on both halves at once in 512-bit registers (x negated where w is negative by a mask).
+template <int T>
+[[gnu::noinline]] void q6_k_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
+    const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(Q6_K), vector = 4 * kTile;
+    const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes;
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < p.width / kSuper; ++b, tile += stride) {
+        if (T > 1) ask_ahead(tile, stride);
+        const uint8_t* q = tile + 2 * kTile;
+        __m512i words[4];
+        for (int v = 0; v < 4; ++v) words[v] = _mm512_loadu_si512((const void*)(q + vector * v));
+        __m512i i[T];
+        for (int t = 0; t < T; ++t) i[t] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s) {
+            const int h = s / 4, k = s % 4;
+            __m512i magnitude[8], weights[8];
+            for (int G = 0; G < 8; ++G) {
+                const __m512i ql = _mm512_loadu_si512((const void*)(q + vector * (4 + 8 * (2 * h + k % 2) + G)));
+                const __m512i qh = _mm512_loadu_si512((const void*)(q + vector * (36 + 8 * h + G)));
+                const __m512i low = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * (k / 2)), _mm512_set1_epi8(15));
+                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * k), _mm512_set1_epi8(3));
+                const __m512i w = _mm512_sub_epi8(_mm512_or_si512(low, _mm512_slli_epi16(high, 4)), _mm512_set1_epi8(32));
+                magnitude[G] = _mm512_abs_epi8(w);
+                weights[G] = w;
+            }
+            __m512i scale[2];
+            for (int j = 0; j < 2; ++j) {
+                const int index = 2 * s + j;
+                scale[j] = _mm512_srai_epi32(_mm512_slli_epi32(words[index / 4], 24 - 8 * (index % 4)), 24);
+            }
+            for (int t = 0; t < T; ++t) {
+                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
+                __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                for (int G = 0; G < 8; ++G) {
+                    int32_t group;
+                    std::memcpy(&group, x + 4 * G, 4);
+                    const __m512i bx = _mm512_set1_epi32(group);
+                    dot[G / 4] = _mm512_dpbusd_epi32(dot[G / 4], magnitude[G], _mm512_mask_sub_epi8(bx, _mm512_movepi8_mask(weights[G]), _mm512_setzero_si512(), bx));
+                }
+                i[t] = _mm512_add_epi32(i[t], _mm512_add_epi32(_mm512_mullo_epi32(dot[0], scale[0]), _mm512_mullo_epi32(dot[1], scale[1])));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
+        for (int t = 0; t < T; ++t)
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(p.xd[(t0 + t) * blocks + 8 * b])), _mm512_cvtepi32_ps(i[t]), acc[t]);
+    }
+    for (int t = 0; t < T; ++t) {
+        alignas(64) float sums[2 * kTileRows];
+        _mm512_store_ps(sums, acc[t]);
+        for (int r = 0; r < 2 * kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+    }
+}
+
 // A whole tile (g even) against every token of the pass, kTileTokens at a time.
 void int8_whole_tile(const Projection& p, int64_t g, const Out& out) {
-    if (p.kind == Q4_K) {
+    if (p.kind == Q4_K || p.kind == Q6_K) {
         for (int64_t t = 0; t < p.n; t += kQ4KTokens)
-            for_count<kQ4KTokens>(p.n - t, [&](auto T) { q4_k_tile<T>(p, g, t, out); });
+            for_count<kQ4KTokens>(p.n - t, [&](auto T) {
+                p.kind == Q4_K ? q4_k_tile<T>(p, g, t, out) : q6_k_tile<T>(p, g, t, out);
+            });
         return;
     }
     for (int64_t t = 0; t < p.n; t += kTileTokens) {
@@ -604,7 +742,7 @@ void q4_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
         float acc[kInt8Tokens] = {};
         for (int64_t b = 0; b < p.width / kSuper; ++b) {
             uint8_t block[144];
-            q4_k_untile(half, b * half.stride, r, block);
+            k_untile(Q4_K, half, b * half.stride, r, block);
             const float d = half_to_float(load_u16(block)), dmin = half_to_float(load_u16(block + 2));
             for (int64_t t = 0; t < T; ++t) {
                 const int64_t token = t0 + t;
@@ -625,11 +763,43 @@ void q4_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
     }
 }
 
+// Rows 8g .. 8g + 7 of Q6_K tiles against tokens [t0, t0 + T), as `q4_k_half` reads Q4_K's.
+void q6_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t blocks = p.width / kBlock;
+    const Half half = half_tile(Q6_K, p.w, p.rows, p.row_bytes, g);
+    for (int r = 0; r < kTileRows; ++r) {
+        float acc[kInt8Tokens] = {};
+        for (int64_t b = 0; b < p.width / kSuper; ++b) {
+            uint8_t block[210];
+            k_untile(Q6_K, half, b * half.stride, r, block);
+            const float d = half_to_float(load_u16(block + 208));
+            for (int64_t t = 0; t < T; ++t) {
+                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper;
+                int32_t i = 0;
+                for (int j = 0; j < 16; ++j) {  // the 16 weights of scale j
+                    int32_t dot = 0;
+                    for (int e = 16 * j; e < 16 * j + 16; ++e) {
+                        const int h = e / 128, k = e % 128 / 32, l = e % 32;
+                        const int low = (block[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
+                        const int high = (block[128 + 32 * h + l] >> (2 * k)) & 3;
+                        dot += ((low | high << 4) - 32) * x[e];
+                    }
+                    i += int32_t(int8_t(block[192 + j])) * dot;
+                }
+                acc[t] = std::fmaf(d * p.xd[(t0 + t) * blocks + 8 * b], float(i), acc[t]);
+            }
+        }
+        for (int64_t t = 0; t < T; ++t) out.put(t0 + t, g * kTileRows + r, acc[t]);
+    }
+}
+
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
     for (int64_t t = 0; t < p.n; t += kInt8Tokens)
         for (int64_t h = 0; h < halves; ++h) {
             const int64_t T = p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens;
-            p.kind == Q4_K ? q4_k_half(p, g + h, t, T, out) : int8_half(p, g + h, t, T, out);
+            if (p.kind == Q4_K) q4_k_half(p, g + h, t, T, out);
+            else if (p.kind == Q6_K) q6_k_half(p, g + h, t, T, out);
+            else int8_half(p, g + h, t, T, out);
         }
 }
 
@@ -637,12 +807,8 @@ void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) 
 
 }  // namespace
 
-// Rows [start, end): each tile whole where the range holds it, else its half tiles; or in place.
+// Rows [start, end): each tile whole where the range holds it, else its half tiles.
 void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
-    if (!specdraft::tiled(p.kind)) {
-        specdraft::project_int8_rows(p, start, end, out);
-        return;
-    }
     for (int64_t g = start / kTileRows; g < end / kTileRows;) {
         const int64_t halves = g % 2 == 0 && g + 1 < end / kTileRows ? 2 : 1;
 #ifdef SPECDRAFT_ZMM
@@ -667,12 +833,8 @@ extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t e
 }
 
 // GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's
-// tiles (the same bytes rearranged; a kind read in place, the rows as they are) into out.
+// tiles (the same bytes rearranged) into out.
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
-    if (!specdraft::tiled(kind)) {
-        std::memcpy(out, w, size_t(rows * row_bytes));
-        return;
-    }
     const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes;
     for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
         const HalfOf<uint8_t> half = half_tile(kind, out, rows, row_bytes, g);
@@ -680,8 +842,9 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
             const int64_t at = b * half.stride;
             for (int r = 0; r < kTileRows; ++r) {
                 const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * bytes;
-                if (kind == Q4_K) {
-                    q4_k_pieces(half, at, r, [&](uint8_t* tile, int offset, int n) { std::memcpy(tile, block + offset, n); });
+                const auto copy = [&](uint8_t* tile, int offset, int n) { std::memcpy(tile, block + offset, n); };
+                if (kind == Q4_K || kind == Q6_K) {
+                    kind == Q4_K ? q4_k_pieces(half, at, r, copy) : q6_k_pieces(half, at, r, copy);
                     continue;
                 }
                 uint8_t* q = half.q + at;
@@ -714,18 +877,14 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
 // values into out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
 extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
                                       int64_t width, const int64_t* ids, int64_t n, float* out) {
-    if (!specdraft::tiled(kind)) {
-        for (int64_t k = 0; k < n; ++k) expand_row(kind, tiles + ids[k] * row_bytes, width, out + k * width);
-        return;
-    }
     for (int64_t k = 0; k < n; ++k) {
         const Half half = half_tile(kind, tiles, rows, row_bytes, ids[k] / kTileRows);
         const int r = int(ids[k] % kTileRows);
-        if (kind == Q4_K) {  // each block back as GGUF holds it, then its values
+        if (k_kind(kind)) {  // each block back as GGUF holds it, then its values
             for (int64_t b = 0; b < width / kSuper; ++b) {
-                uint8_t block[144];
-                q4_k_untile(half, b * half.stride, r, block);
-                expand_row(Q4_K, block, kSuper, out + k * width + b * kSuper);
+                uint8_t block[210] = {};
+                k_untile(kind, half, b * half.stride, r, block);
+                expand_row(kind, block, kSuper, out + k * width + b * kSuper);
             }
             continue;
         }

@@ -6,8 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "formats.h"
-
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SPECDRAFT_PORTABLE)
 #include <immintrin.h>
 #define SPECDRAFT_AVX2 1
@@ -58,11 +56,5 @@ void project_float32(const Projection& p, int64_t start, int64_t end, const Out&
 // The int8 arithmetic (int8.cpp): rows [start, end) of every token, the tokens quantised already
 // (`specdraft_quantize`).
 void project_int8(const Projection& p, int64_t start, int64_t end, const Out& out);
-
-// Whether the int8 arithmetic reads a kind as tiles (int8.cpp), or its blocks in place (int8_rows.cpp).
-inline bool tiled(int64_t kind) { return kind == Q4_1 || kind == Q8_0 || kind == Q5_0 || kind == Q4_K; }
-
-// The int8 arithmetic of the kinds read in place (int8_rows.cpp), as `project_int8`.
-void project_int8_rows(const Projection& p, int64_t start, int64_t end, const Out& out);
 
 }  // namespace specdraft
