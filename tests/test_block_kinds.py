@@ -114,3 +114,43 @@ def test_a_row_of_part_of_a_super_block_is_refused_by_name(kind):
         kind.row_bytes(896)  # the 0.5B's hidden width: its tensors are in other kinds
     with pytest.raises(ValueError, match="896 is not a multiple of 256"):
         native.BlockLinear(torch.zeros(8, 4 * kind.bytes, dtype=torch.uint8), kind.number, 896)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
+def test_the_catalogue_files_tensors_of_every_kind_are_read_as_gguf_dequantises_them(model):
+    """Where the catalogue's file is cached (never fetched here): the first rows of a tensor of every kind
+    it holds (Q4_K, Q6_K, Q5_0, Q8_0; rows of 896 to 8960 weights) dequantise to gguf's values and give
+    the float32 dot products of those values as float32 rows, bitwise, on every build; the int8 ones
+    are bitwise the same on every build."""
+    import torch
+
+    from specdraft import catalogue
+
+    path = catalogue.cached_path(catalogue.entry(model))
+    if path is None:
+        pytest.skip(f"{model} is not in the cache")
+    by_name = {kind.name: kind for kind in KINDS}
+    tensors = {}
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        if tensor.tensor_type.name in by_name and tensor.name.startswith("blk."):
+            tensors.setdefault(tensor.tensor_type.name, tensor)
+    assert len(tensors) >= 2, sorted(tensors)
+    rng = np.random.default_rng(7)
+    for name, tensor in tensors.items():
+        kind, width = by_name[name], int(tensor.shape[0])
+        w = np.ascontiguousarray(np.asarray(tensor.data)[:ROWS])
+        values = gguf.quants.dequantize(w, tensor.tensor_type)
+        assert np.array_equal(native.dequantize(torch.from_numpy(w.copy()), kind.number, width).numpy(), values)
+        x = rng.standard_normal((6, width)).astype(np.float32)
+        int8 = {}
+        for build, kernel in builds().items():
+            expanded = np.full((ROWS, width), np.nan, np.float32)
+            expand(w, kind.number, expanded, kernel.expand_address)
+            assert np.array_equal(expanded, values), f"{tensor.name}, {build}"
+            rows = np.ascontiguousarray(values).view(np.uint8)
+            for n in (1, 6):
+                got = projected(kernel.calls(), w, kind.number, x[:n])
+                assert np.array_equal(got, projected(kernel.calls(), rows, native.F32, x[:n])), f"{tensor.name}, {build}"
+            int8[build] = projected(kernel.calls("int8"), kernel.tile(w, kind.number), kind.number, x)
+        assert all(np.array_equal(y, int8["portable"]) for y in int8.values()), tensor.name
