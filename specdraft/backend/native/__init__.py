@@ -22,8 +22,9 @@ Its parts, by job:
   `BlockLinear` computes in (`ARITHMETICS`, `use_arithmetic`).
 - `gguf_file`: a GGUF's blocks swapped into a loaded model (`use_gguf_blocks`).
 - `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h`/`projection.cpp` (a
-  projection's struct and entry points), `float32.cpp` and `int8.cpp` (the two arithmetics),
-  `attention.cpp` (the CPU step's attention), `for_count.h` (shared by them).
+  projection's struct and entry points), `float32.cpp` and `int8.cpp` (the two arithmetics;
+  `int8_k.cpp` the K kinds' int8 tiles, `tiles.h` what both int8 files share), `attention.cpp` (the
+  CPU step's attention), `for_count.h` (shared by them).
 """
 
 from specdraft.backend.native.build import PATHS

@@ -16,7 +16,7 @@
 // and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K per super-block
 //   i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)        (s: 8 sub-blocks of 32)
 //   acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
-// (`q4_k_half`, `q4_k_tile`), and Q6_K per super-block
+// (int8_k.cpp's `q4_k_half`, `q4_k_tile`), and Q6_K per super-block
 //   i = sum_s scale_s (sum_j (q_sj - 32) x_sj)                              (s: 16 sub-blocks of 16)
 //   acc = fma(d * d_x, float(i), acc)
 // (`q6_k_half`, `q6_k_tile`; |i| < 2^31, float(i) rounding the same everywhere).
@@ -43,50 +43,9 @@
 #include "for_count.h"
 #include "formats.h"
 #include "projection.h"
+#include "tiles.h"
 
 namespace {
-
-using specdraft::Out;
-
-// Into the L2 cache only: the int8 arithmetic's tiles, asked for far ahead where a pass has several
-// tokens (it computes long between asks, and the L1's few outstanding misses would hold the stream
-// back). A decode token's stream the hardware's prefetcher keeps up with alone: asking too only
-// slowed its step (benchmarks/results/HISTORY.md).
-inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 2); }
-
-constexpr int64_t kTileRows = 8;     // rows a half tile interleaves (a 256-bit vector's lanes)
-constexpr int64_t kTile = 16;        // rows a whole tile interleaves
-constexpr int64_t kInt8Tokens = 16;  // tokens the portable loops hold a half tile's sums for at once
-constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the block computed (memory's latency)
-
-// A tile's block of `bytes` at `block`, in a pass of several tokens: its lines kInt8Ahead on asked for,
-// into L2 (`prefetch_far`); a decode token asks for nothing. The callers decide by the token count their
-// code is compiled for: a test of the pass's width inside their loop let the compiler make a second
-// copy of the loop, its sums in memory and two blocks at a time, and take it (a slower one).
-inline void ask_ahead(const uint8_t* block, int64_t bytes) {
-    for (int64_t line = 0; line < bytes; line += 64) prefetch_far(block + kInt8Ahead + line);
-}
-
-// Where half h of a tile keeps block 0's scales (d; Q4_1's m) and integers (vector v at q + v * vector),
-// and how far on block b + 1's are (stride). Byte: const uint8_t to read tiles, uint8_t to write them.
-template <typename Byte>
-struct HalfOf {
-    Byte* d;
-    Byte* m;
-    Byte* q;
-    int64_t vector;
-    int64_t stride;
-};
-using Half = HalfOf<const uint8_t>;
-
-// Half h (0, 1) of the tile that holds rows 8g .. 8g + 7 (g = 2i + h) of weights w, `rows` rows long.
-template <typename Byte>
-HalfOf<Byte> half_tile(int64_t kind, Byte* w, int64_t rows, int64_t row_bytes, int64_t g) {
-    const int64_t i = g / 2, h = g % 2, R = 16 * i + kTile <= rows ? kTile : kTileRows;
-    Byte* tile = w + kTile * i * row_bytes;
-    const int64_t scales = kind == Q4_1 || kind == Q4_K ? 4 * R : 2 * R;  // d (and m, Q4_K's dmin) of R rows
-    return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * block_bytes(kind)};
-}
 
 // A block of 32 activations quantised: q, and returns the sum of q; d and s as above. Every path
 // computes the same values: the maximum is exact, the rest one IEEE operation each.
@@ -188,63 +147,13 @@ inline void tile_block_sums(int64_t kind, const Half& half, int64_t at, const in
     }
 }
 
-// Q4_K's tiles: a super-block of R rows at stride 144R holds d[R] and dmin[R] (float16, where the other
-// kinds' d and m lie), 3 vectors of 4R bytes (vector v: each row's scale bytes 4v .. 4v + 3 at 4r),
-// then 32 vectors (3 + 8c + G: row r's qs bytes 32c + 4G .. 32c + 4G + 3 at 4r, sub-block 2c's
-// elements 4G .. 4G + 3 in their low nibbles, sub-block 2c + 1's in their high ones). Row r's pieces
-// of its GGUF block, each as copy(where in the tile, where in the block, bytes).
-template <typename Byte, typename Copy>
-void q4_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
-    copy(half.d + at + 2 * r, 0, 2);
-    copy(half.m + at + 2 * r, 2, 2);
-    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
-    for (int c = 0; c < 4; ++c)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, 16 + 32 * c + 4 * G, 4);
-}
-
-// Q6_K's tiles: a super-block of R rows at stride 210R holds d[R] (float16), then vectors of 4R bytes:
-// 4 of scales (vector v: each row's scale bytes 4v .. 4v + 3 at 4r), 32 of ql (4 + 8u + G: row r's ql
-// bytes 32u + 4G .. 32u + 4G + 3 at 4r), 16 of qh (36 + 8h + G: its qh bytes 32h + 4G .. + 3). Piece
-// 4h + k (formats.h's sub-block: 32 weights, scales 8h + 2k and the next) reads group G's low 4 bits
-// from ql vector 4 + 8 (2h + k % 2) + G (the high nibbles for k >= 2), its top 2 from qh vector
-// 36 + 8h + G (bits 2k, 2k + 1).
-template <typename Byte, typename Copy>
-void q6_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
-    copy(half.d + at + 2 * r, 208, 2);
-    for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 192 + 4 * v, 4);
-    for (int u = 0; u < 4; ++u)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (4 + 8 * u + G) + 4 * r, 32 * u + 4 * G, 4);
-    for (int h = 0; h < 2; ++h)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (36 + 8 * h + G) + 4 * r, 128 + 32 * h + 4 * G, 4);
-}
-
-// Row r's (0..7) GGUF block of a half tile's Q4_K or Q6_K super-block (`at` bytes on) into block.
-void k_untile(int64_t kind, const Half& half, int64_t at, int r, uint8_t* block) {
-    const auto copy = [&](const uint8_t* tile, int offset, int n) { std::memcpy(block + offset, tile, n); };
-    kind == Q4_K ? q4_k_pieces(half, at, r, copy) : q6_k_pieces(half, at, r, copy);
-}
-
 #ifdef SPECDRAFT_AVX2
-
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(SPECDRAFT_NO_VNNI)
-#define SPECDRAFT_VNNI 2
-inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
-#elif defined(__AVXVNNI__) && !defined(SPECDRAFT_NO_VNNI)
-#define SPECDRAFT_VNNI 1
-inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
-#endif
 
 // What the bytes group_weights gives exceed the weights by (their dot product less offset * sum of x):
 // Q4_1's none (its weights are its q), Q5_0's 16 (q - 16), Q8_0's 128 with VNNI (w + 128).
 template <int64_t KIND>
 constexpr int32_t offset() {
     return KIND == Q4_1 ? 0 : KIND == Q5_0 ? 16 : 128;
-}
-
-inline __m256i broadcast4(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
 }
 
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
@@ -370,147 +279,15 @@ void int8_halves_kind(const Projection& p, int64_t g, const Out& out) {
         for_count<kHalvesTokens[H]>(p.n - t, [&](auto T) { int8_halves<KIND, H, T>(p, g, t, out); });
 }
 
-// A group's 4 weights of 8 rows (unsigned) times a token's 4 activations, added to each row's sum.
-inline __m256i group_dot(__m256i acc, __m256i w, __m256i x) {
-#ifdef SPECDRAFT_VNNI
-    return dot_add(acc, w, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
-#endif
-}
-
-constexpr int64_t kQ4KTokens = 4;  // tokens a Q4_K tile's sums (acc, and per super-block i and n) are held for
-
-// Rows 8g .. 8g + 7 (half tile g) of Q4_K tiles against tokens [t0, t0 + T): per super-block, each row's
-// scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`, lane by lane), then per
-// sub-block the rows' integer sums (group_dot) times their scales into i, and mins times the token's
-// sums into n; then int8_rows.cpp's float operations.
-template <int T>
-[[gnu::noinline]] void q4_k_half(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q4_K, p.w, p.rows, p.row_bytes, g);
-    const __m256i six = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f), top2 = _mm256_set1_epi32(0x03030303);
-    __m256 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b) {
-        const int64_t at = b * half.stride;
-        if (T > 1) ask_ahead(half.d + at, half.stride);
-        const uint8_t* q = half.q + at;
-        const __m256i a = _mm256_loadu_si256((const __m256i*)q), m = _mm256_loadu_si256((const __m256i*)(q + half.vector)),
-                      c = _mm256_loadu_si256((const __m256i*)(q + 2 * half.vector));
-        const __m256i words[4] = {  // bytes: scales 0-3, 4-7, mins 0-3, 4-7
-            _mm256_and_si256(a, six),
-            _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 6), top2), 4)),
-            _mm256_and_si256(m, six),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(m, 6), top2), 4))};
-        __m256i i[T], n[T];
-        for (int t = 0; t < T; ++t) i[t] = n[t] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; ++s) {
-            const __m256i scale = _mm256_and_si256(_mm256_srli_epi32(words[s / 4], 8 * (s % 4)), _mm256_set1_epi32(255));
-            const __m256i min = _mm256_and_si256(_mm256_srli_epi32(words[2 + s / 4], 8 * (s % 4)), _mm256_set1_epi32(255));
-            __m256i w[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + half.vector * (3 + 8 * (s / 2) + G)));
-                w[G] = _mm256_and_si256(_mm256_srli_epi16(raw, 4 * (s % 2)), _mm256_set1_epi8(15));
-            }
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m256i dot = _mm256_setzero_si256();
-                for (int G = 0; G < 8; ++G) dot = group_dot(dot, w[G], broadcast4(x + 4 * G));
-                i[t] = _mm256_add_epi32(i[t], _mm256_mullo_epi32(dot, scale));
-                n[t] = _mm256_add_epi32(n[t], _mm256_mullo_epi32(min, _mm256_set1_epi32(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
-            }
-        }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.m + at)));
-        for (int t = 0; t < T; ++t) {
-            const __m256 dx = _mm256_set1_ps(p.xd[(t0 + t) * blocks + 8 * b]);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(n[t]), acc[t]);
-        }
-    }
-    for (int t = 0; t < T; ++t) {
-        alignas(32) float sums[kTileRows];
-        _mm256_store_ps(sums, acc[t]);
-        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
-    }
-}
-
-// Signed weights w (|w| <= 32) of 8 rows' groups times a token's 4 activations x, added to each row's
-// sum: |w| times x with w's sign.
-inline __m256i signed_group_dot(__m256i acc, __m256i magnitude, __m256i w, __m256i x) {
-    return group_dot(acc, magnitude, _mm256_sign_epi8(x, w));
-}
-
-// Piece s's scale j (0, 1: its first or second 16 weights) of 8 rows, sign-extended, from the scale words.
-inline __m256i q6_k_scale(const __m256i words[4], int s, int j) {
-    const int index = 2 * s + j;
-    return _mm256_srai_epi32(_mm256_slli_epi32(words[index / 4], 24 - 8 * (index % 4)), 24);
-}
-
-// Rows 8g .. 8g + 7 (half tile g) of Q6_K tiles against tokens [t0, t0 + T): per piece its groups'
-// weights q - 32 from ql and qh, the rows' integer sums per 16 weights times their scales into i; then
-// int8_rows.cpp's float operation, fma(d * d_x, float(i), acc).
-template <int T>
-[[gnu::noinline]] void q6_k_half(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q6_K, p.w, p.rows, p.row_bytes, g);
-    __m256 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b) {
-        const int64_t at = b * half.stride;
-        if (T > 1) ask_ahead(half.d + at, half.stride);
-        const uint8_t* q = half.q + at;
-        __m256i words[4];
-        for (int v = 0; v < 4; ++v) words[v] = _mm256_loadu_si256((const __m256i*)(q + half.vector * v));
-        __m256i i[T];
-        for (int t = 0; t < T; ++t) i[t] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; ++s) {
-            const int h = s / 4, k = s % 4;
-            __m256i w[8], magnitude[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m256i ql = _mm256_loadu_si256((const __m256i*)(q + half.vector * (4 + 8 * (2 * h + k % 2) + G)));
-                const __m256i qh = _mm256_loadu_si256((const __m256i*)(q + half.vector * (36 + 8 * h + G)));
-                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (k / 2)), _mm256_set1_epi8(15));
-                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
-                w[G] = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
-                magnitude[G] = _mm256_abs_epi8(w[G]);
-            }
-            const __m256i first = q6_k_scale(words, s, 0), second = q6_k_scale(words, s, 1);
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                for (int G = 0; G < 8; ++G) dot[G / 4] = signed_group_dot(dot[G / 4], magnitude[G], w[G], broadcast4(x + 4 * G));
-                i[t] = _mm256_add_epi32(i[t], _mm256_add_epi32(_mm256_mullo_epi32(dot[0], first), _mm256_mullo_epi32(dot[1], second)));
-            }
-        }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
-        for (int t = 0; t < T; ++t)
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(p.xd[(t0 + t) * blocks + 8 * b])), _mm256_cvtepi32_ps(i[t]), acc[t]);
-    }
-    for (int t = 0; t < T; ++t) {
-        alignas(32) float sums[kTileRows];
-        _mm256_store_ps(sums, acc[t]);
-        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
-    }
-}
-
 // Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
-    if (p.kind == Q4_K || p.kind == Q6_K) {
-        for (int64_t h = 0; h < halves; ++h)
-            for (int64_t t = 0; t < p.n; t += kQ4KTokens)
-                for_count<kQ4KTokens>(p.n - t, [&](auto T) {
-                    p.kind == Q4_K ? q4_k_half<T>(p, g + h, t, out) : q6_k_half<T>(p, g + h, t, out);
-                });
-    } else if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
+    if (k_kind(p.kind)) specdraft::k_group(p, g, halves, out);
+    else if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
     else if (p.kind == Q5_0) halves == 2 ? int8_halves_kind<Q5_0, 2>(p, g, out) : int8_halves_kind<Q5_0, 1>(p, g, out);
     else halves == 2 ? int8_halves_kind<Q8_0, 2>(p, g, out) : int8_halves_kind<Q8_0, 1>(p, g, out);
 }
 
-#if defined(SPECDRAFT_VNNI) && SPECDRAFT_VNNI == 2 && defined(__AVX512F__) && defined(__AVX512BW__) && \
-    !defined(SPECDRAFT_NO_ZMM)
-#define SPECDRAFT_ZMM 1
+#ifdef SPECDRAFT_ZMM
 
 constexpr int64_t kTileTokens = 16;  // tokens a whole tile's sums are held for at once, in registers
 
@@ -579,124 +356,10 @@ template <int64_t KIND, int T>
     }
 }
 
-// Rows 8g .. 8g + 15 (a whole tile, g even) of Q4_K against tokens [t0, t0 + T): `q4_k_half`'s operations
-// on both halves at once in 512-bit registers.
-template <int T>
-[[gnu::noinline]] void q4_k_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(Q4_K), vector = 4 * kTile;
-    const __m512i six = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f), top2 = _mm512_set1_epi32(0x03030303);
-    const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes;
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b, tile += stride) {
-        if (T > 1) ask_ahead(tile, stride);
-        const uint8_t* q = tile + 4 * kTile;
-        const __m512i a = _mm512_loadu_si512((const void*)q), m = _mm512_loadu_si512((const void*)(q + vector)),
-                      c = _mm512_loadu_si512((const void*)(q + 2 * vector));
-        const __m512i words[4] = {
-            _mm512_and_si512(a, six),
-            _mm512_or_si512(_mm512_and_si512(c, low4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), top2), 4)),
-            _mm512_and_si512(m, six),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), low4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(m, 6), top2), 4))};
-        __m512i i[T], n[T];
-        for (int t = 0; t < T; ++t) i[t] = n[t] = _mm512_setzero_si512();
-        for (int s = 0; s < 8; ++s) {
-            const __m512i scale = _mm512_and_si512(_mm512_srli_epi32(words[s / 4], 8 * (s % 4)), _mm512_set1_epi32(255));
-            const __m512i min = _mm512_and_si512(_mm512_srli_epi32(words[2 + s / 4], 8 * (s % 4)), _mm512_set1_epi32(255));
-            __m512i w[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m512i raw = _mm512_loadu_si512((const void*)(q + vector * (3 + 8 * (s / 2) + G)));
-                w[G] = _mm512_and_si512(_mm512_srli_epi16(raw, 4 * (s % 2)), _mm512_set1_epi8(15));
-            }
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m512i chain[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                for (int G = 0; G < 8; ++G) {
-                    int32_t group;
-                    std::memcpy(&group, x + 4 * G, 4);
-                    chain[G % 2] = _mm512_dpbusd_epi32(chain[G % 2], w[G], _mm512_set1_epi32(group));
-                }
-                i[t] = _mm512_add_epi32(i[t], _mm512_mullo_epi32(_mm512_add_epi32(chain[0], chain[1]), scale));
-                n[t] = _mm512_add_epi32(n[t], _mm512_mullo_epi32(min, _mm512_set1_epi32(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
-        for (int t = 0; t < T; ++t) {
-            const __m512 dx = _mm512_set1_ps(p.xd[(t0 + t) * blocks + 8 * b]);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(i[t]), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(n[t]), acc[t]);
-        }
-    }
-    for (int t = 0; t < T; ++t) {
-        alignas(64) float sums[2 * kTileRows];
-        _mm512_store_ps(sums, acc[t]);
-        for (int r = 0; r < 2 * kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
-    }
-}
-
-// Rows 8g .. 8g + 15 (a whole tile, g even) of Q6_K against tokens [t0, t0 + T): `q6_k_half`'s operations
-// on both halves at once in 512-bit registers (x negated where w is negative by a mask).
-template <int T>
-[[gnu::noinline]] void q6_k_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(Q6_K), vector = 4 * kTile;
-    const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes;
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b, tile += stride) {
-        if (T > 1) ask_ahead(tile, stride);
-        const uint8_t* q = tile + 2 * kTile;
-        __m512i words[4];
-        for (int v = 0; v < 4; ++v) words[v] = _mm512_loadu_si512((const void*)(q + vector * v));
-        __m512i i[T];
-        for (int t = 0; t < T; ++t) i[t] = _mm512_setzero_si512();
-        for (int s = 0; s < 8; ++s) {
-            const int h = s / 4, k = s % 4;
-            __m512i magnitude[8], weights[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m512i ql = _mm512_loadu_si512((const void*)(q + vector * (4 + 8 * (2 * h + k % 2) + G)));
-                const __m512i qh = _mm512_loadu_si512((const void*)(q + vector * (36 + 8 * h + G)));
-                const __m512i low = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * (k / 2)), _mm512_set1_epi8(15));
-                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * k), _mm512_set1_epi8(3));
-                const __m512i w = _mm512_sub_epi8(_mm512_or_si512(low, _mm512_slli_epi16(high, 4)), _mm512_set1_epi8(32));
-                magnitude[G] = _mm512_abs_epi8(w);
-                weights[G] = w;
-            }
-            __m512i scale[2];
-            for (int j = 0; j < 2; ++j) {
-                const int index = 2 * s + j;
-                scale[j] = _mm512_srai_epi32(_mm512_slli_epi32(words[index / 4], 24 - 8 * (index % 4)), 24);
-            }
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                for (int G = 0; G < 8; ++G) {
-                    int32_t group;
-                    std::memcpy(&group, x + 4 * G, 4);
-                    const __m512i bx = _mm512_set1_epi32(group);
-                    dot[G / 4] = _mm512_dpbusd_epi32(dot[G / 4], magnitude[G], _mm512_mask_sub_epi8(bx, _mm512_movepi8_mask(weights[G]), _mm512_setzero_si512(), bx));
-                }
-                i[t] = _mm512_add_epi32(i[t], _mm512_add_epi32(_mm512_mullo_epi32(dot[0], scale[0]), _mm512_mullo_epi32(dot[1], scale[1])));
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
-        for (int t = 0; t < T; ++t)
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(p.xd[(t0 + t) * blocks + 8 * b])), _mm512_cvtepi32_ps(i[t]), acc[t]);
-    }
-    for (int t = 0; t < T; ++t) {
-        alignas(64) float sums[2 * kTileRows];
-        _mm512_store_ps(sums, acc[t]);
-        for (int r = 0; r < 2 * kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
-    }
-}
-
 // A whole tile (g even) against every token of the pass, kTileTokens at a time.
 void int8_whole_tile(const Projection& p, int64_t g, const Out& out) {
-    if (p.kind == Q4_K || p.kind == Q6_K) {
-        for (int64_t t = 0; t < p.n; t += kQ4KTokens)
-            for_count<kQ4KTokens>(p.n - t, [&](auto T) {
-                p.kind == Q4_K ? q4_k_tile<T>(p, g, t, out) : q6_k_tile<T>(p, g, t, out);
-            });
+    if (k_kind(p.kind)) {
+        specdraft::k_whole_tile(p, g, out);
         return;
     }
     for (int64_t t = 0; t < p.n; t += kTileTokens) {
@@ -734,74 +397,13 @@ void int8_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
         for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, acc[t][r]);
 }
 
-// Rows 8g .. 8g + 7 of Q4_K tiles against tokens [t0, t0 + T): each row's GGUF block back from the tile,
-// then its integers and int8_rows.cpp's float operations, one product at a time.
-void q4_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
-    const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q4_K, p.w, p.rows, p.row_bytes, g);
-    for (int r = 0; r < kTileRows; ++r) {
-        float acc[kInt8Tokens] = {};
-        for (int64_t b = 0; b < p.width / kSuper; ++b) {
-            uint8_t block[144];
-            k_untile(Q4_K, half, b * half.stride, r, block);
-            const float d = half_to_float(load_u16(block)), dmin = half_to_float(load_u16(block + 2));
-            for (int64_t t = 0; t < T; ++t) {
-                const int64_t token = t0 + t;
-                const int8_t* x = p.qx + token * p.width + b * kSuper;
-                int32_t i = 0, n = 0;
-                for (int s = 0; s < 8; ++s) {
-                    int scale, min, dot = 0;
-                    q4_k_scale(block + 4, s, scale, min);
-                    for (int e = 0; e < kBlock; ++e) dot += ((block[16 + 32 * (s / 2) + e] >> (4 * (s % 2))) & 15) * x[kBlock * s + e];
-                    i += scale * dot;
-                    n += min * p.xtotal[token * blocks + 8 * b + s];
-                }
-                const float dx = p.xd[token * blocks + 8 * b];
-                acc[t] = std::fmaf(-(dmin * dx), float(n), std::fmaf(d * dx, float(i), acc[t]));
-            }
-        }
-        for (int64_t t = 0; t < T; ++t) out.put(t0 + t, g * kTileRows + r, acc[t]);
-    }
-}
-
-// Rows 8g .. 8g + 7 of Q6_K tiles against tokens [t0, t0 + T), as `q4_k_half` reads Q4_K's.
-void q6_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
-    const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q6_K, p.w, p.rows, p.row_bytes, g);
-    for (int r = 0; r < kTileRows; ++r) {
-        float acc[kInt8Tokens] = {};
-        for (int64_t b = 0; b < p.width / kSuper; ++b) {
-            uint8_t block[210];
-            k_untile(Q6_K, half, b * half.stride, r, block);
-            const float d = half_to_float(load_u16(block + 208));
-            for (int64_t t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper;
-                int32_t i = 0;
-                for (int j = 0; j < 16; ++j) {  // the 16 weights of scale j
-                    int32_t dot = 0;
-                    for (int e = 16 * j; e < 16 * j + 16; ++e) {
-                        const int h = e / 128, k = e % 128 / 32, l = e % 32;
-                        const int low = (block[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
-                        const int high = (block[128 + 32 * h + l] >> (2 * k)) & 3;
-                        dot += ((low | high << 4) - 32) * x[e];
-                    }
-                    i += int32_t(int8_t(block[192 + j])) * dot;
-                }
-                acc[t] = std::fmaf(d * p.xd[(t0 + t) * blocks + 8 * b], float(i), acc[t]);
-            }
-        }
-        for (int64_t t = 0; t < T; ++t) out.put(t0 + t, g * kTileRows + r, acc[t]);
-    }
-}
-
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
+    if (k_kind(p.kind)) {
+        specdraft::k_group(p, g, halves, out);
+        return;
+    }
     for (int64_t t = 0; t < p.n; t += kInt8Tokens)
-        for (int64_t h = 0; h < halves; ++h) {
-            const int64_t T = p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens;
-            if (p.kind == Q4_K) q4_k_half(p, g + h, t, T, out);
-            else if (p.kind == Q6_K) q6_k_half(p, g + h, t, T, out);
-            else int8_half(p, g + h, t, T, out);
-        }
+        for (int64_t h = 0; h < halves; ++h) int8_half(p, g + h, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
 }
 
 #endif
@@ -843,9 +445,8 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
             const int64_t at = b * half.stride;
             for (int r = 0; r < kTileRows; ++r) {
                 const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * bytes;
-                const auto copy = [&](uint8_t* tile, int offset, int n) { std::memcpy(tile, block + offset, n); };
-                if (kind == Q4_K || kind == Q6_K) {
-                    kind == Q4_K ? q4_k_pieces(half, at, r, copy) : q6_k_pieces(half, at, r, copy);
+                if (k_kind(kind)) {
+                    specdraft::k_tile_block(kind, out, rows, row_bytes, g, b, r, block);
                     continue;
                 }
                 uint8_t* q = half.q + at;
@@ -884,7 +485,7 @@ extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_
         if (k_kind(kind)) {  // each block back as GGUF holds it, then its values
             for (int64_t b = 0; b < width / kSuper; ++b) {
                 uint8_t block[210] = {};
-                k_untile(kind, half, b * half.stride, r, block);
+                specdraft::k_block_of(kind, tiles, rows, row_bytes, ids[k] / kTileRows, b, r, block);
                 expand_row(kind, block, kSuper, out + k * width + b * kSuper);
             }
             continue;

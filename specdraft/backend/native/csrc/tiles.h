@@ -1,0 +1,109 @@
+// The int8 arithmetic's tiles as both its files read them (int8.cpp: the kinds of 32-weight blocks,
+// the tokens' quantisation, tiling; int8_k.cpp: the K kinds' tiles): where a half tile lies, asking
+// for tiles ahead, a token's group of 4 activations against a vector of weights, and the instructions
+// a build has (SPECDRAFT_VNNI, SPECDRAFT_ZMM). int8.cpp says what the arithmetic computes.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "formats.h"
+#include "projection.h"
+
+#ifdef SPECDRAFT_AVX2
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(SPECDRAFT_NO_VNNI)
+#define SPECDRAFT_VNNI 2
+#elif defined(__AVXVNNI__) && !defined(SPECDRAFT_NO_VNNI)
+#define SPECDRAFT_VNNI 1
+#endif
+#if defined(SPECDRAFT_VNNI) && SPECDRAFT_VNNI == 2 && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    !defined(SPECDRAFT_NO_ZMM)
+#define SPECDRAFT_ZMM 1
+#endif
+#endif
+
+namespace {
+
+using specdraft::Out;
+
+// Into the L2 cache only: the int8 arithmetic's tiles, asked for far ahead where a pass has several
+// tokens (it computes long between asks, and the L1's few outstanding misses would hold the stream
+// back). A decode token's stream the hardware's prefetcher keeps up with alone: asking too only
+// slowed its step (benchmarks/results/HISTORY.md).
+inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 2); }
+
+constexpr int64_t kTileRows = 8;     // rows a half tile interleaves (a 256-bit vector's lanes)
+constexpr int64_t kTile = 16;        // rows a whole tile interleaves
+constexpr int64_t kInt8Tokens = 16;  // tokens the portable loops hold a half tile's sums for at once
+constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the block computed (memory's latency)
+
+// A tile's block of `bytes` at `block`, in a pass of several tokens: its lines kInt8Ahead on asked for,
+// into L2 (`prefetch_far`); a decode token asks for nothing. The callers decide by the token count their
+// code is compiled for: a test of the pass's width inside their loop let the compiler make a second
+// copy of the loop, its sums in memory and two blocks at a time, and take it (a slower one).
+inline void ask_ahead(const uint8_t* block, int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += 64) prefetch_far(block + kInt8Ahead + line);
+}
+
+// Where half h of a tile keeps block 0's scales (d; Q4_1's m) and integers (vector v at q + v * vector),
+// and how far on block b + 1's are (stride). Byte: const uint8_t to read tiles, uint8_t to write them.
+template <typename Byte>
+struct HalfOf {
+    Byte* d;
+    Byte* m;
+    Byte* q;
+    int64_t vector;
+    int64_t stride;
+};
+using Half = HalfOf<const uint8_t>;
+
+// Half h (0, 1) of the tile that holds rows 8g .. 8g + 7 (g = 2i + h) of weights w, `rows` rows long.
+template <typename Byte>
+HalfOf<Byte> half_tile(int64_t kind, Byte* w, int64_t rows, int64_t row_bytes, int64_t g) {
+    const int64_t i = g / 2, h = g % 2, R = 16 * i + kTile <= rows ? kTile : kTileRows;
+    Byte* tile = w + kTile * i * row_bytes;
+    const int64_t scales = kind == Q4_1 || kind == Q4_K ? 4 * R : 2 * R;  // d (and m, Q4_K's dmin) of R rows
+    return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * block_bytes(kind)};
+}
+
+#ifdef SPECDRAFT_AVX2
+
+#if SPECDRAFT_VNNI == 2
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#elif SPECDRAFT_VNNI == 1
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+#endif
+
+inline __m256i broadcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// A group's 4 weights of 8 rows (unsigned) times a token's 4 activations, added to each row's sum.
+inline __m256i group_dot(__m256i acc, __m256i w, __m256i x) {
+#ifdef SPECDRAFT_VNNI
+    return dot_add(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+#endif
+
+}  // namespace
+
+namespace specdraft {
+
+// The K kinds' tiles (int8_k.cpp): rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the
+// tile's other half) against every token; a whole tile (g even) so, in 512-bit registers (where
+// SPECDRAFT_ZMM); row r (0..7) of half tile g's super-block b from its GGUF block into the tiles, and
+// back.
+void k_group(const Projection& p, int64_t g, int64_t halves, const Out& out);
+void k_whole_tile(const Projection& p, int64_t g, const Out& out);
+void k_tile_block(int64_t kind, uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r,
+                  const uint8_t* block);
+void k_block_of(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r,
+                uint8_t* block);
+
+}  // namespace specdraft
