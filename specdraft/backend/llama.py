@@ -8,7 +8,7 @@ built on the device, pays less Python per layer, and computes only a batch's rea
 `real`, the flat indices of the real tokens in the padded [batch, T] input, every per-token part
 (embedding, norms, projections, MLPs, output layer) runs on those alone and only attention sees
 the padded layout. A verify step whose rows draft different lengths then costs its tokens, not
-batch x the longest draft. Its logits equal the stock model's (`tests/test_backend.py`). Other
+batch x the longest draft. Its logits equal the stock model's (`tests/backend/test_backend.py`). Other
 architectures run the stock forward (`RowModel` decides).
 
 How it runs a pass's layers and head (`layers.py`): on CPU (`compiled`), passes of a few tokens

@@ -5,7 +5,7 @@ values the dense copy holds).
 
 Adding a kind is one room: its entry here, the same entry in `csrc/formats.h` (its number, bytes and
 `expand_row` branch), and its two dot products (`csrc/float32.cpp`'s `block_values`, the float32
-arithmetic; `csrc/int8.cpp`'s tiles, the int8 one). `tests/test_block_kinds.py` then holds its
+arithmetic; `csrc/int8.cpp`'s tiles, the int8 one). `tests/backend/test_block_kinds.py` then holds its
 dequantisation and both dot products to gguf's own dequantisation on every build of the kernel."""
 
 from __future__ import annotations

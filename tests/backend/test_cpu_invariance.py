@@ -4,7 +4,7 @@ of keys: attention splits a token's keys in spans at fixed offsets), so a specul
 logprobs equal a plain one's bitwise; with invariant prefill (`SPECDRAFT_INVARIANT_PREFILL=1`:
 prefill chunks as calls of 32 tokens) a prefill chunk's too, so a prefix-cache hit's equal a cold
 request's; by default (BLAS prefill) they do not (the negative control). The Triton kernels' side
-(CUDA) is `tests/test_invariance.py`."""
+(CUDA) is `tests/backend/test_invariance.py`."""
 
 from __future__ import annotations
 

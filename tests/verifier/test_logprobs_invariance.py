@@ -1,7 +1,7 @@
 """Logprobs are bitwise a plain request's: a speculative request's (its tokens verified several a
 pass) and a prefix-cache hit's (its prompt's entries reused, a short last prefill chunk) equal a plain
 cold request's, bit for bit, where the target's kernels are batch-invariant (the Triton kernels, in
-bf16; see tests/test_invariance.py for how they run on CPU)."""
+bf16; see tests/backend/test_invariance.py for how they run on CPU)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def _script(name: str):
@@ -118,7 +118,7 @@ def test_the_roots_are_the_projects_dependencies_and_extras_with_the_pins(tmp_pa
         'bench = ["matplotlib>=3.8"]\nvllm = ["vllm"]\n')
     roots = prepare.project_roots(tmp_path / "pyproject.toml")
     assert roots == ["torch>=2.4", "gguf>=0.10", "pytest>=8", "matplotlib>=3.8", *prepare.PINS]
-    roots = prepare.project_roots(Path(__file__).resolve().parent.parent / "pyproject.toml")
+    roots = prepare.project_roots(Path(__file__).resolve().parents[2] / "pyproject.toml")
     assert "transformers==5.24.*" in roots and not any(r.startswith(("playwright", "schemathesis")) for r in roots)
 
 
@@ -234,7 +234,7 @@ def test_one_report_holds_every_part_failures_included(tmp_path):
     # a file another run left there, sorting after gpu_step_cuda: not this run's step (it was read once)
     (tmp_path / "gpu_step_tiling_tried.json").write_text(json.dumps({"machine": "another GPU", "cost_ratio_c": 0.9}))
     (tmp_path / "gpu_step_tiling_tried.md").write_text("# A tiling tried\n\n## stale\n")
-    results = [run.PartResult("invariance", "pytest tests/test_invariance.py", 12.0, 70.0, 1, "E   assert 1 == 2\n",
+    results = [run.PartResult("invariance", "pytest tests/backend/test_invariance.py", 12.0, 70.0, 1, "E   assert 1 == 2\n",
                               {"passed": 20, "failed": 3}),
                run.PartResult("domains", "gpu_run.py --part domains", 50.0, 100.0, 0, "", {}),
                run.PartResult("cuda-tests-slow", "pytest ...", 90.0, 90.0, None, "tests/x.py::t PASSED",

@@ -30,7 +30,7 @@ from specdraft.verifier import Verifier
 from specdraft.verifier.acceptance import rejection_sample
 from tests.conftest import GRAMMAR_EOS, TINY_VOCAB, GrammarTokens, ScriptedDrafter, ToyTokenizer, make_tiny_model, shallow_copy_of
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "specdraft-copycat"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "specdraft-copycat"))
 from specdraft_copycat import Copycat  # noqa: E402  (the example plugin: the four verbs only)
 
 K = 4

@@ -29,7 +29,7 @@ from specdraft.params import SamplingParams, SpeculationParams
 from benchmarks.common import live_server
 from tests.tiny_dir import tiny_model_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "specdraft-copycat"
 ORIGIN = "plugin: specdraft-copycat (specdraft_copycat:create)"
 PROMPT = "Copy this list twice: apple, banana, cherry, grape, lemon, mango."
@@ -346,7 +346,7 @@ def test_benchmark_measures_the_plugin(copycat, tmp_path):
 
 def test_vllm_proposer_runs_a_plugin_named_in_additional_config(copycat):
     from specdraft.integrations.vllm import Proposer
-    from tests.test_vllm_proposer import fake_vllm_config
+    from tests.integrations.test_vllm_proposer import fake_vllm_config
 
     proposer = Proposer(fake_vllm_config(k=3, additional_config={"specdraft": {"drafter": "copycat"}}))
     assert proposer.drafter_name == "copycat"

@@ -9,7 +9,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "specdraft"
 FLOORS = {  # higher imports lower; a module's floor is its first listed prefix's
     "specdraft.api": 7, "specdraft.llm": 7,

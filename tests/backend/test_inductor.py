@@ -1,5 +1,5 @@
 """Inductor's compiled CPU layer parts (`specdraft.backend.inductor`, what int8 draft copies and
-non-float32 activations run; float32 layers run numba's, `tests/test_numba_layers.py`, hidden here so
+non-float32 activations run; float32 layers run numba's, `tests/backend/test_numba_layers.py`, hidden here so
 that the tiny float32 models exercise inductor's): logits equal the eager layers' for every token
 count it takes and the eager layers take the rest; joining the q/k/v and gate/up weights changes no
 value and copies nothing twice; a compiler that fails leaves the same output, with a warning."""

@@ -96,7 +96,7 @@ def texts_and_values(choice) -> tuple[list, list]:
 def test_a_speculative_requests_logprobs_equal_a_plain_ones(client, endpoint):
     """The same tokens, top tokens and values; values to float32 rounding only: this model's CPU
     kernels round a verify pass's logits otherwise than a plain step's in places (batch-invariant
-    kernels give them bit for bit: tests/test_logprobs_invariance.py)."""
+    kernels give them bit for bit: tests/verifier/test_logprobs_invariance.py)."""
     if endpoint == "chat":
         plain, ngram = (chat(client, drafter=d, logprobs=True, top_logprobs=2) for d in ("none", "ngram"))
     else:

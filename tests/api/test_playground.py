@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCREENSHOT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "playground.png"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "playground.png"
 # The embedded model copies it whole in either arithmetic (a list to repeat was copied in one and
 # answered otherwise in another, as attention's summation order changed).
 COPY_PROMPT = 'Copy this JSON exactly: {"name": "alpha", "id": 1, "tags": ["red", "green", "blue"]}'

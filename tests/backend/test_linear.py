@@ -11,7 +11,7 @@ from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from specdraft.backend.linear import MAX_ROWS, FewRowsLinear, use_few_rows_linears
 from tests.conftest import ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script
-from tests.test_engine import PROMPTS, references  # noqa: F401  (fixture)
+from tests.engine.test_engine import PROMPTS, references  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3, 1), (2, 7), (1, MAX_ROWS + 1), (4, 40)])
