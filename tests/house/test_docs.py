@@ -70,8 +70,12 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
-def test_there_are_docs_pages():
-    assert DOCS, "docs/*.md"
+def test_every_docs_page_has_a_title_and_a_row_in_the_readme_table():
+    """Each docs page opens with its title, and the README's documentation table says what it holds."""
+    rows = dict(re.findall(r"^\| \[[^\]]+\]\(docs/([^)#]+)\) \| (.+?) \|$", README.read_text(), re.M))
+    assert len(DOCS) >= 10, "docs/*.md"
+    assert [p.name for p in DOCS if not p.read_text().startswith("# ")] == []
+    assert sorted(p.name for p in DOCS if rows.get(p.name, "").strip() == "") == []
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
