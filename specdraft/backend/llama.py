@@ -1,6 +1,7 @@
-"""Our own forward pass for Llama-architecture models (the families of `family.FAMILIES`: Llama 2/3.x,
-SmolLM2, Qwen2/2.5), over the transformers model's own modules and weights: embedding, rotary embedding, norms, projections and MLPs are called
-as they are; the layer loop, the KV writes and attention are ours.
+"""Our own forward pass for Llama-architecture models (the families of `family.FAMILIES`: Llama
+2/3.x, SmolLM2, Qwen2/2.5), over the transformers model's own modules and weights: embedding, rotary
+embedding, norms, projections and MLPs are called as they are; the layer loop, the KV writes and
+attention are ours.
 
 Why not the stock forward: it takes any subset of the decoder layers (draft models that skip layers),
 runs its activations in a chosen dtype (other than the weights' for int8 draft copies), takes a boolean mask
@@ -43,7 +44,7 @@ def supports(model: torch.nn.Module) -> bool:
     family = family_of(model.config)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
-    if family is None or layers is None or not len(layers) or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
+    if family is None or layers is None or not len(layers) or not all(hasattr(inner, n) for n in ("rotary_emb", "norm")):
         return False
     layer = layers[0]
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)

@@ -93,8 +93,9 @@ class RowModel:
                                                            self._own.family.head_dim, self._own.dtype)
         else:
             if layers is not None or dtype is not None:
+                kind = getattr(config, "model_type", type(model).__name__)
                 raise ValueError(f"running a subset of layers or another dtype needs a model of a family our forward "
-                                 f"runs ({', '.join(FAMILIES)}), not {getattr(config, 'model_type', type(model).__name__)!r}")
+                                 f"runs ({', '.join(FAMILIES)}), not {kind!r}")
             self._own = None
             num_layers = config.num_hidden_layers
             _, kv_heads, head_dim = attention_shape(config)

@@ -1,8 +1,9 @@
-"""`TritonLayers`: a decoder stack (a `Family` of `family.FAMILIES`) run by `triton_kernels`, so that a token's logits and the keys
-and values it writes are bitwise the same whatever pass computes them (a plain step, a verify pass
-of any width, a prefill chunk, alone or beside other rows, at any KV length). Used on CUDA (bf16 by
-default), where the libraries' kernels change their reductions with the row count; on CPU only
-under Triton's interpreter (tests). Called as `layers.EagerLayers` is (`takes`, `stack`, `head`).
+"""`TritonLayers`: a decoder stack (a `Family` of `family.FAMILIES`) run by `triton_kernels`, so
+that a token's logits and the keys and values it writes are bitwise the same whatever pass computes
+them (a plain step, a verify pass of any width, a prefill chunk, alone or beside other rows, at any
+KV length). Used on CUDA (bf16 by default), where the libraries' kernels change their reductions
+with the row count; on CPU only under Triton's interpreter (tests). Called as `layers.EagerLayers`
+is (`takes`, `stack`, `head`).
 
 Five launches a layer (six to nine where a narrow weight splits its in-features): q/k/v with the
 input norm fused in, rotary embedding + the cache write, attention (chunks, then their merge), the

@@ -1,7 +1,8 @@
 """A GGUF's tensors of the kinds the kernel reads (`formats.KINDS`) read as blocks (`gguf_blocks`, in
 transformers' names and row order) and swapped into the model transformers loaded from the same file
 (`use_blocks`), for the families our forward runs (`backend.family`; llama.cpp names their tensors
-alike: Llama's and Qwen2's differ by Qwen2's q/k/v biases, float32 tensors that stay with the model)."""
+alike; Qwen2's q/k/v biases are float32 tensors that stay with the model, and its q and k rows are
+stored in transformers' order, Llama's interleaved: `Family.gguf_interleaved_qk`)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def rotary_order(rows: int, heads: int) -> np.ndarray:
 
 def gguf_blocks(gguf: Path, family: Family) -> dict[str, tuple[np.ndarray, int]]:
     """Every weight of a GGUF of a kind in `KINDS`, by its transformers name: (blocks [rows, row bytes]
-    uint8 in transformers' row order, kind). Other types are left out (they stay dense), and so are
-    biases. An untied output layer is the file's `output.weight`."""
+    uint8 in transformers' row order, kind: q and k rows put back where `family.gguf_interleaved_qk`).
+    Other types are left out (they stay dense), and so are biases. An untied output layer is the
+    file's `output.weight`."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf))
@@ -49,7 +51,7 @@ def gguf_blocks(gguf: Path, family: Family) -> dict[str, tuple[np.ndarray, int]]
             module = next((k for k, v in _PARTS.items() if v == part), None)
             if module is None or what != "weight":
                 continue
-            if part in ("attn_q", "attn_k"):
+            if family.gguf_interleaved_qk and part in ("attn_q", "attn_k"):
                 blocks = blocks[rotary_order(blocks.shape[0], heads if part == "attn_q" else kv_heads)]
             group = "self_attn" if part.startswith("attn") else "mlp"
             out[f"model.layers.{layer}.{group}.{module}.weight"] = (blocks, kind)

@@ -34,8 +34,8 @@ ARITHMETICS = ("float32", "int8")  # how a `BlockLinear` computes
 
 class BlockLinear(torch.nn.Module):
     """A linear layer whose weight is GGUF blocks [out, row bytes] (a buffer, `blocks`), plus `bias`
-    [out] (a parameter, as the dense layer's; or None), computing in `arithmetic` (`ARITHMETICS`). As a module, float32 dequantises and runs
-    `FewRowsLinear`'s arithmetic, the dense layer's result; int8 runs the kernel's int8 arithmetic
+    [out] (a parameter, as the dense layer's; or None), computing in `arithmetic` (`ARITHMETICS`). As
+    a module, float32 dequantises and runs `FewRowsLinear`'s arithmetic, the dense layer's result; int8 runs the kernel's int8 arithmetic
     (float32 activations on CPU; elsewhere it dequantises, as float32). In the int8 arithmetic the
     blocks are held as the kernel's tiles (`Kernel.tile`: the same bytes, 16 rows interleaved)."""
 
