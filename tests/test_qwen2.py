@@ -2,7 +2,8 @@
 (head counts and size, biases, tied head, rope base, norm epsilon, the GGUF's q/k order) read
 from it, other models refused by name. Tiny random Qwen2 models built in-process (7 query heads
 over 1 kv head of 64, 6 over 2 of 128, q/k/v biases, an untied output layer): our forward gives
-the stock model's logits across rows and packed passes (float64 and float32, as for Llama);
+the stock model's logits across rows and packed passes (float64 and float32, as for Llama), and
+so do the Triton kernels (under Triton's interpreter on CPU);
 numba's compiled layers equal the eager ones for every token count; the compiled CPU step gives a
 token bitwise the same logits, keys and values in a plain step and in verify passes of any width;
 greedy speculative output (ngram) equals plain greedy and Hugging Face `generate`'s. A tiny Qwen2
@@ -118,6 +119,18 @@ def test_numba_passes_equal_the_eager_layers_for_every_token_count(heads, kv_hea
     for n, got, want in zip(counts, row_passes(compiled, list(range(1, 61)), counts), reference):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5, msg=f"a pass of {n} tokens")
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
+def test_the_triton_kernels_give_the_stock_logits(heads, kv_heads, head_dim):
+    """The batch-invariant Triton kernels (on CPU under Triton's interpreter), q/k/v joined with their biases."""
+    pytest.importorskip("triton")
+    model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=3, layers=1)
+    rows = RowModel(model, kernels="triton")
+    assert rows._own.invariant is not None
+    rows.add("r", active=True)
+    ids = list(range(1, 12))
+    torch.testing.assert_close(rows.prefill("r", ids), stock_logits(model, ids)[-1], rtol=0, atol=1e-4)
 
 
 def feed(model, prompt: np.ndarray, extra: np.ndarray, widths: list[int]):
