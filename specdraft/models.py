@@ -382,7 +382,8 @@ def load_draft_model(spec: "str | LoadedModel | None", target: LoadedModel, dtyp
 
     if spec is None or spec == SELF_DRAFT:
         if not llama.supports(target.model):
-            raise ValueError(f"the {SELF_DRAFT} draft needs a Llama-family target; give a draft model for {target.name!r}")
+            raise ValueError(f"the {SELF_DRAFT} draft needs a target of a family our forward runs; "
+                             f"give a draft model for {target.name!r}")
         draft = int8_copy(target)
         ours, theirs = linear_bytes(draft.model), linear_bytes(target.model)
         if ours >= theirs:  # a native target: its blocks are fewer bytes than any int8 copy

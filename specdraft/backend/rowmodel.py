@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from specdraft.backend import llama
+from specdraft.backend.family import FAMILIES, attention_shape
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
@@ -75,8 +76,9 @@ class _Shape:
 
 class RowModel:
     """model: a transformers causal LM (eval mode); layers: run only these decoder layers (a draft that
-    skips layers; Llama family only); dtype: the activations' dtype for the own forward (default the
-    model's); static: run batched passes at static shapes (`StaticShapes`; Llama family only); compiled:
+    skips layers; our forward's families only, `family.FAMILIES`); dtype: the activations' dtype for the own
+    forward (default the model's); static: run batched passes at static shapes (`StaticShapes`; our
+    forward's families only); compiled:
     on CPU, run passes of a few tokens compiled; kernels: which kernels run our own forward
     (`llama.LlamaForward`: auto, triton or torch)."""
 
@@ -87,19 +89,19 @@ class RowModel:
         config = model.config
         if llama.supports(model):
             self._own = llama.LlamaForward(model, layers, dtype, compiled=compiled, kernels=kernels)
-            num_layers, kv_heads, head_dim, cache_dtype = (len(self._own.layers), self._own.num_kv_heads,
-                                                           self._own.head_dim, self._own.dtype)
+            num_layers, kv_heads, head_dim, cache_dtype = (len(self._own.layers), self._own.family.kv_heads,
+                                                           self._own.family.head_dim, self._own.dtype)
         else:
             if layers is not None or dtype is not None:
-                raise ValueError(f"running a subset of layers or another dtype needs a Llama-family model, "
-                                 f"not {getattr(config, 'model_type', type(model).__name__)!r}")
+                kind = getattr(config, "model_type", type(model).__name__)
+                raise ValueError(f"running a subset of layers or another dtype needs a model of a family our forward "
+                                 f"runs ({', '.join(FAMILIES)}), not {kind!r}")
             self._own = None
             num_layers = config.num_hidden_layers
-            kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            _, kv_heads, head_dim = attention_shape(config)
             cache_dtype = next(model.parameters()).dtype
         if static is not None and self._own is None:
-            raise ValueError("static shapes need a Llama-family model (our own forward)")
+            raise ValueError(f"static shapes need a model of a family our forward runs ({', '.join(FAMILIES)})")
         self.static = static
         # A static cache is allocated whole (with room for a KV bucket's overhang), so no step ever grows it.
         slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)

@@ -91,7 +91,7 @@ def test_stock_path_for_other_architectures_matches_too():
     ids = [5, 9, 33, 2, 71, 8, 8, 40]
     rows.add("r", active=True)
     torch.testing.assert_close(rows.prefill("r", ids, chunk=3), stock_logits(model, ids)[-1], rtol=0, atol=1e-10)
-    with pytest.raises(ValueError, match="needs a Llama-family model, not 'mistral'"):
+    with pytest.raises(ValueError, match=r"needs a model of a family our forward runs \(llama, qwen2\), not 'mistral'"):
         RowModel(model, layers=[0])
 
 

@@ -26,6 +26,7 @@ import torch
 
 from specdraft.backend import RowModel
 from specdraft.backend import native as blocks
+from specdraft.backend.family import family_of
 from specdraft.backend.native import Reader, Storage
 from specdraft.backend.native import library as cpp_kernel
 from specdraft.backend.linear import use_few_rows_linears
@@ -158,24 +159,27 @@ def _llama_cpp_order(weights: np.ndarray, heads: int) -> np.ndarray:
         weights.shape)
 
 
-def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_0") -> None:
-    """The model's embedding, output layer and projections as a GGUF of these types (norms stay with
-    the model); then the model's weights are set to the file's dequantised values, as transformers
-    would load them."""
-    config = model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
+def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_0",
+               types: dict[str, str] | None = None) -> None:
+    """The model's embedding, output layer and projections as a GGUF of these types (`types`: a type
+    for some parts, e.g. {"attn_v": "Q8_0"}), as llama.cpp writes its family (q/k rows interleaved where
+    `gguf_interleaved_qk`; biases as float32); norms stay with the model. Then the model's weights
+    are set to the file's dequantised values, as transformers would load them."""
+    family = family_of(model.config)
+    writer = gguf.GGUFWriter(str(path), family.model_type)
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
     tensors = {"token_embd.weight": (model.model.embed_tokens, head_type), "output.weight": (model.lm_head, head_type)}
     for i, layer in enumerate(model.model.layers):
         for module, part in names.items():
             parent = layer.self_attn if part.startswith("attn") else layer.mlp
-            tensors[f"blk.{i}.{part}.weight"] = (getattr(parent, module), projection_type)
+            tensors[f"blk.{i}.{part}.weight"] = (getattr(parent, module), (types or {}).get(part, projection_type))
     with torch.no_grad():
         for name, (module, type_name) in tensors.items():
             qtype = getattr(gguf.GGMLQuantizationType, type_name)
             weight = module.weight.detach().float().numpy()
-            heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}.get(name.split(".")[-2])
+            heads = {"attn_q": family.heads, "attn_k": family.kv_heads}.get(name.split(".")[-2])
+            heads = heads if family.gguf_interleaved_qk else None
             stored = _llama_cpp_order(weight, heads) if heads else weight
             quantized = gguf.quants.quantize(stored, qtype)
             writer.add_tensor(name, quantized, raw_shape=quantized.shape, raw_dtype=qtype)
@@ -183,6 +187,8 @@ def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_
             if heads:  # undo the order as transformers does
                 values = values[blocks.rotary_order(values.shape[0], heads)]
             module.weight.copy_(torch.from_numpy(values))
+            if getattr(module, "bias", None) is not None:
+                writer.add_tensor(name.replace(".weight", ".bias"), module.bias.detach().float().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdraft.backend import RowModel
+from specdraft.backend.family import family_of
 from specdraft.backend.inductor import MAX_TOKENS, InductorLayers
 from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.numba_layers import NumbaLayers
@@ -38,7 +39,7 @@ def test_inductor_passes_equal_the_eager_layers_for_every_token_count():
 def test_joining_projections_keeps_every_value_and_shares_one_buffer():
     model = make_tiny_model(seed=6, dtype=torch.float32, layers=2)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    InductorLayers(model, list(model.model.layers), torch.float32, 16, 4, 2)
+    InductorLayers(model, list(model.model.layers), torch.float32, family_of(model.config))
     attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     q, k, v = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
     assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
@@ -46,7 +47,7 @@ def test_joining_projections_keeps_every_value_and_shares_one_buffer():
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
     ptr = q.data_ptr()
-    InductorLayers(model, list(model.model.layers), torch.float32, 16, 4, 2)  # joined already: reused, not copied again
+    InductorLayers(model, list(model.model.layers), torch.float32, family_of(model.config))  # joined already: reused, not copied again
     assert attention.q_proj.weight.data_ptr() == ptr
 
 

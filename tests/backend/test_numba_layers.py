@@ -9,7 +9,8 @@ weights stay buffers) and list each layer's joined weights in step order (`proje
 token count (odd rows, biases, residuals, int8 weights with scales); attention over cache spans
 joined after (one token's entries split among threads) equals a float64 softmax, spans with nothing
 seen included, by numba's loops and by the compiled kernel (`attention.cpp`, bitwise the same on
-each of its paths)."""
+each of its paths), for Llama's head shapes and Qwen2.5's (7 and 6 query heads per kv head, heads
+of 64 and 128)."""
 
 from __future__ import annotations
 
@@ -233,7 +234,34 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv, implementati
         np.testing.assert_array_equal(alone[0], out[t])
 
 
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 16)])
+@pytest.mark.parametrize("implementation", ATTENTIONS)
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(14, 2, 64), (12, 2, 128), (7, 1, 64)])
+def test_attention_of_qwen2s_shapes_equals_the_softmax_and_alone_each_token_its_own(heads, kv_heads, head_dim,
+                                                                                    implementation):
+    """Qwen2.5's 7 and 6 query heads per kv head (more than a job's queries, `MAX_JOB_QUERIES`), heads
+    of 64 and 128: each token's output within float rounding of a float64 softmax, and bitwise the
+    same attended alone, by numba's loops and by each of the kernel's builds."""
+    rng = np.random.default_rng(heads)
+    kv, tokens = 2 * SPAN + 5, 6
+    keys, values = (rng.standard_normal((1, kv_heads, 3 * SPAN, head_dim), dtype=np.float32) for _ in range(2))
+    qkv = rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
+    positions = np.arange(kv - tokens, kv)
+    visible = np.arange(kv)[None, :] <= positions[:, None]
+    kernel = attention_kernel(implementation)
+    out = np.empty((tokens, heads * head_dim), np.float32)
+    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel, 2)
+    q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
+    want = attention_reference(q, keys[0, :, :kv].astype(np.float64), values[0, :, :kv].astype(np.float64), visible)
+    np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
+    for t in range(tokens):
+        alone = np.empty((1, heads * head_dim), np.float32)
+        attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], visible[t : t + 1, : positions[t] + 1], keys,
+               values, heads, kv_heads, head_dim, alone, kernel, 1)
+        np.testing.assert_array_equal(alone[0], out[t])
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 16), (14, 2, 64), (12, 2, 128),
+                                                       (7, 1, 64)])
 def test_the_attention_kernel_computes_bitwise_the_same_on_every_path(heads, kv_heads, head_dim):
     """The kernel's AVX-512 build, its AVX2 one and its portable loops (attention.cpp: one order of
     arithmetic) give bitwise the same outputs, whatever the threads its jobs are shared among: a

@@ -107,5 +107,5 @@ def test_static_shapes_need_our_own_forward():
 
     model = MistralForCausalLM(MistralConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128,
                                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
-    with pytest.raises(ValueError, match="static shapes need a Llama-family model"):
+    with pytest.raises(ValueError, match="static shapes need a model of a family our forward runs"):
         RowModel(model, static=STATIC)
