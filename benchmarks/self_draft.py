@@ -87,9 +87,9 @@ def calibrate_skips(model, dtype, sequences, layers: int, most: int) -> list[tup
 
 def step_seconds(model, layers, dtype, repeats: int = 25) -> float:
     """Median time of a one-token step of one row with a 128-token context."""
-    rows = RowModel(model, layers=layers, dtype=dtype)
+    rows = RowModel(model, layers=layers, dtype=dtype, prefill_chunk=128)
     rows.add("r", active=True)
-    rows.prefill("r", list(range(3, 131)), chunk=128)
+    rows.prefill("r", list(range(3, 131)))
     times = []
     for i in range(repeats + 3):
         start = time.perf_counter()
