@@ -239,3 +239,15 @@ def test_cancel_frees_rows_and_drafter_state_in_every_phase(tiny_model):
         assert engine.collect(request_id).finish_reason == "cancelled"
     assert not engine.has_work and engine.verifier.row_ids == [] and not drafter.contexts
     assert engine.verifier.rows.cache.rows == 0
+
+
+def test_an_engine_and_its_rows_refuse_a_budget_or_chunk_below_one(tiny_model):
+    with pytest.raises(ValueError, match="token_budget must be >= 1, got 0"):
+        Engine(Verifier(tiny_model), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, token_budget=0)
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1, got 0"):
+        Verifier(tiny_model, prefill_chunk=0)
+
+
+@pytest.mark.parametrize("start, stop, end", [(0, 100, 8), (0, 5, 5), (3, 100, 8), (8, 100, 16), (13, 14, 14), (15, 40, 16)])
+def test_a_prefill_pass_ends_at_the_next_multiple_of_the_chunk(tiny_model, start, stop, end):
+    assert Verifier(tiny_model, prefill_chunk=8).rows.chunk_end(start, stop) == end

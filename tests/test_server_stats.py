@@ -1,7 +1,8 @@
 """`/metrics` and `/health` read the engine's stats as its thread published them: scraped in a tight
 loop while requests come and go, every scrape answers 200 (once they iterated the engine's live
 request table on the HTTP event loop, and a scrape could meet "dictionary changed size during
-iteration", answered with a 500). An in-process server on the loopback, over a tiny model."""
+iteration", answered with a 500). An in-process server on the loopback, over a tiny model; the
+scrapes are bounded in count and time, and the interpreter switches threads often while they run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 
 import httpx
 import pytest
+import torch
 import uvicorn
 
 from specdraft.api.server import create_app
@@ -20,9 +22,9 @@ from specdraft.runtime import build_runtime
 from specdraft.settings import Settings
 from tests.conftest import loaded, make_tiny_model
 
-REQUESTS = 200  # requests that come and go while the scrapes run
-SCRAPES = 4000  # at most, over both routes
-SECONDS = 40.0  # at most
+REQUESTS = 300  # requests that come and go while the scrapes run (sent at once: a long table to read)
+SCRAPES = 20000  # at most, over both routes
+SECONDS = 30.0  # at most
 
 
 def _free_port() -> int:
@@ -33,7 +35,9 @@ def _free_port() -> int:
 
 @pytest.fixture
 def url():
-    runtime = build_runtime(loaded(make_tiny_model(dtype=__import__("torch").float32)),
+    # One row: the other requests wait in the engine's table, so a scrape that read it would read a long
+    # table while requests enter and leave it.
+    runtime = build_runtime(loaded(make_tiny_model(dtype=torch.float32)),
                             Settings(drafters=["none", "ngram"], max_batch=1, calibrate=False, prefix_cache_mb=1))
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(runtime, max_queued=REQUESTS), host="127.0.0.1", port=port,
@@ -50,10 +54,10 @@ def url():
 
 
 async def _requests(url: str) -> list[int]:
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None)) as client:  # all in flight at once
         async def one(i: int) -> int:
-            body = {"prompt": [1 + i % 50, 2, 3, 4 + i % 7], "max_tokens": 4 + i % 4, "temperature": 0}
-            return (await client.post(f"{url}/v1/completions", json=body, timeout=60)).status_code
+            body = {"prompt": [1 + i % 50, 2, 3, 4 + i % 7], "max_tokens": 12 + i % 4, "temperature": 0}
+            return (await client.post(f"{url}/v1/completions", json=body, timeout=600)).status_code
 
         return list(await asyncio.gather(*(one(i) for i in range(REQUESTS))))
 
@@ -71,16 +75,17 @@ def test_metrics_and_health_scraped_while_requests_come_and_go_never_fail(url):
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads often: a read that races the engine's thread shows
     done, scrapes = threading.Event(), []
-    scraper = threading.Thread(target=_scrape, args=(url, done, scrapes))
+    scrapers = [threading.Thread(target=_scrape, args=(url, done, scrapes)) for _ in range(2)]
     try:
-        scraper.start()
+        for scraper in scrapers:
+            scraper.start()
         statuses = asyncio.run(_requests(url))
     finally:
         done.set()
-        scraper.join()
+        for scraper in scrapers:
+            scraper.join()
         sys.setswitchinterval(interval)
     assert statuses == [200] * REQUESTS
     assert len(scrapes) >= 20, "too few scrapes to tell"
     failed = [(path, status) for path, status in scrapes if status != 200]
-    print(len(scrapes))
     assert failed == [], f"{len(failed)} of {len(scrapes)} scrapes failed: {failed[:5]}"
