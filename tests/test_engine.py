@@ -251,3 +251,18 @@ def test_an_engine_and_its_rows_refuse_a_budget_or_chunk_below_one(tiny_model):
 @pytest.mark.parametrize("start, stop, end", [(0, 100, 8), (0, 5, 5), (3, 100, 8), (8, 100, 16), (13, 14, 14), (15, 40, 16)])
 def test_a_prefill_pass_ends_at_the_next_multiple_of_the_chunk(tiny_model, start, stop, end):
     assert Verifier(tiny_model, prefill_chunk=8).rows.chunk_end(start, stop) == end
+
+
+def test_the_steps_chosen_drafts_count_in_its_token_budget(tiny_model):
+    """Running rows' tokens come first, this step's chosen drafts included; prefill gets what is left."""
+    prompt = [(7 * i) % TINY_VOCAB for i in range(30)]
+    for drafted, prefilled in ((0, 9), (3, 3)):  # 12 - 2 x 1 = 10: three chunks of 3; 12 - 2 x 4 = 4: one
+        drafter = ScriptedDrafter(lambda context, limit: [1] * min(limit, drafted))
+        engine = Engine(Verifier(tiny_model, prefill_chunk=3), {"s": drafter}, ToyTokenizer(), (), 256, k=4,
+                        max_batch=4, policy="fixed", calibrate=False, token_budget=12)
+        for p in PROMPTS[:2]:
+            engine.submit(p, SamplingParams(max_tokens=20))
+        engine.step()  # the two rows are prefilled
+        late = engine.submit(prompt, SamplingParams(max_tokens=2))
+        engine.step()
+        assert engine.request(late).prefilled == prefilled

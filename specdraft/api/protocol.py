@@ -184,7 +184,7 @@ class CompletionRequest(_Sampling):
     def _one_prompt(cls, value):
         if isinstance(value, list) and value and isinstance(value[0], str) and len(value) != 1:
             raise ValueError(f"give one prompt per request, got {len(value)}")
-        return value  # an empty one is the engine's to refuse (`Engine.validate`), as every prompt is
+        return value  # an empty one is the engine's to refuse (`Engine.resolve`), as every prompt is
 
     @field_validator("echo", "suffix", "best_of")
     @classmethod

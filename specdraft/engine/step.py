@@ -117,9 +117,9 @@ class Step:
 
     @property
     def tokens(self) -> int:
-        """Tokens the verify pass takes: each row's last token and its chosen draft (the step's share of
-        the engine's token budget; prefill gets what is left)."""
-        return sum(1 + row.drafted for row in self.live)
+        """Tokens the verify pass took: each verified row's last token and its chosen draft (the step's
+        share of the engine's token budget; prefill gets what is left)."""
+        return sum(1 + row.drafted for row in self.rows if row.result is not None)
 
     def outcomes(self) -> Iterator[Outcome]:
         """The verified rows that did not fail, in order."""
@@ -152,8 +152,7 @@ class Stages:
     def __init__(self, verifier: Verifier) -> None:
         self.verifier = verifier
 
-    def plan(self, requests: list[Request], policy: DraftPolicy) -> Step:
-        """The step's drafts chosen (what the verify pass will take: `Step.tokens`), not yet verified."""
+    def run(self, requests: list[Request], policy: DraftPolicy) -> Step:
         # The step adds one token of the target's own: a row drafts at most its room less one.
         step = Step([Row(r, max(0, min(r.k, r.room - 1))) for r in requests])
         self.free_drafts(step, policy)
@@ -164,10 +163,6 @@ class Stages:
         self.costly_drafts(step)
         self.chosen_drafts(step)
         step.drafting_rows = len(step.live)
-        return step
-
-    def run(self, requests: list[Request], policy: DraftPolicy) -> Step:
-        step = self.plan(requests, policy)
         if step.live:
             self.verify(step)
         return step
