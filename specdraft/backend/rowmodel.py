@@ -7,6 +7,11 @@ rows still being prefilled wait in the slots after them and run in passes of the
 pass feeds each row of a window T new tokens at the positions after its committed length; the owner
 then `commit`s how many of them each row keeps (padding and rejected drafts are never committed),
 and `truncate` rolls a row back. Lengths live on the host, so none of this syncs with the device.
+
+A row's prompt is prefilled in chunks of `prefill_chunk` tokens at fixed positions (multiples of the
+chunk from the row's start, `chunk_end`), whoever feeds it and in whatever parts: a pass of many
+tokens is not bitwise the same as passes of fewer (BLAS), so where the chunks fall never depends on a
+step's budget. The chunk size has this one owner; a caller that budgets prefill reads it here.
 """
 
 from __future__ import annotations
@@ -23,9 +28,6 @@ from specdraft.backend.family import FAMILIES, attention_shape
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
-
-# Prompt tokens per prefill pass, and per step while other rows decode (the engine), or per drafting
-# call while a draft model catches up (the model drafter): one size, so a step stays bounded.
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,16 @@ class RowModel:
     forward (default the model's); static: run batched passes at static shapes (`StaticShapes`; our
     forward's families only); compiled:
     on CPU, run passes of a few tokens compiled; kernels: which kernels run our own forward
-    (`llama.LlamaForward`: auto, triton or torch)."""
+    (`llama.LlamaForward`: auto, triton or torch); prefill_chunk: the most tokens a prefill pass
+    takes, its passes at fixed positions (`chunk_end`)."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None, compiled: bool = False, kernels: str = "auto") -> None:
+                 static: StaticShapes | None = None, compiled: bool = False, kernels: str = "auto",
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
+        self.prefill_chunk = prefill_chunk
         self.device = next(model.parameters()).device
         config = model.config
         if llama.supports(model):
@@ -196,12 +203,12 @@ class RowModel:
     def read_prefix(self, row_id: str, prefixes: PrefixCache, salt: str | None, tokens: Sequence[int], limit: int) -> int:
         """Fill the empty row with the stored entries of the longest prefix of `tokens` (at most `limit`)
         that `prefixes` holds under `salt`; return how many positions it took."""
-        return prefixes.read(self.cache, self._slot[row_id], salt, tokens, limit)
+        return prefixes.read_prefix(self.cache, self._slot[row_id], salt, tokens, limit)
 
     def store_prefix(self, row_id: str, prefixes: PrefixCache, salt: str | None, tokens: Sequence[int]) -> None:
         """Keep the row's committed entries of its first len(tokens) positions (`tokens`, at most its
         length) in `prefixes` under `salt`."""
-        prefixes.store(self.cache, self._slot[row_id], salt, tokens)
+        prefixes.store_prefix(self.cache, self._slot[row_id], salt, tokens)
 
     def truncate(self, row_id: str, length: int) -> None:
         """Roll a row back to its first `length` tokens."""
@@ -352,13 +359,21 @@ class RowModel:
         at = torch.as_tensor(np.asarray(logits_at) - first, dtype=torch.int64, device=self.device)
         return logits.gather(1, at[:, None, None].expand(len(at), 1, logits.shape[-1]))
 
-    def prefill(self, row_id: str, token_ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
-        """Feed one row `token_ids` in passes of at most `chunk` tokens and commit them; return the
-        logits [vocab] after the last one."""
+    def chunk_end(self, start: int, stop: int) -> int:
+        """Where a prefill pass from position `start` ends, feeding at most up to `stop`: the next
+        multiple of `prefill_chunk`, so that chunks fall at the same positions however a prompt is fed."""
+        return min(stop, (start // self.prefill_chunk + 1) * self.prefill_chunk)
+
+    def prefill(self, row_id: str, token_ids: Sequence[int]) -> torch.Tensor:
+        """Feed one row `token_ids` in passes that end at chunk boundaries (`chunk_end`) and commit them;
+        return the logits [vocab] after the last one."""
         window = self.window_of(row_id)
         ids = np.asarray(token_ids, dtype=np.int64)
-        for start in range(0, len(ids), chunk):
-            piece = ids[start : start + chunk][None, :]  # [1, T]
+        length, done = self.length(row_id), 0
+        while done < len(ids):
+            end = self.chunk_end(length + done, length + len(ids)) - length
+            piece = ids[done:end][None, :]  # [1, T]
             logits = self.forward(window, piece, logits_at=np.array([piece.shape[1] - 1]))
             self.commit(window, [piece.shape[1]])
+            done = end
         return logits[0, -1]

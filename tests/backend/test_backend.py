@@ -28,14 +28,14 @@ def stock_logits(model, ids: list[int]) -> torch.Tensor:
 def test_own_forward_equals_stock_across_rows_of_different_lengths(dtype, atol):
     model = make_tiny_model(seed=3, dtype=dtype, layers=3, rope_theta=5000.0)
     assert llama.supports(model)
-    rows = RowModel(model)
+    rows = RowModel(model, prefill_chunk=7)
     assert rows._own is not None
     rng = random.Random(0)
     contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 40))] for i in range(5)}
     for row_id, ids in contexts.items():
         rows.add(row_id, active=True)
         head = ids[: len(ids) // 2 + 1]
-        logits = rows.prefill(row_id, head, chunk=7)  # several chunks
+        logits = rows.prefill(row_id, head)  # several chunks
         torch.testing.assert_close(logits, stock_logits(model, head)[-1], rtol=0, atol=atol)
     # One batched pass: each row gets its next 3 tokens (padded where the context ends).
     window = rows.active_window
@@ -57,14 +57,14 @@ def test_a_packed_pass_computes_only_real_tokens_and_equals_the_stock_model(dtyp
     the real tokens' logits equal the stock model's, padding gets zero logits, and a row then
     decodes on exactly as if the padding had never been fed."""
     model = make_tiny_model(seed=4, dtype=dtype, layers=2)
-    rows = RowModel(model)
+    rows = RowModel(model, prefill_chunk=16)
     assert rows.packs
     rng = random.Random(1)
     contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(3, 30))] for i in range(4)}
     counts = [1, 4, 2, 3]
     for row_id, ids in contexts.items():
         rows.add(row_id, active=True)
-        rows.prefill(row_id, ids, chunk=16)
+        rows.prefill(row_id, ids)
     inputs = np.array([[rng.randrange(TINY_VOCAB) for _ in range(4)] for _ in counts], dtype=np.int64)
     logits = rows.forward(rows.active_window, inputs, counts=counts)  # [4, 4, vocab]
     for b, (row_id, ids) in enumerate(contexts.items()):
@@ -86,11 +86,11 @@ def test_stock_path_for_other_architectures_matches_too():
     config = MistralConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, sliding_window=None)
     model = MistralForCausalLM(config).double().eval()
-    rows = RowModel(model)
+    rows = RowModel(model, prefill_chunk=3)
     assert rows._own is None  # not a model our forward claims to reproduce
     ids = [5, 9, 33, 2, 71, 8, 8, 40]
     rows.add("r", active=True)
-    torch.testing.assert_close(rows.prefill("r", ids, chunk=3), stock_logits(model, ids)[-1], rtol=0, atol=1e-10)
+    torch.testing.assert_close(rows.prefill("r", ids), stock_logits(model, ids)[-1], rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match=r"needs a model of a family our forward runs \(llama, qwen2\), not 'mistral'"):
         RowModel(model, layers=[0])
 
@@ -98,7 +98,7 @@ def test_stock_path_for_other_architectures_matches_too():
 def test_rows_join_activate_and_leave_without_disturbing_each_other(tiny_model):
     """Random adds, activations and removals: every row's cached keys stay those of its own tokens,
     active rows stay packed at the front, and a batched pass over them is still exact."""
-    rows = RowModel(tiny_model)
+    rows = RowModel(tiny_model, prefill_chunk=5)
     rng = random.Random(1)
     contexts: dict[str, list[int]] = {}
     for step in range(60):
@@ -107,7 +107,7 @@ def test_rows_join_activate_and_leave_without_disturbing_each_other(tiny_model):
             row_id = f"r{step}"
             contexts[row_id] = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 12))]
             rows.add(row_id, active=rng.random() < 0.5)
-            rows.prefill(row_id, contexts[row_id], chunk=5)
+            rows.prefill(row_id, contexts[row_id])
         elif action < 0.7:
             waiting = [r for r in contexts if r not in rows.active_ids]
             if waiting:
@@ -128,10 +128,10 @@ def test_rows_join_activate_and_leave_without_disturbing_each_other(tiny_model):
 
 
 def test_truncate_rolls_back_and_decoding_goes_on_exactly(tiny_model):
-    rows = RowModel(tiny_model)
+    rows = RowModel(tiny_model, prefill_chunk=16)
     rows.add("r", active=True)
     ids = [4, 8, 15, 16, 23, 42]
-    rows.prefill("r", ids, chunk=16)
+    rows.prefill("r", ids)
     rows.forward(rows.active_window, np.array([[1, 2, 3]]))
     rows.commit(rows.active_window, [3])
     rows.truncate("r", len(ids))  # the three tokens never happened
@@ -165,10 +165,10 @@ def test_layer_subset_runs_exactly_those_layers():
     shallow = make_tiny_model(seed=6, layers=2)
     shallow.load_state_dict({k.replace("layers.3.", "layers.1."): v for k, v in full.state_dict().items()
                              if ".layers." not in k or ".layers.0." in k or ".layers.3." in k})
-    rows = RowModel(full, layers=[0, 3])
+    rows = RowModel(full, layers=[0, 3], prefill_chunk=3)
     rows.add("r", active=True)
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
-    torch.testing.assert_close(rows.prefill("r", ids, chunk=3), stock_logits(shallow, ids)[-1], rtol=0, atol=1e-10)
+    torch.testing.assert_close(rows.prefill("r", ids), stock_logits(shallow, ids)[-1], rtol=0, atol=1e-10)
 
 
 def test_int8_linear_approximates_the_full_precision_layer():
@@ -193,9 +193,9 @@ def test_int8_copy_shares_the_targets_other_tensors():
     assert not any(type(m) is torch.nn.Linear for m in draft.model.modules())
     assert draft.compute_dtype == torch.float32  # on CPU numba's kernels read int8 weights with float32 activations
     ids = [5, 6, 7, 8, 9]
-    rows = RowModel(draft.model, dtype=draft.compute_dtype)
+    rows = RowModel(draft.model, dtype=draft.compute_dtype, prefill_chunk=8)
     rows.add("r", active=True)
-    q = rows.prefill("r", ids, chunk=8).softmax(-1)
+    q = rows.prefill("r", ids).softmax(-1)
     p = stock_logits(model, ids)[-1].softmax(-1)
     assert 0.5 * (q - p).abs().sum() < 0.1  # a close draft, not the target itself
     assert use_weight_only_int8(draft.model) == 0  # nothing left to convert

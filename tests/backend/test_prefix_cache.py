@@ -11,6 +11,7 @@ import torch
 
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
+from specdraft.drafters import create_drafter
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime
@@ -38,16 +39,16 @@ def test_a_hit_takes_exactly_the_shared_tokens_even_inside_a_stored_run():
     cache, prefixes = row_cache(), PrefixCache(1 << 20)
     stored = list(range(10, 30))  # 20 tokens, one run
     slot = filled(cache, 20, seed=1)
-    prefixes.store(cache, slot, None, stored)
+    prefixes.store_prefix(cache, slot, None, stored)
     target = cache.push_row()
     prompt = stored[:13] + [99, 98]  # parts from the run after 13 tokens
-    assert prefixes.read(cache, target, None, prompt, len(prompt) - 1) == 13
+    assert prefixes.read_prefix(cache, target, None, prompt, len(prompt) - 1) == 13
     assert torch.equal(cache.read(target, 0, 13), cache.read(slot, 0, 13))
     # The limit holds even where more agrees, and a prompt that agrees on nothing takes nothing.
     again = cache.push_row()
-    assert prefixes.read(cache, again, None, stored, 7) == 7
+    assert prefixes.read_prefix(cache, again, None, stored, 7) == 7
     other = cache.push_row()
-    assert prefixes.read(cache, other, None, [5, 6, 7], 2) == 0
+    assert prefixes.read_prefix(cache, other, None, [5, 6, 7], 2) == 0
 
 
 def test_storing_a_branch_splits_the_run_and_keeps_both_exactly():
@@ -57,35 +58,35 @@ def test_storing_a_branch_splits_the_run_and_keeps_both_exactly():
     tail = cache.read(b, 8, 14)
     cache.write(b, 0, cache.read(a, 0, 8))  # the same tokens have the same entries
     cache.write(b, 8, tail)
-    prefixes.store(cache, a, None, first)
-    prefixes.store(cache, b, None, second)
+    prefixes.store_prefix(cache, a, None, first)
+    prefixes.store_prefix(cache, b, None, second)
     assert prefixes.tokens == 20 + 6  # the shared 8 are held once
     for slot, tokens in ((a, first), (b, second)):
         reader = cache.push_row()
-        assert prefixes.read(cache, reader, None, tokens + [1], len(tokens)) == len(tokens)
+        assert prefixes.read_prefix(cache, reader, None, tokens + [1], len(tokens)) == len(tokens)
         assert torch.equal(cache.read(reader, 0, len(tokens)), cache.read(slot, 0, len(tokens)))
 
 
 def test_salts_share_nothing():
     cache, prefixes = row_cache(), PrefixCache(1 << 20)
     slot = filled(cache, 10, seed=1)
-    prefixes.store(cache, slot, "tenant-a", list(range(10)))
+    prefixes.store_prefix(cache, slot, "tenant-a", list(range(10)))
     for salt, expected in (("tenant-a", 9), ("tenant-b", 0), (None, 0)):
         reader = cache.push_row()
-        assert prefixes.read(cache, reader, salt, list(range(10)), 9) == expected
+        assert prefixes.read_prefix(cache, reader, salt, list(range(10)), 9) == expected
 
 
 def test_the_least_recently_used_entries_go_first_and_the_budget_holds():
     cache, prefixes = row_cache(), PrefixCache(25 * TOKEN_BYTES)
     one, two = filled(cache, 10, seed=1), filled(cache, 10, seed=2)
-    prefixes.store(cache, one, None, list(range(10)))
-    prefixes.store(cache, two, None, list(range(50, 60)))
+    prefixes.store_prefix(cache, one, None, list(range(10)))
+    prefixes.store_prefix(cache, two, None, list(range(50, 60)))
     reader = cache.push_row()
-    assert prefixes.read(cache, reader, None, list(range(10)), 9) == 9  # the first is now the more recent
+    assert prefixes.read_prefix(cache, reader, None, list(range(10)), 9) == 9  # the first is now the more recent
     three = filled(cache, 10, seed=3)
-    prefixes.store(cache, three, None, list(range(80, 90)))  # 30 tokens > 25: the least recent goes
+    prefixes.store_prefix(cache, three, None, list(range(80, 90)))  # 30 tokens > 25: the least recent goes
     assert prefixes.stats.bytes <= prefixes.budget and prefixes.stats.evictions == 1
-    assert [prefixes.read(cache, cache.push_row(), None, tokens, 9) for tokens in
+    assert [prefixes.read_prefix(cache, cache.push_row(), None, tokens, 9) for tokens in
             (list(range(10)), list(range(50, 60)), list(range(80, 90)))] == [9, 0, 9]
 
 
@@ -155,10 +156,17 @@ def test_seeded_sampling_gives_the_same_output_with_a_hit(pair):
     assert [o for _, o, _ in on] == [o for _, o, _ in off] and on[2][2] > 0
 
 
+def chunked_engine(target, max_batch: int, token_budget: int, chunk: int) -> Engine:
+    """An engine over `target` with the none drafter and a prefix cache, whose steps take `token_budget`
+    tokens and whose prefill passes take `chunk`."""
+    return Engine(Verifier(target.model, prefix_cache_bytes=1 << 20, prefill_chunk=chunk), {"none": create_drafter("none")},
+                  target.tokenizer, target.eos_token_ids, target.max_context, max_batch=max_batch, calibrate=False,
+                  token_budget=token_budget)
+
+
 def test_a_request_cancelled_mid_prefill_leaves_nothing_a_later_hit_could_read(pair):
     target, _ = pair
-    engine = build_runtime(target, Settings(drafters=["none"], max_batch=2, calibrate=False)).engine
-    engine.prefill_budget = 8  # prompt tokens per step while another request decodes
+    engine = chunked_engine(target, max_batch=2, token_budget=8, chunk=4)  # 4 prompt tokens a step beside a decode
     busy = engine.submit([3, 4, 5], SamplingParams(max_tokens=40))
     engine.step()  # `busy` decodes from here on
     prompt = list(range(10, 60))
@@ -207,18 +215,53 @@ def test_requests_admitted_together_share_the_system_prompt_the_first_one_prefil
         assert d.token_ids == hf_greedy(target.model, prompt, 8)
 
 
-def test_prefill_shares_a_steps_budget_with_the_verified_tokens_and_always_advances(pair):
+def test_prefill_takes_whole_chunks_of_what_the_verified_tokens_leave_and_always_advances(pair):
     target, _ = pair
     prompt = list(range(10, 70))
-    for rows, prefilled in ((5, 7), (11, 3)):  # 12 - 5 = 7; 12 - 11 = 1, below a quarter of the budget: 3
-        engine = build_runtime(target, Settings(drafters=["none"], max_batch=16, calibrate=False, prefix_cache_mb=0)).engine
-        engine.prefill_budget = 12
+    # A budget of 12: the rows verify a token each; prefill runs the chunks of 3 that fit in the rest,
+    # and at least one (12 - 11 = 1 fits none).
+    for rows, prefilled in ((2, 9), (5, 6), (11, 3)):
+        engine = chunked_engine(target, max_batch=16, token_budget=12, chunk=3)
         for i in range(rows):
             engine.submit([3 + i, 4, 5], SamplingParams(max_tokens=30))
-        engine.step()  # the rows decode from here on, a token each a step
+        engine.step()  # the rows are prefilled; they decode from the next step on, a token each a step
         late = engine.submit(prompt, SamplingParams(max_tokens=4))
-        engine.step()  # the first step after: the last one verified `rows` tokens
+        engine.step()  # the rows verify `rows` tokens, then prefill spends what is left
         assert engine.request(late).prefilled == prefilled
         while engine.has_work:
             engine.step()
         assert engine.collect(late).token_ids == hf_greedy(target.model, prompt, 4)
+
+
+def test_prefill_passes_fall_at_the_same_positions_whatever_the_budget_or_the_cache(pair):
+    """Prefill is fed in chunks at fixed positions (multiples of the chunk from a row's start): the
+    budget only decides how many run a step, and a prompt that starts from a cached prefix joins the
+    same boundaries, so a prompt's passes never depend on what other rows drafted."""
+    target, _ = pair
+    prompt = list(range(10, 47))  # 37 tokens
+
+    def passes(token_budget: int, cached: list[int] | None = None) -> list[tuple[int, int]]:
+        engine = chunked_engine(target, max_batch=4, token_budget=token_budget, chunk=8)
+        if cached is not None:
+            engine.run([(cached, SamplingParams(max_tokens=1))])
+        engine.submit([3, 4, 5], SamplingParams(max_tokens=40))
+        engine.step()
+        rows, seen = engine.verifier.rows, []
+        forward = rows.forward
+
+        def recorded(window, input_ids, logits_at=None, counts=None):
+            if logits_at is not None and window.start == rows.slot("late"):  # the late prompt's prefill passes
+                seen.append((rows.length("late"), len(input_ids[0])))
+            return forward(window, input_ids, logits_at, counts)
+
+        rows.forward = recorded
+        late = engine.intake.resolve(prompt, SamplingParams(max_tokens=3))
+        engine.enqueue(type(late)(**{**late.__dict__, "id": "late"}))
+        while engine.has_work:
+            engine.step()
+        assert engine.collect("late").token_ids == hf_greedy(target.model, prompt, 3)
+        return seen
+
+    cold = [(0, 8), (8, 8), (16, 8), (24, 8), (32, 5)]
+    assert passes(9) == passes(30) == cold  # one chunk a step, or three
+    assert passes(30, cached=prompt[:13] + [90]) == [(13, 3)] + cold[2:]  # from the cached 13 tokens: to 16, then on

@@ -53,7 +53,7 @@ def test_static_steps_equal_dynamic_steps_in_tokens_and_cache(tiny_model):
 
     def engine(static):
         return Engine(Verifier(tiny_model, static), {"s": ScriptedDrafter(scripted(references))}, ToyTokenizer(), (), 256,
-                      k=5, max_batch=6, policy="fixed", calibrate=False, prefill_budget=16)
+                      k=5, max_batch=6, policy="fixed", calibrate=False, token_budget=16)
 
     dynamic, static = engine(None), engine(STATIC)
     ids = [(dynamic.submit(p, SamplingParams(max_tokens=n)), static.submit(p, SamplingParams(max_tokens=n)))

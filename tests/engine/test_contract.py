@@ -196,11 +196,16 @@ def test_options_for_a_drafter_not_served_are_refused_by_name(pair):
 
 
 def test_the_engine_owns_the_defaults_of_a_request(pair):
+    """Intake resolves a request's defaults, and its drafter to the object that drafts for it."""
     target, _ = pair
     runtime = build_runtime(target, Settings(drafters=["none", "ngram"], k=3, policy="fixed", calibrate=False))
-    filled = runtime.engine.validate([1, 2, 3], SpeculationParams())
-    assert filled == SpeculationParams("none", 3, "fixed")
-    assert runtime.engine.validate([1, 2, 3], SpeculationParams("ngram", 2, "auto")) == SpeculationParams("ngram", 2, "auto")
+    engine = runtime.engine
+    filled = engine.resolve([1, 2, 3], SamplingParams(max_tokens=4), SpeculationParams())
+    assert (filled.drafter_name, filled.k, filled.policy) == ("none", 3, "fixed")
+    assert filled.drafter is engine.drafters["none"] and filled.parts == engine.parts["none"]
+    named = engine.resolve([1, 2, 3], SamplingParams(max_tokens=4), SpeculationParams("ngram", 2, "auto"))
+    assert (named.drafter_name, named.k, named.policy, named.drafter) == ("ngram", 2, "auto", engine.drafters["ngram"])
+    assert named.id != filled.id
 
 
 @pytest.mark.slow

@@ -131,19 +131,27 @@ def test_ignore_eos_keeps_going(tiny_model, references):
     assert done.token_ids == truth[:10]
 
 
-def test_context_limit_is_never_exceeded(tiny_model, references):
+def test_what_fits_is_the_default_limit_and_a_max_tokens_past_the_context_is_refused(tiny_model, references):
+    """One room rule, at intake: no max_tokens generates what fits (never past the context, drafts
+    included); a max_tokens that fits is kept; one that does not is refused, naming the numbers, with
+    OpenAI's code, before anything runs."""
     prompt = PROMPTS[1]  # 17 tokens
     engine = make_engine(tiny_model, ScriptedDrafter(oracle_script(references, lambda s, i: False)), k=7, max_context=30)
-    [done] = engine.run([(prompt, SamplingParams(max_tokens=100))])
-    assert len(prompt) + len(done.token_ids) == 30
-    assert done.token_ids == references[tuple(prompt)][:13]
-    assert done.finish_reason == "length"
+    [whole, exact] = engine.run([(prompt, SamplingParams()), (prompt, SamplingParams(max_tokens=13))])
+    for done in (whole, exact):
+        assert done.token_ids == references[tuple(prompt)][:13] and done.finish_reason == "length"
+    with pytest.raises(RequestError, match="max_tokens is 14, but the prompt has 17 tokens and this model's context "
+                                           "is 30: at most 13 tokens can be generated") as refused:
+        engine.submit(prompt, SamplingParams(max_tokens=14))
+    assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "max_tokens")
+    assert not engine.has_work
 
 
 def test_prompt_that_fills_the_context_is_rejected(tiny_model):
     engine = make_engine(tiny_model, create_drafter("none"), max_context=8)
-    with pytest.raises(RequestError, match="prompt has 8 tokens; this model's context is 8 tokens"):
+    with pytest.raises(RequestError, match="prompt has 8 tokens; this model's context is 8 tokens") as refused:
         engine.submit(list(range(8)), SamplingParams())
+    assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "prompt")
     with pytest.raises(RequestError, match="prompt is empty"):
         engine.submit([], SamplingParams())
 
@@ -194,8 +202,8 @@ def test_greedy_and_sampled_rows_share_a_batch(tiny_model, references):
 
 def test_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tiny_model, references):
     """Running rows get a token in every step while a long prompt is admitted over several steps."""
-    engine = Engine(Verifier(tiny_model), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, k=4,
-                    max_batch=4, prefill_budget=8)
+    engine = Engine(Verifier(tiny_model, prefill_chunk=3), {"none": create_drafter("none")}, ToyTokenizer(), (), 256,
+                    k=4, max_batch=4, token_budget=8)
     short = [engine.submit(p, SamplingParams(max_tokens=40)) for p in PROMPTS[:2]]
     for _ in range(3):
         engine.step()
@@ -208,7 +216,7 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tiny_mode
         assert all(r in deltas and deltas[r].token_ids for r in short)  # no stream stalls
         if long_id in deltas:
             break
-    # The step's budget of 8 tokens, less the 2 the running rows verified in the step before: 6 prompt tokens a step.
+    # The step's budget of 8 tokens, less the 2 the running rows verify: two chunks of 3 prompt tokens a step.
     assert steps_until_first == 60 // (8 - 2)
     while engine.has_work:
         engine.step()
@@ -219,8 +227,8 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tiny_mode
 
 def test_cancel_frees_rows_and_drafter_state_in_every_phase(tiny_model):
     drafter = ScriptedDrafter(lambda context, limit: [1] * limit)
-    engine = Engine(Verifier(tiny_model), {"scripted": drafter}, ToyTokenizer(), (), 256, k=4, max_batch=2,
-                    prefill_budget=4)
+    engine = Engine(Verifier(tiny_model, prefill_chunk=2), {"scripted": drafter}, ToyTokenizer(), (), 256, k=4,
+                    max_batch=2, token_budget=4)
     running = engine.submit(PROMPTS[1], SamplingParams(max_tokens=50))
     engine.step()
     prefilling = engine.submit(list(range(1, 30)), SamplingParams(max_tokens=50))
@@ -231,3 +239,30 @@ def test_cancel_frees_rows_and_drafter_state_in_every_phase(tiny_model):
         assert engine.collect(request_id).finish_reason == "cancelled"
     assert not engine.has_work and engine.verifier.row_ids == [] and not drafter.contexts
     assert engine.verifier.rows.cache.rows == 0
+
+
+def test_an_engine_and_its_rows_refuse_a_budget_or_chunk_below_one(tiny_model):
+    with pytest.raises(ValueError, match="token_budget must be >= 1, got 0"):
+        Engine(Verifier(tiny_model), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, token_budget=0)
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1, got 0"):
+        Verifier(tiny_model, prefill_chunk=0)
+
+
+@pytest.mark.parametrize("start, stop, end", [(0, 100, 8), (0, 5, 5), (3, 100, 8), (8, 100, 16), (13, 14, 14), (15, 40, 16)])
+def test_a_prefill_pass_ends_at_the_next_multiple_of_the_chunk(tiny_model, start, stop, end):
+    assert Verifier(tiny_model, prefill_chunk=8).rows.chunk_end(start, stop) == end
+
+
+def test_the_steps_chosen_drafts_count_in_its_token_budget(tiny_model):
+    """Running rows' tokens come first, this step's chosen drafts included; prefill gets what is left."""
+    prompt = [(7 * i) % TINY_VOCAB for i in range(30)]
+    for drafted, prefilled in ((0, 9), (3, 3)):  # 12 - 2 x 1 = 10: three chunks of 3; 12 - 2 x 4 = 4: one
+        drafter = ScriptedDrafter(lambda context, limit: [1] * min(limit, drafted))
+        engine = Engine(Verifier(tiny_model, prefill_chunk=3), {"s": drafter}, ToyTokenizer(), (), 256, k=4,
+                        max_batch=4, policy="fixed", calibrate=False, token_budget=12)
+        for p in PROMPTS[:2]:
+            engine.submit(p, SamplingParams(max_tokens=20))
+        engine.step()  # the two rows are prefilled
+        late = engine.submit(prompt, SamplingParams(max_tokens=2))
+        engine.step()
+        assert engine.request(late).prefilled == prefilled

@@ -297,7 +297,7 @@ def test_a_schema_that_cannot_compile_is_refused_naming_the_problem(pair, compil
     engine = engine_for(pair, compiler)
     params = SamplingParams(response_format=ResponseFormat.json_schema(schema))
     with pytest.raises(RequestError, match="response_format: the JSON schema cannot be used") as caught:
-        engine.validate(PROMPTS[0], None, params)
+        engine.resolve(PROMPTS[0], params)
     assert message in str(caught.value)
     with pytest.raises(RequestError, match=message):
         engine.submit(PROMPTS[0], params)
@@ -422,9 +422,10 @@ def test_a_stop_string_inside_the_json_leaves_it_incomplete(pair, compiler):
 
 def test_boolean_schemas_and_an_engine_without_an_end_token(pair, compiler):
     engine = engine_for(pair, compiler)
-    engine.validate(PROMPTS[0], None, SamplingParams(response_format=ResponseFormat.json_schema(True)))  # any JSON value
+    any_value = engine.resolve(PROMPTS[0], SamplingParams(response_format=ResponseFormat.json_schema(True)))
+    assert any_value.grammar is not None  # compiled once, at intake
     with pytest.raises(RequestError, match="the JSON schema is false, which no value satisfies"):
-        engine.validate(PROMPTS[0], None, SamplingParams(response_format=ResponseFormat.json_schema(False)))
+        engine.resolve(PROMPTS[0], SamplingParams(response_format=ResponseFormat.json_schema(False)))
     target, _ = pair
     silent = Engine(Verifier(target), {"none": create_drafter("none")}, ToyTokenizer(), (), 256, k=K, grammar=compiler)
     with pytest.raises(RequestError, match="no end-of-sequence token"):

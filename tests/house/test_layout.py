@@ -21,7 +21,7 @@ FLOORS = {  # higher imports lower; a module's floor is its first listed prefix'
     # the backend's packages: the kernel wing (GGUF blocks and the compiled kernel) and numba's layers
     "specdraft.backend.native": 1, "specdraft.backend.numba_layers": 1,
     "specdraft.backend": 1, "specdraft.params": 1, "specdraft.policy": 1, "specdraft.errors": 1,
-    "specdraft.draft": 1,
+    "specdraft.draft": 1, "specdraft.results": 1,
     "specdraft.catalogue": 1, "specdraft.gguf_check": 1,
     "specdraft.threads": 1, "specdraft.text": 1, "specdraft.splitmix": 1,
 }

@@ -10,7 +10,7 @@ from specdraft.drafters import create_drafter, drafter_options
 from specdraft.drafters.base import Draft
 from specdraft.engine import Engine
 from specdraft.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculationParams
-from specdraft.verifier import InvalidDraftError, Verifier
+from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 from tests.api.test_cli import run_cli
 
@@ -87,14 +87,23 @@ def test_out_of_vocabulary_draft_fails_its_request_alone(tiny_model, bad):
         assert done[i].token_ids == hf_greedy(tiny_model, prompts[i], 12)
 
 
-def test_verifier_rejects_bad_draft_probabilities(tiny_model):
+def test_bad_draft_probabilities_fail_their_request_and_the_engine_goes_on(tiny_model):
+    """A draft is checked in one place, the engine's step: bad probabilities fail that request (never an
+    exception out of the step), and the engine serves the next request."""
     import torch
 
-    verifier = Verifier(tiny_model)
-    first = verifier.admit("r", [1, 2, 3], SamplingParams(temperature=1.0, seed=1))
-    draft = Draft(np.array([4, 5], dtype=np.int32), probs=torch.full((2, TINY_VOCAB - 1), 1.0 / (TINY_VOCAB - 1)))
-    with pytest.raises(InvalidDraftError, match=r"draft probabilities have shape \(2, 95\), expected \(2, 96\)"):
-        verifier.step({"r": first}, {"r": draft})
+    class BadProbabilities(ScriptedDrafter):
+        def propose(self, request_ids, max_lengths):
+            return [Draft(np.array([4, 5][:n], dtype=np.int32), torch.full((min(n, 2), TINY_VOCAB - 1), 0.01))
+                    if n else Draft() for n in max_lengths]
+
+    engine = Engine(Verifier(tiny_model), {"bad": BadProbabilities(lambda c, n: []), "none": create_drafter("none")},
+                    ToyTokenizer(), (), 256, k=4, policy="fixed")
+    [failed] = engine.run([([1, 2, 3], SamplingParams(max_tokens=8, temperature=1.0, seed=1))])
+    assert failed.finish_reason == "error"
+    assert "draft probabilities have shape (2, 95), expected (2, 96)" in failed.error
+    [fine] = engine.run([([1, 2, 3], SamplingParams(max_tokens=8))], SpeculationParams("none"))
+    assert fine.token_ids == hf_greedy(tiny_model, [1, 2, 3], 8)
 
 
 def test_engine_refuses_unknown_drafter_and_too_long_drafts(tiny_model):

@@ -19,7 +19,8 @@ pytest.importorskip("triton")
 from specdraft.drafters import create_drafter  # noqa: E402
 from specdraft.engine import Engine  # noqa: E402
 from specdraft.params import SamplingParams  # noqa: E402
-from specdraft.verifier import TokenLogprob, Verifier  # noqa: E402
+from specdraft.results import TokenLogprob  # noqa: E402
+from specdraft.verifier import Verifier  # noqa: E402
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 TOP = 3
