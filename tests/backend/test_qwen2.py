@@ -92,13 +92,13 @@ def test_our_forward_takes_a_qwen2_only_where_its_modules_match_the_description(
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 def test_own_forward_equals_stock_across_rows_and_a_packed_pass(heads, kv_heads, head_dim, dtype, atol):
     model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=3, dtype=dtype)
-    rows = RowModel(model)
+    rows = RowModel(model, prefill_chunk=7)
     assert rows._own is not None and rows._own.family.shape == (heads, kv_heads, head_dim)
     rng = random.Random(0)
     contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 40))] for i in range(4)}
     for row_id, ids in contexts.items():
         rows.add(row_id, active=True)
-        logits = rows.prefill(row_id, ids, chunk=7)  # several chunks
+        logits = rows.prefill(row_id, ids)  # several chunks of 7
         torch.testing.assert_close(logits, stock_logits(model, ids)[-1], rtol=0, atol=atol)
     counts = [1, 4, 2, 3]  # rows of one pass feeding different numbers of real tokens
     inputs = np.array([[rng.randrange(TINY_VOCAB) for _ in range(4)] for _ in counts], dtype=np.int64)
