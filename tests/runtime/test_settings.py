@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdraft.backend.blocks import cpp_kernel
+from specdraft.backend.native import library as kernel_library
 from specdraft.models import LoadedModel
 from specdraft.params import DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY
 from specdraft.settings import ONE_REQUEST, Settings, default, server_drafters
@@ -24,7 +24,7 @@ def no_kernel():
 @pytest.fixture
 def kernel(monkeypatch):
     """The block kernel present (whether it compiles here is `test_blocks`'s question)."""
-    monkeypatch.setattr(cpp_kernel, "kernel", lambda: object())
+    monkeypatch.setattr(kernel_library, "kernel", lambda: object())
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_a_gguf_on_cpu_loads_as_settings_resolve_it(kernel, gguf, options, weigh
 
 
 def test_a_gguf_without_the_block_kernel_loads_dense_and_native_says_why(monkeypatch, gguf):
-    monkeypatch.setattr(cpp_kernel, "kernel", no_kernel)
+    monkeypatch.setattr(kernel_library, "kernel", no_kernel)
     got = loading(gguf, device="cpu")
     assert (got.weights, got.arithmetic) == ("dense", "float32")
     with pytest.raises(ValueError, match=r"--weights native: the block kernel is not available here: no C\+\+ compiler"):
