@@ -156,7 +156,7 @@ def test_a_block_kind_nothing_reads(tiny, tmp_path):
 
 
 def test_the_kinds_read_include_the_native_readers_and_the_real_files():
-    from specdraft.backend.blocks.format import NAMES
+    from specdraft.backend.native.formats import NAMES
 
     names = {kind.name for kind in READ_KINDS}
     assert set(NAMES.values()) | {"F16", "Q4_K", "Q5_0", "Q6_K"} <= names
