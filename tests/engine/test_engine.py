@@ -266,3 +266,32 @@ def test_the_steps_chosen_drafts_count_in_its_token_budget(tiny_model):
         late = engine.submit(prompt, SamplingParams(max_tokens=2))
         engine.step()
         assert engine.request(late).prefilled == prefilled
+
+
+def test_the_engine_tells_the_policy_once_a_step(tiny_model):
+    """Each decode step reports to the policy exactly once (`record`), whatever its rows drafted."""
+    engine = make_engine(tiny_model, create_drafter("ngram"), k=4, max_batch=4)
+    engine.policy = spy = CountingPolicy(engine.policy)
+    for prompt in PROMPTS[:3]:
+        engine.submit(prompt, SamplingParams(temperature=0, max_tokens=12))
+    per_step = []
+    while engine.has_work:
+        before, decoding = spy.records, engine.running > 0
+        engine.step()
+        per_step.append((decoding, spy.records - before))
+    assert [n for decoding, n in per_step if decoding] and all(n == 1 for decoding, n in per_step if decoding)
+    assert all(n == 0 for decoding, n in per_step if not decoding)
+
+
+class CountingPolicy:
+    """The engine's policy, its `record` calls counted."""
+
+    def __init__(self, policy):
+        self.policy, self.records = policy, 0
+
+    def record(self, report):
+        self.records += 1
+        return self.policy.record(report)
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
