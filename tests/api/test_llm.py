@@ -209,6 +209,7 @@ def test_fixed_policy_reaches_the_engine(tiny_model, registered):
     assert auto.metrics.draft_tokens < fixed.metrics.draft_tokens
 
 
+@pytest.mark.subprocess
 def test_import_is_light_and_exports_the_front_door():
     code = ("import sys, specdraft; assert 'torch' not in sys.modules, 'torch imported'; "
             "names = {'LLM', 'RequestOutput', 'SamplingParams', 'SpeculationParams', 'Draft', 'Drafter', 'register'}; "

@@ -14,6 +14,8 @@ from openai import OpenAI
 from benchmarks.common import live_server
 from tests.tiny_dir import tiny_model_dir
 
+pytestmark = pytest.mark.subprocess
+
 MODEL = "tiny-llama"
 SALTS = (f"cold-{i}" for i in itertools.count())  # every request its own: none reuses another's prompt entries
 MESSAGES = [{"role": "user", "content": "Count: one two three one two three one two three"}]

@@ -15,7 +15,7 @@ from openai import OpenAI
 from specdraft.runtime import encode_prompt
 from benchmarks.common import live_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 CODE = "Rewrite this function with type hints:\n\ndef add(a, b):\n    return a + b\n"
 
 

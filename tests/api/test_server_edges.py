@@ -16,6 +16,8 @@ import pytest
 from benchmarks.common import live_server
 from tests.tiny_dir import tiny_model_dir
 
+pytestmark = pytest.mark.subprocess
+
 MODEL = "tiny-llama"
 OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 OK_COMPLETION = {"model": MODEL, "prompt": "hello", "max_tokens": 4}

@@ -306,6 +306,7 @@ def test_the_arithmetic_is_checked_and_int8_where_it_cannot_run_says_why(tmp_pat
         blocks.use_arithmetic(odd, "int8")
 
 
+@pytest.mark.subprocess
 def test_the_cli_refuses_an_unknown_arithmetic_by_name():
     import subprocess
     import sys

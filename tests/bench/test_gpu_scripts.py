@@ -146,6 +146,7 @@ def test_the_gguf_travels_packed_in_two_parts_and_comes_back_whole(tmp_path):
     assert "parts missing" in prepare.gguf_package(parts[:1] + [tmp_path / "nowhere"], plan, tmp_path / "third")
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_the_gguf_package_builds_a_wheel_that_holds_the_model(tmp_path):
     (tmp_path / "model.gguf").write_bytes(b"GGUF" * 1000)
@@ -179,6 +180,7 @@ def test_pytest_outcomes_come_from_its_summary_or_from_a_killed_runs_lines():
     assert run.pytest_counts(killed) == {"incomplete": 1, "passed": 1, "failed": 1, "skipped": 1}
 
 
+@pytest.mark.subprocess
 def test_a_part_that_overruns_is_killed_and_reported_so(tmp_path):
     part = run.Part("sleepy", (sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"), 0.5)
     result = run.run_part(part, 1.0, tmp_path)

