@@ -108,3 +108,45 @@ def test_the_checker_sees_a_broken_link_and_anchor(tmp_path: Path):
                     "# Here\n[gone](missing.md) [bad](other.md#nope) `[code](missing.md)`\n"
                     "```\n[fenced](missing.md)\n```\n")
     assert broken_links(page) == ["missing.md: no such file", "other.md#nope: no such heading"]
+
+
+LIFE_SECTIONS = ("The life of a request", "The life of a step")
+SCREEN = 30  # lines
+NAMED = re.compile(r"`(specdraft/[\w/]+\.py)` `([\w.]+)`")
+
+
+def section(page: Path, title: str) -> str:
+    text = page.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start: end if end != -1 else len(text)]
+
+
+def defined(path: Path, dotted: str) -> bool:
+    """Whether `dotted` (a function, or Class.method) is defined in the Python file at `path`."""
+    import ast
+
+    scope: list[ast.stmt] = ast.parse(path.read_text()).body
+    for part in dotted.split("."):
+        found = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and n.name == part), None)
+        if found is None:
+            return False
+        scope = found.body
+    return True
+
+
+@pytest.mark.parametrize("title", LIFE_SECTIONS)
+def test_the_life_of_a_request_and_of_a_step_fit_a_screen_and_name_real_code(title):
+    """docs/architecture.md walks a request and a step stage by stage, each stage by its file and
+    function: every one named exists, and each walk fits one screen."""
+    text = section(ROOT / "docs" / "architecture.md", title)
+    named = NAMED.findall(text)
+    assert len(text.splitlines()) <= SCREEN and len(named) >= 8
+    assert [f"{path} {name}" for path, name in named if not defined(ROOT / path, name)] == []
+
+
+def test_a_stage_named_wrongly_is_caught():
+    assert defined(ROOT / "specdraft/engine/engine.py", "Engine.step")
+    assert not defined(ROOT / "specdraft/engine/engine.py", "Engine.no_such_stage")
+    assert not defined(ROOT / "specdraft/engine/engine.py", "Nothing.step")
