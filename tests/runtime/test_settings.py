@@ -14,6 +14,7 @@ import torch
 from specdraft.backend.native import library as kernel_library
 from specdraft.models import LoadedModel
 from specdraft.params import DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY
+from specdraft.params import SamplingParams
 from specdraft.settings import ONE_REQUEST, Settings, default, server_drafters
 
 
@@ -158,6 +159,8 @@ def test_the_clis_defaults_are_the_librarys():
     parser = build_parser()
     assert settings_from(parser.parse_args(["serve"])) == Settings()
     assert settings_from(parser.parse_args(["generate", "hi"])) == Settings(**ONE_REQUEST)
+    generate = parser.parse_args(["generate", "hi"])  # and a request's: what fits, as SamplingParams
+    assert (generate.max_tokens, generate.temperature) == (SamplingParams().max_tokens, SamplingParams().temperature)
     fields = {name for name in Settings.__dataclass_fields__}
     for command in ("generate", "serve"):
         sub = parser._subparsers._group_actions[0].choices[command]
