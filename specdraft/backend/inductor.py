@@ -16,7 +16,7 @@ A projection is written as one reduction over each weight row per token (`(W * x
 inductor fuses a pass's reductions into one vectorised loop that reads the weights once for all its
 tokens, near memory speed. Int8 draft copies call torch's int8 kernel instead
 (`WeightOnlyInt8Linear`'s). The arithmetic is the eager layer's, summed in another order: logits
-agree to float rounding (`tests/test_fused.py`) and greedy output equals Hugging Face `generate`'s
+agree to float rounding (`tests/backend/test_inductor.py`) and greedy output equals Hugging Face `generate`'s
 on every test and benchmark prompt.
 
 The weights are arguments, not captured constants, so the layers of a model share one graph per

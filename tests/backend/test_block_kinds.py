@@ -3,8 +3,8 @@
 the kernel states the kind as Python does; its dequantisation (by torch, by the kernel, and read back
 from the int8 arithmetic's tiles) is gguf's, bitwise; its float32 dot products are those of gguf's
 values as float32 rows, bitwise, and within rounding of a float64 product; its int8 dot products are
-within the activations' quantisation error of the float64 product with gguf's values, and bitwise
-the same on every build. A kind added to `KINDS` is checked here as it is added."""
+within the activations' quantisation error (per block; a K kind's per super-block of 256) of the
+float64 product with gguf's values, and bitwise the same on every build and for a token in any pass. A kind added to `KINDS` is checked here as it is added."""
 
 from __future__ import annotations
 
@@ -96,7 +96,21 @@ def test_every_kinds_int8_dot_products_hold_ggufs_values_on_every_build(kind):
         want = projected(built["portable"].calls("int8"), tiles, kind.number, x)
         for name, kernel in built.items():
             assert np.array_equal(projected(kernel.calls("int8"), tiles, kind.number, x), want), f"{name}, {n} tokens"
+            alone = projected(kernel.calls("int8"), tiles, kind.number, x[-1:].copy())
+            assert np.array_equal(alone[0], want[-1]), f"{name}: the last of {n} tokens alone"
         exact = x.astype(np.float64) @ values.T
-        step = np.abs(x).reshape(n, -1, native.BLOCK).max(axis=2).repeat(native.BLOCK, axis=1) / 127  # x's quantum
+        span = kind.weights  # the activations quantised together: a block's (a K kind's super-block's)
+        step = np.abs(x).reshape(n, -1, span).max(axis=2).repeat(span, axis=1) / 127  # x's quantum
         bound = 0.5 * step @ np.abs(values.T) + 1e-5 * (np.abs(x) @ np.abs(values.T))
         assert np.all(np.abs(want - exact) <= bound), f"{n} tokens: beyond the quantisation's error"
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.weights > native.BLOCK], ids=lambda k: k.name)
+def test_a_row_of_part_of_a_super_block_is_refused_by_name(kind):
+    import torch
+
+    assert kind.row_bytes(1536) == 6 * kind.bytes  # the Qwen2.5-Coder widths: 1536, 4864, 8960 are whole
+    with pytest.raises(ValueError, match=f"{kind.name} row holds whole blocks of 256 weights; 896 is not"):
+        kind.row_bytes(896)  # the 0.5B's hidden width: its tensors are in other kinds
+    with pytest.raises(ValueError, match="896 is not a multiple of 256"):
+        native.BlockLinear(torch.zeros(8, 4 * kind.bytes, dtype=torch.uint8), kind.number, 896)

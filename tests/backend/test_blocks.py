@@ -35,14 +35,14 @@ from tests.conftest import TINY_VOCAB, hf_greedy, make_tiny_model
 
 gguf = pytest.importorskip("gguf")
 
-KINDS = {"Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0}
+KINDS = {"Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0, "Q5_0": blocks.Q5_0}  # the kinds gguf quantises (every kind: test_block_kinds)
 COUNTS = [1, 2, 3, 5, 6, 7, 13, MAX_TOKENS]
 
 
 def random_blocks(rng, kind: int, rows: int, width: int) -> np.ndarray:
     """Blocks as gguf quantises random weights: [rows, row bytes] uint8."""
     weights = rng.standard_normal((rows, width)).astype(np.float32) * 0.1
-    qtype = {blocks.Q4_1: gguf.GGMLQuantizationType.Q4_1, blocks.Q8_0: gguf.GGMLQuantizationType.Q8_0}[kind]
+    qtype = getattr(gguf.GGMLQuantizationType, blocks.NAMES[kind])
     return gguf.quants.quantize(weights, qtype)
 
 
@@ -126,7 +126,7 @@ def test_blocks_and_their_dense_rows_give_bitwise_the_same_projection_for_every_
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.sqrt(width))
 
 
-@pytest.mark.parametrize("kind", [blocks.F32, blocks.Q4_1, blocks.Q8_0], ids=["F32", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", [blocks.F32, *KINDS.values()], ids=["F32", *KINDS])
 def test_the_avx2_code_and_the_portable_loops_give_the_same_sums(kind):
     fast, portable = blocks.kernel(), blocks.kernel("portable")
     if not fast.avx2:

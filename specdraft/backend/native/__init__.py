@@ -1,13 +1,16 @@
-"""The native kernel wing: a GGUF model's weights as its own blocks (`formats.KINDS`: Q4_1, Q8_0), read
-in place on CPU by a compiled C++ kernel that lives here too (`csrc/`).
+"""The native kernel wing: a GGUF model's weights as its own blocks (`formats.KINDS`: Q4_1, Q8_0, Q5_0,
+and the K kinds Q4_K and Q6_K), read in place on CPU by a compiled C++ kernel that lives here too
+(`csrc/`).
 
 The embedded model's file holds Q4_1 projections and a Q8_0 embedding that is also its output layer:
-97 MB, against 538 MB as float32. Every block dequantises exactly in float32 (w = d * q + m with
-float16 d, m and a 4- or 8-bit q: the product is exact, the sum rounds once, as the float32 copy
-holds it), so reading the blocks and expanding them in the kernel gives the dense model's values
-from a fifth of the bytes. The kernel sums float32 rows and blocks in one order (`csrc/float32.cpp`
-says which), so that native and dense weights give bitwise the same logits; its int8 arithmetic
-(`csrc/int8.cpp`) meets the blocks with each token quantised, in one order on every build.
+97 MB, against 538 MB as float32; the Qwen2.5-Coder files hold Q4_K, Q6_K, Q5_0 and Q8_0. Every block
+dequantises exactly in float32 (w = d * q + m with float16 d, m and a 4- to 8-bit q, a K kind's d
+times a sub-block's 6- or 8-bit scale first: the products are exact, a sum rounds once, as the
+float32 copy holds it), so reading the blocks and expanding them in the kernel gives the dense
+model's values from a fraction of the bytes. The kernel sums float32 rows and blocks in one order
+(`csrc/float32.cpp` says which), so that native and dense weights give bitwise the same logits; its
+int8 arithmetic (`csrc/int8.cpp`, `csrc/int8_rows.cpp`) meets the blocks with each token quantised,
+in one order on every build.
 
 Its parts, by job:
 - `formats`: the block kinds, one entry each (`KINDS`: size, float16 fields, dequantisation by torch).
@@ -19,15 +22,16 @@ Its parts, by job:
   `BlockLinear` computes in (`ARITHMETICS`, `use_arithmetic`).
 - `gguf_file`: a GGUF's blocks swapped into a loaded model (`use_gguf_blocks`).
 - `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h`/`projection.cpp` (a
-  projection's struct and entry points), `float32.cpp` and `int8.cpp` (the two arithmetics),
+  projection's struct and entry points), `float32.cpp` and `int8.cpp` (the two arithmetics; the int8
+  one's kinds read in place in `int8_rows.cpp`),
   `attention.cpp` (the CPU step's attention), `for_count.h` (shared by them).
 """
 
 from specdraft.backend.native.build import PATHS
 from specdraft.backend.native.calls import (MAX_JOB_QUERIES, MAX_SPAN, Attention, Projection, call, job_queries,
                                             project_native)
-from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, KINDS, NAMES, Q4_1, Q8_0, BlockKind, dequantize,
-                                              unit)
+from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, KINDS, NAMES, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0,
+                                              BlockKind, dequantize, unit)
 from specdraft.backend.native.gguf_file import rotary_order, use_gguf_blocks
 from specdraft.backend.native.library import TILE_ROWS, Kernel, kernel, kernel_problem
 from specdraft.backend.native.modules import (ARITHMETICS, BlockEmbedding, BlockLinear, dense_values, int8_problem,
@@ -35,6 +39,7 @@ from specdraft.backend.native.modules import (ARITHMETICS, BlockEmbedding, Block
 from specdraft.backend.native.readers import Reader, Storage, reader
 
 __all__ = ["ARITHMETICS", "Attention", "BLOCK", "BLOCK_BYTES", "BlockEmbedding", "BlockKind", "BlockLinear", "F32",
-           "KINDS", "Kernel", "MAX_JOB_QUERIES", "MAX_SPAN", "NAMES", "PATHS", "Projection", "Q4_1", "Q8_0", "Reader",
+           "KINDS", "Kernel", "MAX_JOB_QUERIES", "MAX_SPAN", "NAMES", "PATHS", "Projection", "Q4_1", "Q4_K", "Q5_0",
+           "Q6_K", "Q8_0", "Reader",
            "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "int8_problem", "job_queries", "kernel",
            "kernel_problem", "project_native", "reader", "rotary_order", "unit", "use_arithmetic", "use_gguf_blocks"]

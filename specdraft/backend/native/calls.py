@@ -18,11 +18,12 @@ Projection = namedtuple("Projection", ["kind", "w", "rows", "row_bytes", "width"
                                        "residual", "rs", "qx", "xd", "xsum", "xtotal"])
 Projection.__doc__ = """What a call of the kernel computes, y[t, r] = (w[r] . x[t] + bias[r]) (+ residual[t, r]):
 csrc/projection.h's `Projection`, the same fields in the same order (`Kernel.offset` reads where it holds
-each), every one an integer (pointers as integers, 0 for none). kind: F32, Q4_1 or Q8_0; w [rows,
-row_bytes] float32 rows or blocks; width: weights in a row; x [n, xs]; y [n, ys]; bias [out];
+each), every one an integer (pointers as integers, 0 for none). kind: F32 or a block kind (`KINDS`); w
+[rows, row_bytes] float32 rows or blocks; width: weights in a row; x [n, xs]; y [n, ys]; bias [out];
 residual [n, rs] or 0; qx [n, width] int8, xd, xsum (float32), xtotal (int32) [n, width / 32]: the
-tokens quantised for the int8 arithmetic (`specdraft_quantize` writes them; w is then tiles,
-`Kernel.tile`), or 0: float32 arithmetic."""
+tokens quantised for the int8 arithmetic, per 32 (a K kind's per 256: xd its super-block's scale for
+each of its 32s; `specdraft_quantize` writes them; w is then tiles, `Kernel.tile`), or 0: float32
+arithmetic."""
 
 
 Attention = namedtuple("Attention", ["qkv", "qkv_stride", "rows", "visible", "kv", "keys", "values", "capacity",

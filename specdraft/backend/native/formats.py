@@ -3,9 +3,14 @@
 block's weights and bytes, where its float16 fields lie, and its dequantisation by torch (the float32
 values the dense copy holds).
 
+Blocks of 32 weights (Q4_1, Q5_0, Q8_0) and the K kinds' super-blocks of 256 (Q4_K, Q6_K: sub-blocks
+with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
+(float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
+m, Q4_K's mins), the one rounding of its sum.
+
 Adding a kind is one room: its entry here, the same entry in `csrc/formats.h` (its number, bytes and
-`expand_row` branch), and its two dot products (`csrc/float32.cpp`'s `block_values`, the float32
-arithmetic; `csrc/int8.cpp`'s tiles, the int8 one). `tests/backend/test_block_kinds.py` then holds its
+scalar dequantisation), and its two dot products (`csrc/float32.cpp`'s `block_values`, the float32
+arithmetic; `csrc/int8.cpp`'s, the int8 one). `tests/backend/test_block_kinds.py` then holds its
 dequantisation and both dot products to gguf's own dequantisation on every build of the kernel."""
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ from typing import Callable
 
 import torch
 
-F32, Q4_1, Q8_0 = 0, 1, 2  # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K = 0, 1, 2, 3, 4, 5  # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
 
 
 @dataclass(frozen=True)
 class BlockKind:
     """A GGUF block type: `weights` weights in `bytes` bytes, float16 fields (scales, offsets) at the
-    byte offsets `float16_at`, and `values`: blocks [..., bytes] uint8 -> float32 [..., weights]."""
+    byte offsets `float16_at`, and `values`: blocks [..., bytes] uint8 -> float32 [..., weights]. The
+    int8 arithmetic quantises a token's activations per block (`weights`: a K kind's per 256)."""
 
     number: int
     name: str
@@ -31,7 +37,10 @@ class BlockKind:
     values: Callable[[torch.Tensor], torch.Tensor]
 
     def row_bytes(self, width: int) -> int:
-        """The bytes of a row of `width` weights."""
+        """The bytes of a row of `width` weights (whole blocks: refused otherwise)."""
+        if width % self.weights:
+            raise ValueError(f"a {self.name} row holds whole blocks of {self.weights} weights; {width} is not a "
+                             f"multiple of {self.weights}")
         return width // self.weights * self.bytes
 
 
@@ -54,12 +63,64 @@ def _q8_0_values(b: torch.Tensor) -> torch.Tensor:
     return q * _half(b, 0)
 
 
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Bytes [..., n] -> [..., 2n]: their low nibbles, then their high ones."""
+    return torch.cat([packed & 15, packed >> 4], dim=-1)
+
+
+def _q5_0_values(b: torch.Tensor) -> torch.Tensor:
+    """Q5_0: float16 d, a 32-bit qh, 16 bytes qs: element j's low 4 bits in qs (as Q4_1's), its 5th bit
+    qh's bit j: w = d * (q - 16) (exact)."""
+    qh = b[..., 2:6].long()  # [..., 4] little-endian bytes of qh
+    bits = (qh[..., torch.arange(32) // 8] >> (torch.arange(32) % 8)) & 1  # [..., 32]: element j's 5th bit
+    q = _nibbles(b[..., 6:]).long() | (bits << 4)
+    return _half(b, 0) * (q - 16).float()
+
+
+def _q4_k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 bytes of 6-bit scales and mins -> (sc, m) [..., 8] (llama.cpp's get_scale_min_k4): j < 4 in
+    bytes j (sc) and j + 4 (m), low 6 bits; j >= 4 in byte j + 4's nibbles and the top 2 bits of bytes j - 4
+    (sc) and j (m)."""
+    low, mid, top = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = torch.cat([low & 63, (top & 15) | ((low >> 6) << 4)], dim=-1)
+    m = torch.cat([mid & 63, (top >> 4) | ((mid >> 6) << 4)], dim=-1)
+    return sc, m
+
+
+def _q4_k_values(b: torch.Tensor) -> torch.Tensor:
+    """Q4_K: float16 d, dmin, 12 bytes of scales (`_q4_k_scales`), 128 bytes qs: sub-block 2c's element e
+    in byte 32c + e's low nibble, sub-block 2c + 1's in its high one: w = (d * sc) * q - dmin * m (the
+    products exact, the difference one rounding)."""
+    sc, m = _q4_k_scales(b[..., 4:16])
+    qs = b[..., 16:].unflatten(-1, (4, 32))  # [..., 4, 32]
+    q = torch.stack([qs & 15, qs >> 4], dim=-2).flatten(-3, -2).float()  # [..., 8, 32]
+    d = (_half(b, 0) * sc.float()).unsqueeze(-1)  # [..., 8, 1]
+    dm = (_half(b, 2) * m.float()).unsqueeze(-1)
+    return (d * q - dm).flatten(-2)
+
+
+def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
+    """Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, float16 d. Element 128h + 32k + i (k < 4, i < 32):
+    its low 4 bits in ql byte 64h + 32(k % 2) + i (the low nibble for k < 2), its top 2 in qh byte 32h + i
+    (bits 2k, 2k + 1); scale 16 weights each: w = (d * scale) * (q - 32) (exact)."""
+    ql = b[..., :128].unflatten(-1, (2, 2, 32))  # [..., h, k % 2, i]
+    low = torch.stack([ql & 15, ql >> 4], dim=-3).flatten(-3, -2)  # [..., h, k, i]: k = 2 * (k // 2) + k % 2
+    qh = b[..., 128:192].unflatten(-1, (2, 1, 32))  # [..., h, 1, i]
+    high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3  # [..., h, k, i]
+    q = ((low | (high << 4)).long() - 32).float().flatten(-3).unflatten(-1, (16, 16))  # [..., 16, 16]
+    d = _half(b, 208) * b[..., 192:208].contiguous().view(torch.int8).float()  # [..., 16]
+    return (d.unsqueeze(-1) * q).flatten(-2)
+
+
 KINDS = {
     Q4_1: BlockKind(Q4_1, "Q4_1", weights=32, bytes=20, float16_at=(0, 2), values=_q4_1_values),
     Q8_0: BlockKind(Q8_0, "Q8_0", weights=32, bytes=34, float16_at=(0,), values=_q8_0_values),
+    Q5_0: BlockKind(Q5_0, "Q5_0", weights=32, bytes=22, float16_at=(0,), values=_q5_0_values),
+    Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
+    Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }
 NAMES = {F32: "F32", **{number: kind.name for number, kind in KINDS.items()}}  # GGUF's names for them
-BLOCK = 32  # activations the int8 arithmetic quantises together (the kernel's kBlock), a block's weights
+BLOCK = 32  # weights the kernel reads together (kBlock): a block, or a K kind's sub-block
 BLOCK_BYTES = {number: kind.bytes for number, kind in KINDS.items()}
 
 
@@ -71,5 +132,6 @@ def unit(kind: int) -> tuple[int, int]:
 def dequantize(blocks: torch.Tensor, kind: int, width: int) -> torch.Tensor:
     """blocks [rows, row bytes] uint8 -> float32 [rows, width], the values the dense copy holds."""
     entry, rows = KINDS[kind], blocks.shape[0]
+    assert blocks.shape[1] == entry.row_bytes(width), (blocks.shape, width)
     b = blocks.reshape(rows, width // entry.weights, entry.bytes)  # [rows, blocks, bytes]
     return entry.values(b).reshape(rows, width)

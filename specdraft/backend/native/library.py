@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from specdraft.backend.native.build import build
-from specdraft.backend.native.formats import F32
+from specdraft.backend.native.formats import F32, Q4_1, Q5_0, Q8_0
 
 TILE_ROWS = 8  # rows a half tile of the int8 arithmetic interleaves (csrc/int8.cpp's kTileRows)
+# The kinds the int8 arithmetic rearranges into tiles (csrc/projection.h's `tiled`); it reads the rest in place.
+TILED = frozenset({Q4_1, Q8_0, Q5_0})
 
 CODES = {0: "portable", 2: "avx2", 3: "avx2+avx-vnni", 4: "avx2+avx512-vnni",
          5: "avx2+avx512-vnni+zmm"}  # `specdraft_blocks_version`
@@ -59,7 +61,8 @@ class Kernel:
 
     def tile(self, w: np.ndarray, kind: int) -> np.ndarray:
         """GGUF rows w [out, row bytes] of `kind` (out a multiple of 8) as the int8 arithmetic's tiles:
-        the same bytes rearranged, 16 rows interleaved (csrc/int8.cpp says how)."""
+        the same bytes rearranged, 16 rows interleaved (csrc/int8.cpp says how); for a kind not in
+        `TILED`, the rows as they are (a copy)."""
         assert kind != F32 and w.shape[0] % TILE_ROWS == 0 and w.dtype == np.uint8
         w = np.ascontiguousarray(w)
         out = np.empty_like(w)

@@ -1,9 +1,10 @@
 // The projections' float32 arithmetic (a `Projection` with no quantised tokens, projection.h): one order for every weight format and every pass size, so that the same weights
 // give bitwise the same sums whether they are read as float32 rows or as GGUF blocks, and whether
 // the pass has 1 token or 32:
-//   - a row's weights are float32 values: a float32 row as it is, a Q4_1 block's d * q + m, a Q8_0
-//     block's d * q (d, m float16, q a 4- or 8-bit integer: each product is exact in float32, so the
-//     value is the one rounding of the sum, the value a dequantised float32 copy holds);
+//   - a row's weights are float32 values: a float32 row as it is, a block's as formats.h's
+//     `piece_values` gives them (Q4_1's d * q + m, Q8_0's d * q, Q5_0's d * (q - 16), Q4_K's
+//     (d * scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32): each product is exact in float32, so
+//     the value is exact or the one rounding of the sum, the value a dequantised float32 copy holds);
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
 //     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
 //   - the 8 lanes are then added in one fixed tree: j + (j + 4), then + 2, then + 1.
@@ -11,7 +12,8 @@
 // The kernels differ only in how they reach those values: a decode token (T = 1) expands the blocks
 // of 8 rows at a time in registers; a short pass (up to 8 tokens: a verify step) expands a row's
 // blocks in registers once for all its tokens; a longer one expands 2 rows at a time into scratch
-// rows and reads them for every 6 tokens. x86 machines with AVX2, FMA and F16C (every AVX-512 machine too) run the intrinsics
+// rows and reads them for every 6 tokens. Each reads a row in pieces of 32 weights (a block, or a
+// K kind's sub-block: formats.h). x86 machines with AVX2, FMA and F16C (every AVX-512 machine too) run the intrinsics
 // below; others compile the portable loops (the compiler vectorises them; fmaf is an instruction
 // wherever the machine has FMA). Both give the same sums.
 
@@ -65,22 +67,77 @@ inline __m256i widen_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_load
 inline __m256i widen_i8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
 inline __m256 half(const uint8_t* p) { return _mm256_cvtph_ps(_mm_set1_epi16(int16_t(load_u16(p)))); }
 
-// A block's 32 values: v[i] holds elements 8i .. 8i + 7. Q4_1: byte j holds element j in its low
-// nibble and element j + 16 in its high one.
-inline void block_values(int64_t kind, const uint8_t* p, Lanes v[4]) {
-    if (kind == Q4_1) {
-        const __m256i low = _mm256_set1_epi32(15);
-        // d, m, d, m, ... from one 4-byte broadcast, then each spread to every lane
-        __m256 dm = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss((const float*)p)));
-        __m256 d = _mm256_moveldup_ps(dm), m = _mm256_movehdup_ps(dm);
-        __m256i a = widen_u8(p + 4), b = widen_u8(p + 12);
-        v[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(a, low)), m);
-        v[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b, low)), m);
-        v[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), m);
-        v[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), m);
-    } else {
-        __m256 d = half(p);
-        for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen_i8(p + 2 + 8 * i)));
+// A piece's 32 values, each kind's in its own function below: v[i] holds elements 8i .. 8i + 7 (the
+// layouts: formats.h's `*_piece`, which compute the same values one at a time).
+inline __m256i low_nibbles(__m256i a) { return _mm256_and_si256(a, _mm256_set1_epi32(15)); }
+
+// Q4_1: byte j holds element j in its low nibble and element j + 16 in its high one.
+inline void q4_1_values(const uint8_t* p, Lanes v[4]) {
+    // d, m, d, m, ... from one 4-byte broadcast, then each spread to every lane
+    __m256 dm = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss((const float*)p)));
+    __m256 d = _mm256_moveldup_ps(dm), m = _mm256_movehdup_ps(dm);
+    __m256i a = widen_u8(p + 4), b = widen_u8(p + 12);
+    v[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(low_nibbles(a)), m);
+    v[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(low_nibbles(b)), m);
+    v[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), m);
+    v[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), m);
+}
+
+inline void q8_0_values(const uint8_t* p, Lanes v[4]) {
+    __m256 d = half(p);
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen_i8(p + 2 + 8 * i)));
+}
+
+// Q5_0: Q4_1's nibbles (at 6), and element j's 5th bit qh's bit j (qh at 2).
+inline void q5_0_values(const uint8_t* p, Lanes v[4]) {
+    const __m256 d = half(p);
+    uint32_t qh;
+    std::memcpy(&qh, p + 2, 4);
+    const __m256i a = widen_u8(p + 6), b = widen_u8(p + 14), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i nibbles[4] = {low_nibbles(a), low_nibbles(b), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)};
+    for (int i = 0; i < 4; ++i) {
+        const __m256i bit = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int32_t(qh >> (8 * i))), lane),
+                                             _mm256_set1_epi32(1));
+        const __m256i q = _mm256_or_si256(nibbles[i], _mm256_slli_epi32(bit, 4));
+        v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))));
+    }
+}
+
+// Q4_K's sub-block `sub`: its 32 nibbles at 16 + 32 (sub / 2), low for even sub, high for odd.
+inline void q4_k_values(const uint8_t* p, int sub, Lanes v[4]) {
+    int scale, min;
+    q4_k_scale(p + 4, sub, scale, min);
+    const __m256 ds = _mm256_set1_ps(_cvtsh_ss(load_u16(p)) * float(scale));
+    const __m256 dm = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2)) * float(min));
+    const uint8_t* q = p + 16 + 32 * (sub / 2);
+    const int shift = 4 * (sub % 2);
+    for (int i = 0; i < 4; ++i)
+        v[i] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(low_nibbles(_mm256_srli_epi32(widen_u8(q + 8 * i), shift))), dm);
+}
+
+// Q6_K's sub-block `sub` = 4h + k: low 4 bits from ql (64h + 32 (k % 2)), top 2 from qh (128 + 32h),
+// scales 192 + 8h + 2k and the next (each 16 weights).
+inline void q6_k_values(const uint8_t* p, int sub, Lanes v[4]) {
+    const int h = sub / 4, k = sub % 4;
+    const uint8_t *ql = p + 64 * h + 32 * (k % 2), *qh = p + 128 + 32 * h;
+    const float d = _cvtsh_ss(load_u16(p + 208));
+    for (int i = 0; i < 4; ++i) {
+        const __m256 ds = _mm256_set1_ps(d * float(int8_t(p[192 + 8 * h + 2 * k + i / 2])));
+        const __m256i low = low_nibbles(_mm256_srli_epi32(widen_u8(ql + 8 * i), 4 * (k / 2)));
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi32(widen_u8(qh + 8 * i), 2 * k), _mm256_set1_epi32(3));
+        const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
+        v[i] = _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q));
+    }
+}
+
+// Piece `sub` of the block at p (sub 0 for a block of 32).
+inline void block_values(int64_t kind, const uint8_t* p, int sub, Lanes v[4]) {
+    switch (kind) {
+        case Q4_1: q4_1_values(p, v); break;
+        case Q8_0: q8_0_values(p, v); break;
+        case Q5_0: q5_0_values(p, v); break;
+        case Q4_K: q4_k_values(p, sub, v); break;
+        default: q6_k_values(p, sub, v); break;
     }
 }
 
@@ -121,9 +178,9 @@ inline void fma_into(const Lanes& w, const Lanes& x, Lanes& acc) {
     for (int j = 0; j < kLanes; ++j) acc.v[j] = std::fmaf(w.v[j], x.v[j], acc.v[j]);
 }
 
-inline void block_values(int64_t kind, const uint8_t* p, Lanes v[4]) {
+inline void block_values(int64_t kind, const uint8_t* p, int sub, Lanes v[4]) {
     alignas(32) float values[kBlock];
-    expand_row(kind, p, kBlock, values);
+    piece_values(kind, p, sub, values);
     for (int i = 0; i < 4; ++i) v[i] = load(values + 8 * i);
 }
 
@@ -131,9 +188,10 @@ inline void store(float* p, const Lanes& v) { std::memcpy(p, v.v, sizeof(v.v)); 
 
 #endif
 
-// One decode token, R rows: from their blocks, expanded in registers, or float32 rows.
-template <int R>
-void decode_tile(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, float* sums) {
+// One decode token, R rows: from their blocks, expanded in registers, or float32 rows. (The kernels
+// below are compiled per kind, so that each reads its blocks as if it were the only one.)
+template <int64_t kind, int R>
+void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, float* sums) {
     Lanes acc[R];
     for (int r = 0; r < R; ++r) acc[r] = zero();
     if (kind == F32) {
@@ -149,14 +207,17 @@ void decode_tile(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t widt
         }
     } else {
         const int64_t bytes = block_bytes(kind);
+        const int shift = piece_shift(kind), last = (1 << shift) - 1;
         for (int64_t b = 0; b < width / kBlock; ++b) {
             const float* xb = x + b * kBlock;
+            const int sub = int(b & last);
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) {
                 Lanes v[4];
-                const uint8_t* p = w + r * row_bytes + b * bytes;
-                prefetch(p + kAhead * R * row_bytes);  // the same block two tiles on: memory and arithmetic overlap
-                block_values(kind, p, v);
+                const uint8_t* p = w + r * row_bytes + (b >> shift) * bytes;
+                // the same piece two tiles on (about: a K kind's block in eighths): memory and arithmetic overlap
+                prefetch(p + (sub * bytes >> shift) + kAhead * R * row_bytes);
+                block_values(kind, p, sub, v);
                 for (int i = 0; i < 4; ++i) fma_into(v[i], load(xb + 8 * i), acc[r]);  // x from L1: registers hold sums
             }
         }
@@ -166,17 +227,18 @@ void decode_tile(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t widt
 
 // A row of blocks -> its float32 values out[width] (`expand_row`'s values, vectorised).
 void expand_values(int64_t kind, const uint8_t* row, int64_t width, float* out) {
+    const int shift = piece_shift(kind);
     for (int64_t b = 0; b < width / kBlock; ++b) {
         Lanes v[4];
-        block_values(kind, row + b * block_bytes(kind), v);
+        block_values(kind, row + (b >> shift) * block_bytes(kind), int(b & ((1 << shift) - 1)), v);
         for (int i = 0; i < 4; ++i) store(out + b * kBlock + 8 * i, v[i]);
     }
 }
 
 // One row against the T tokens (stride xs) of a short pass: sums[t]. The row's values, float32 or
 // blocks expanded in registers, are read once for the T tokens.
-template <int T>
-void row_tokens(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, float* sums) {
+template <int64_t kind, int T>
+void row_tokens(const uint8_t* row, int64_t width, const float* x, int64_t xs, float* sums) {
     Lanes acc[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[t] = zero();
@@ -194,9 +256,10 @@ void row_tokens(int64_t kind, const uint8_t* row, int64_t width, const float* x,
         }
     } else {
         const int64_t bytes = block_bytes(kind);
+        const int shift = piece_shift(kind);
         for (int64_t b = 0; b < width / kBlock; ++b) {
             Lanes v[4];
-            block_values(kind, row + b * bytes, v);
+            block_values(kind, row + (b >> shift) * bytes, int(b & ((1 << shift) - 1)), v);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 8
@@ -237,11 +300,10 @@ void dense_tile(const float* w, int64_t row, int64_t width, const float* x, int6
         for (int t = 0; t < T; ++t) sums[r * T + t] = total(acc[r][t]);
 }
 
-template <int R>
-void decode_rows(int64_t kind, const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, int64_t first,
-                 const Out& out) {
+template <int64_t kind, int R>
+void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, int64_t first, const Out& out) {
     float sums[R];
-    decode_tile<R>(kind, w + first * row_bytes, row_bytes, width, x, sums);
+    decode_tile<kind, R>(w + first * row_bytes, row_bytes, width, x, sums);
     for (int r = 0; r < R; ++r) out.put(0, first + r, sums[r]);
 }
 
@@ -268,24 +330,22 @@ void pass_rows(const float* values, int64_t width, const float* x, int64_t xs, i
     }
 }
 
-template <int T>
-void short_pass_row(int64_t kind, const uint8_t* row, int64_t width, const float* x, int64_t xs, int64_t r,
-                    const Out& out) {
+template <int64_t kind, int T>
+void short_pass_row(const uint8_t* row, int64_t width, const float* x, int64_t xs, int64_t r, const Out& out) {
     float sums[T];
-    row_tokens<T>(kind, row, width, x, xs, sums);
+    row_tokens<kind, T>(row, width, x, xs, sums);
     for (int t = 0; t < T; ++t) out.put(t, r, sums[t]);
 }
 
-}  // namespace
-
-void specdraft::project_float32(const Projection& p, int64_t start, int64_t end, const Out& out) {
-    const int64_t kind = p.kind, row_bytes = p.row_bytes, width = p.width, n = p.n, xs = p.xs;
+template <int64_t kind>
+void project_kind(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    const int64_t row_bytes = p.row_bytes, width = p.width, n = p.n, xs = p.xs;
     const uint8_t* w = p.w;
     const float* x = p.x;
     if (n == 1) {
         int64_t r = start;
-        for (; r + kRows <= end; r += kRows) decode_rows<kRows>(kind, w, row_bytes, width, x, r, out);
-        for (; r < end; ++r) decode_rows<1>(kind, w, row_bytes, width, x, r, out);
+        for (; r + kRows <= end; r += kRows) decode_rows<kind, kRows>(w, row_bytes, width, x, r, out);
+        for (; r < end; ++r) decode_rows<kind, 1>(w, row_bytes, width, x, r, out);
         return;
     }
     if (n <= kShort) {  // a short pass (a verify step's k + 1 tokens): each row's blocks expanded once, in registers
@@ -293,13 +353,13 @@ void specdraft::project_float32(const Projection& p, int64_t start, int64_t end,
             for (int64_t i = 0; i < row_bytes; i += 64) prefetch(w + (r + 1) * row_bytes + i);  // the next row
             const uint8_t* row = w + r * row_bytes;
             switch (n) {
-                case 8: short_pass_row<8>(kind, row, width, x, xs, r, out); break;
-                case 7: short_pass_row<7>(kind, row, width, x, xs, r, out); break;
-                case 6: short_pass_row<6>(kind, row, width, x, xs, r, out); break;
-                case 5: short_pass_row<5>(kind, row, width, x, xs, r, out); break;
-                case 4: short_pass_row<4>(kind, row, width, x, xs, r, out); break;
-                case 3: short_pass_row<3>(kind, row, width, x, xs, r, out); break;
-                case 2: short_pass_row<2>(kind, row, width, x, xs, r, out); break;
+                case 8: short_pass_row<kind, 8>(row, width, x, xs, r, out); break;
+                case 7: short_pass_row<kind, 7>(row, width, x, xs, r, out); break;
+                case 6: short_pass_row<kind, 6>(row, width, x, xs, r, out); break;
+                case 5: short_pass_row<kind, 5>(row, width, x, xs, r, out); break;
+                case 4: short_pass_row<kind, 4>(row, width, x, xs, r, out); break;
+                case 3: short_pass_row<kind, 3>(row, width, x, xs, r, out); break;
+                case 2: short_pass_row<kind, 2>(row, width, x, xs, r, out); break;
             }
         }
         return;
@@ -320,6 +380,19 @@ void specdraft::project_float32(const Projection& p, int64_t start, int64_t end,
         } else {
             for (int64_t i = 0; i < rows; ++i) pass_rows<1>(values + i * width, width, x, xs, n, r + i, out);
         }
+    }
+}
+
+}  // namespace
+
+void specdraft::project_float32(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    switch (p.kind) {
+        case F32: project_kind<F32>(p, start, end, out); break;
+        case Q4_1: project_kind<Q4_1>(p, start, end, out); break;
+        case Q8_0: project_kind<Q8_0>(p, start, end, out); break;
+        case Q5_0: project_kind<Q5_0>(p, start, end, out); break;
+        case Q4_K: project_kind<Q4_K>(p, start, end, out); break;
+        case Q6_K: project_kind<Q6_K>(p, start, end, out); break;
     }
 }
 

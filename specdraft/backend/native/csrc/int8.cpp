@@ -11,12 +11,19 @@
 // every float operation is the one above, per row and token, so every path and pass width gives
 // bitwise the same sums.
 //
-// The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
-// same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
+// (Q5_0's i = sum_j (q_j - 16) x_j: its w is q - 16.) A K kind's tokens are quantised per super-block
+// of 256 instead (one d over the 256, each 32 of it quantised with that d as above: `quantize_super`);
+// Q4_K and Q6_K blocks are read in place, row by row (int8_rows.cpp: their integer sums and float
+// operations). Q4_1, Q8_0 and Q5_0 as tiles, below.
+//
+// The int8 arithmetic reads Q4_1, Q8_0 and Q5_0 weights as tiles (`specdraft_tile` writes them from
+// GGUF rows, the same bytes rearranged; the K kinds' "tiles" are their rows as they are). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
 // of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
 //   d[R] float16 (Q4_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
 //   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
-//   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128.
+//   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128; Q5_0
+//   Q4_1's 4 vectors of its q's low 4 bits, then a fifth whose byte 4r + e holds in bit G the 5th bit
+//   of element 4G + e.
 // A group's 4 activations, broadcast, then meet a vector's rows in one instruction that sums them per
 // row. A tile's half h (rows 8h .. 8h + 7) is 16 bytes of d and of m and 32 of each vector, at fixed
 // offsets: 256-bit code reads a half, 512-bit code a whole tile, one load a vector; and each block of
@@ -78,21 +85,22 @@ HalfOf<Byte> half_tile(int64_t kind, Byte* w, int64_t rows, int64_t row_bytes, i
 // A block of 32 activations quantised: q, and returns the sum of q; d and s as above. Every path
 // computes the same values: the maximum is exact, the rest one IEEE operation each.
 #ifdef SPECDRAFT_AVX2
-int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+float top_of(const float* x, int64_t n) {  // max |x_j| of n (a multiple of 8) activations
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 v[4], top = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        top = _mm256_max_ps(top, _mm256_and_ps(v[i], magnitude));
-    }
+    __m256 top = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
     __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
     __m128 t2 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
-    const float scale = _mm_cvtss_f32(_mm_max_ss(t2, _mm_shuffle_ps(t2, t2, 1))) / 127.0f;
+    return _mm_cvtss_f32(_mm_max_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+// 32 activations quantised with scale d into q; returns the sum of q.
+int32_t quantize_with(const float* x, float scale, int8_t* q) {
     const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
     const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
     __m256i n[4], total = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
-        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         n[i] = _mm256_cvtps_epi32(_mm256_min_ps(high, _mm256_max_ps(low, r)));
         total = _mm256_add_epi32(total, n[i]);
     }
@@ -101,16 +109,17 @@ int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
     _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
     t = _mm_hadd_epi32(t, t);
-    const int32_t sum = _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
-    d = scale;
-    s = scale * float(sum);
-    return sum;
+    return _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
 }
 #else
-int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+float top_of(const float* x, int64_t n) {
     float top = 0.0f;
-    for (int j = 0; j < kBlock; ++j) top = std::fmax(top, std::fabs(x[j]));
-    const float scale = top / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+    for (int64_t j = 0; j < n; ++j) top = std::fmax(top, std::fabs(x[j]));
+    return top;
+}
+
+int32_t quantize_with(const float* x, float scale, int8_t* q) {
+    const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < kBlock; ++j) {
         float v = std::nearbyint(x[j] * inverse);  // the default rounding: to nearest, ties to even
@@ -118,23 +127,47 @@ int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
         q[j] = int8_t(v);
         sum += int32_t(v);
     }
-    d = scale;
-    s = scale * float(sum);
     return sum;
 }
 #endif
 
-void quantize_token(const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
+int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
+    const float scale = top_of(x, kBlock) / 127.0f;
+    const int32_t sum = quantize_with(x, scale, q);
+    d = scale;
+    s = scale * float(sum);
+    return sum;
+}
+
+// A K kind's super-block of 256 activations: d = max |x| / 127 over the 256, each of its 32s quantised
+// with it as `quantize_block` quantises a block (d, s and the sum per 32, d the same for the 8).
+void quantize_super(const float* x, int8_t* q, float* d, float* s, int32_t* total) {
+    const float scale = top_of(x, kSuper) / 127.0f;
+    for (int c = 0; c < kSuper / kBlock; ++c) {
+        total[c] = quantize_with(x + kBlock * c, scale, q + kBlock * c);
+        d[c] = scale;
+        s[c] = scale * float(total[c]);
+    }
+}
+
+void quantize_token(int64_t kind, const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
+    if (k_kind(kind)) {
+        for (int64_t b = 0; b < width / kBlock; b += kSuper / kBlock)
+            quantize_super(x + b * kBlock, q + b * kBlock, d + b, s + b, total + b);
+        return;
+    }
     for (int64_t b = 0; b < width / kBlock; ++b) total[b] = quantize_block(x + b * kBlock, q + b * kBlock, d[b], s[b]);
 }
 
 // Row r's (0..7) integer weight j (0..31) of a half tile's block (`at` bytes on from block 0): Q4_1's
-// 0..15, Q8_0's -128..127.
+// 0..15, Q8_0's -128..127, Q5_0's q - 16.
 inline int32_t tile_weight(int64_t kind, const Half& half, int64_t at, int r, int j) {
     const int group = j / 4, e = j % 4;
-    if (kind == Q4_1) {
-        uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
-        return group < 4 ? byte & 15 : byte >> 4;
+    if (kind == Q4_1 || kind == Q5_0) {
+        const uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
+        const int32_t low = group < 4 ? byte & 15 : byte >> 4;
+        if (kind == Q4_1) return low;
+        return (low | ((half.q[at + half.vector * 4 + 4 * r + e] >> group) & 1) << 4) - 16;
     }
     return int32_t(half.q[at + half.vector * group + 4 * r + e]) - 128;
 }
@@ -159,6 +192,13 @@ inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd
 inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
 #endif
 
+// What the bytes group_weights gives exceed the weights by (their dot product less offset * sum of x):
+// Q4_1's none (its weights are its q), Q5_0's 16 (q - 16), Q8_0's 128 with VNNI (w + 128).
+template <int64_t KIND>
+constexpr int32_t offset() {
+    return KIND == Q4_1 ? 0 : KIND == Q5_0 ? 16 : 128;
+}
+
 inline __m256i broadcast4(const int8_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -166,12 +206,16 @@ inline __m256i broadcast4(const int8_t* p) {
 }
 
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
-// bytes the instructions below take (Q4_1's 0..15; Q8_0's w + 128 for VNNI, w without it).
+// bytes the instructions below take (Q4_1's 0..15; Q5_0's q, 0..31; Q8_0's w + 128 for VNNI, w without it).
 template <int64_t KIND>
 inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
-    if (KIND == Q4_1) {
+    if (KIND == Q4_1 || KIND == Q5_0) {
         const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + vector * (G % 4))), nibble = _mm256_set1_epi8(15);
-        return _mm256_and_si256(G < 4 ? raw : _mm256_srli_epi16(raw, 4), nibble);
+        const __m256i low = _mm256_and_si256(G < 4 ? raw : _mm256_srli_epi16(raw, 4), nibble);
+        if (KIND == Q4_1) return low;
+        // bit G of each byte of the fifth vector to bit 4 (16-bit shifts: the bit stays in its byte)
+        const __m256i bit = _mm256_and_si256(_mm256_loadu_si256((const __m256i*)(q + vector * 4)), _mm256_set1_epi8(char(1 << G)));
+        return _mm256_or_si256(low, G <= 4 ? _mm256_slli_epi16(bit, 4 - G) : _mm256_srli_epi16(bit, G - 4));
     }
     const __m256i w = _mm256_loadu_si256((const __m256i*)(q + vector * G));
 #ifdef SPECDRAFT_VNNI
@@ -192,7 +236,7 @@ template <int64_t KIND, int H, int T>
     const int8_t* qx = p.qx + t0 * p.width;
     const float* xd = p.xd + t0 * blocks;
     const float* xsum = p.xsum + t0 * blocks;
-    [[maybe_unused]] const int32_t* xtotal = p.xtotal + t0 * blocks;  // Q8_0 with VNNI
+    [[maybe_unused]] const int32_t* xtotal = p.xtotal + t0 * blocks;  // Q8_0 with VNNI; Q5_0
     __m256 acc[H][T];
     for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
@@ -201,10 +245,10 @@ template <int64_t KIND, int H, int T>
         if (T > 1) ask_ahead(half[0].d + at, half[0].stride);
         const int8_t* x = qx + b * kBlock;
         __m256i sums[H][T];
-#ifdef SPECDRAFT_VNNI  // Q8_0: (w + 128) . x = w . x + 128 * (sum of x)
+#ifdef SPECDRAFT_VNNI  // Q8_0: (w + 128) . x = w . x + 128 * (sum of x); Q5_0: (w + 16) . x likewise
         for (int h = 0; h < H; ++h)
             for (int t = 0; t < T; ++t)
-                sums[h][t] = KIND == Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(-128 * xtotal[t * blocks + b]);
+                sums[h][t] = _mm256_set1_epi32(-offset<KIND>() * xtotal[t * blocks + b]);
         for (int G = 0; G < 8; ++G) {
             __m256i bx[T];
             for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
@@ -230,6 +274,18 @@ template <int64_t KIND, int H, int T>
             }
             for (int h = 0; h < H; ++h)
                 for (int t = 0; t < T; ++t) sums[h][t] = _mm256_madd_epi16(pairs[h][t], ones);
+        } else if (KIND == Q5_0) {  // q (<= 31) . x, each group's pairs to 32 bits at once, less 16 * (sum of x)
+            for (int h = 0; h < H; ++h)
+                for (int t = 0; t < T; ++t) sums[h][t] = _mm256_set1_epi32(-16 * xtotal[t * blocks + b]);
+            for (int G = 0; G < 8; ++G) {
+                __m256i bx[T];
+                for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
+                for (int h = 0; h < H; ++h) {
+                    const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
+                    for (int t = 0; t < T; ++t)
+                        sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bx[t]), ones));
+                }
+            }
         } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
             for (int h = 0; h < H; ++h)
                 for (int t = 0; t < T; ++t) sums[h][t] = _mm256_setzero_si256();
@@ -275,6 +331,7 @@ void int8_halves_kind(const Projection& p, int64_t g, const Out& out) {
 // Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
     if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
+    else if (p.kind == Q5_0) halves == 2 ? int8_halves_kind<Q5_0, 2>(p, g, out) : int8_halves_kind<Q5_0, 1>(p, g, out);
     else halves == 2 ? int8_halves_kind<Q8_0, 2>(p, g, out) : int8_halves_kind<Q8_0, 1>(p, g, out);
 }
 
@@ -309,12 +366,19 @@ template <int64_t KIND, int T>
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
         __m512 mw = _mm512_setzero_ps();
         __m512i w[8];
-        if (KIND == Q4_1) {
-            mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
+        if (KIND == Q4_1 || KIND == Q5_0) {
+            if (KIND == Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
             for (int v = 0; v < 4; ++v) {
                 __m512i raw = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * v));
                 w[v] = _mm512_and_si512(raw, nibble);
                 w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+            }
+            if (KIND == Q5_0) {  // bit G of the fifth vector's bytes to bit 4 of group G's
+                const __m512i fifth = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * 4));
+                for (int G = 0; G < 8; ++G) {
+                    const __m512i bit = _mm512_and_si512(fifth, _mm512_set1_epi8(char(1 << G)));
+                    w[G] = _mm512_or_si512(w[G], G <= 4 ? _mm512_slli_epi16(bit, 4 - G) : _mm512_srli_epi16(bit, G - 4));
+                }
             }
         } else {
             for (int G = 0; G < 8; ++G) w[G] = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * G));
@@ -324,8 +388,7 @@ template <int64_t KIND, int T>
             const int8_t* x = qx + t * p.width + b * kBlock;
             // Two chains of dependent sums (integer: any grouping gives the same sum); Q8_0: (w + 128) . x
             // = w . x + 128 * (sum of x)
-            __m512i chain[2] = {KIND == Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xtotal[at]),
-                                _mm512_setzero_si512()};
+            __m512i chain[2] = {_mm512_set1_epi32(-offset<KIND>() * xtotal[at]), _mm512_setzero_si512()};
             for (int G = 0; G < 8; ++G) {
                 int32_t group;
                 std::memcpy(&group, x + 4 * G, 4);
@@ -347,6 +410,7 @@ template <int64_t KIND, int T>
 void int8_whole_tile(const Projection& p, int64_t g, const Out& out) {
     for (int64_t t = 0; t < p.n; t += kTileTokens) {
         if (p.kind == Q4_1) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q4_1, n>(p, g, t, out); });
+        else if (p.kind == Q5_0) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q5_0, n>(p, g, t, out); });
         else for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q8_0, n>(p, g, t, out); });
     }
 }
@@ -388,8 +452,12 @@ void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) 
 
 }  // namespace
 
-// Rows [start, end): each tile whole where the range holds it, else its half tiles.
+// Rows [start, end): each tile whole where the range holds it, else its half tiles; or in place.
 void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    if (!specdraft::tiled(p.kind)) {
+        specdraft::project_int8_rows(p, start, end, out);
+        return;
+    }
     for (int64_t g = start / kTileRows; g < end / kTileRows;) {
         const int64_t halves = g % 2 == 0 && g + 1 < end / kTileRows ? 2 : 1;
 #ifdef SPECDRAFT_ZMM
@@ -404,18 +472,22 @@ void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, co
     }
 }
 
-// Tokens [start, end) of x quantised for the int8 arithmetic into qx, xd and xsum (the blocks of
-// `width`). Reads x, xs, width, qx, xd, xsum and xtotal.
+// Tokens [start, end) of x quantised for the int8 arithmetic of `kind` into qx, xd, xsum and xtotal
+// (the blocks of `width`). Reads kind, x, xs, width, qx, xd, xsum and xtotal.
 extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t end) {
     const int64_t blocks = p->width / kBlock;
     for (int64_t t = start; t < end; ++t)
-        quantize_token(p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
+        quantize_token(p->kind, p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
                        p->xtotal + t * blocks);
 }
 
 // GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's
-// tiles (the same bytes rearranged) into out.
+// tiles (the same bytes rearranged; a kind read in place, the rows as they are) into out.
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
+    if (!specdraft::tiled(kind)) {
+        std::memcpy(out, w, size_t(rows * row_bytes));
+        return;
+    }
     const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes;
     for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
         const HalfOf<uint8_t> half = half_tile(kind, out, rows, row_bytes, g);
@@ -428,11 +500,18 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
                 if (kind == Q4_1) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
                 for (int j = 0; j < kBlock; ++j) {
                     const int group = j / 4, e = j % 4;
-                    if (kind == Q4_1) {
-                        const uint8_t low = block[4 + j % 16] & 15, high = block[4 + j % 16] >> 4;
+                    if (kind == Q4_1 || kind == Q5_0) {  // Q5_0's q's low 4 bits as Q4_1's q, 2 bytes on
+                        const uint8_t* qs = block + (kind == Q4_1 ? 4 : 6);
+                        const uint8_t low = qs[j % 16] & 15, high = qs[j % 16] >> 4;
                         uint8_t& byte = q[half.vector * (group % 4) + 4 * r + e];
                         byte = group < 4 ? uint8_t((byte & 0xf0) | (j < 16 ? low : high))
                                          : uint8_t((byte & 0x0f) | (j < 16 ? low : high) << 4);
+                        if (kind == Q5_0) {  // the 5th bit: qh's bit j, to bit G of the fifth vector's byte
+                            uint32_t qh;
+                            std::memcpy(&qh, block + 2, 4);
+                            uint8_t& fifth = q[half.vector * 4 + 4 * r + e];
+                            fifth = uint8_t((fifth & ~(1 << group)) | ((qh >> j) & 1) << group);
+                        }
                     } else {
                         q[half.vector * group + 4 * r + e] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
                     }
@@ -446,6 +525,10 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
 // values into out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
 extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
                                       int64_t width, const int64_t* ids, int64_t n, float* out) {
+    if (!specdraft::tiled(kind)) {
+        for (int64_t k = 0; k < n; ++k) expand_row(kind, tiles + ids[k] * row_bytes, width, out + k * width);
+        return;
+    }
     for (int64_t k = 0; k < n; ++k) {
         const Half half = half_tile(kind, tiles, rows, row_bytes, ids[k] / kTileRows);
         const int r = int(ids[k] % kTileRows);

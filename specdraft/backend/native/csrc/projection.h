@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "formats.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SPECDRAFT_PORTABLE)
 #include <immintrin.h>
 #define SPECDRAFT_AVX2 1
@@ -15,7 +17,7 @@
 // every field 8 bytes, in the order of `specdraft.backend.native.calls.Projection`'s
 // (`specdraft_projection_offset` says where each is, for a test to compare).
 struct Projection {
-    int64_t kind;            // F32, Q4_1 or Q8_0
+    int64_t kind;            // F32 or a block kind (formats.h)
     const uint8_t* w;        // [rows, row_bytes]: float32 rows or blocks of `kind`
     int64_t rows;            // w's rows (the int8 arithmetic's tiles depend on it)
     int64_t row_bytes;
@@ -29,7 +31,7 @@ struct Projection {
     const float* residual;   // [n, rs], or null: none
     int64_t rs;
     int8_t* qx;              // [n, width]: the tokens quantised (`specdraft_quantize`), or null: float32 arithmetic
-    float* xd;               // [n, width / 32]: each quantised block's scale
+    float* xd;               // [n, width / 32]: each quantised block's scale (a K kind's: its super-block's)
     float* xsum;             // [n, width / 32]: each quantised block's scale times the sum of its values
     int32_t* xtotal;         // [n, width / 32]: the sum of each quantised block's values
 };
@@ -56,5 +58,11 @@ void project_float32(const Projection& p, int64_t start, int64_t end, const Out&
 // The int8 arithmetic (int8.cpp): rows [start, end) of every token, the tokens quantised already
 // (`specdraft_quantize`).
 void project_int8(const Projection& p, int64_t start, int64_t end, const Out& out);
+
+// Whether the int8 arithmetic reads a kind as tiles (int8.cpp), or its blocks in place (int8_rows.cpp).
+inline bool tiled(int64_t kind) { return kind == Q4_1 || kind == Q8_0 || kind == Q5_0; }
+
+// The int8 arithmetic of the kinds read in place (int8_rows.cpp), as `project_int8`.
+void project_int8_rows(const Projection& p, int64_t start, int64_t end, const Out& out);
 
 }  // namespace specdraft
