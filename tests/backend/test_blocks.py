@@ -163,8 +163,8 @@ def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_
                types: dict[str, str] | None = None) -> None:
     """The model's embedding, output layer and projections as a GGUF of these types (`types`: a type
     for some parts, e.g. {"attn_v": "Q8_0"}), as llama.cpp writes its family (q/k rows interleaved where
-    `gguf_interleaved_qk`; biases as float32); norms stay with the model. Then the model's weights
-    are set to the file's dequantised values, as transformers would load them."""
+    `gguf_interleaved_qk`; biases and norms as float32). Then the model's weights are set to the
+    file's dequantised values, as transformers would load them."""
     family = family_of(model.config)
     writer = gguf.GGUFWriter(str(path), family.model_type)
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -189,10 +189,19 @@ def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_
             module.weight.copy_(torch.from_numpy(values))
             if getattr(module, "bias", None) is not None:
                 writer.add_tensor(name.replace(".weight", ".bias"), module.bias.detach().float().numpy())
+    _write_norms(writer, model)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _write_norms(writer, model) -> None:
+    norms = {"output_norm.weight": model.model.norm}
+    for i, layer in enumerate(model.model.layers):
+        norms |= {f"blk.{i}.attn_norm.weight": layer.input_layernorm, f"blk.{i}.ffn_norm.weight": layer.post_attention_layernorm}
+    for name, norm in norms.items():
+        writer.add_tensor(name, norm.weight.detach().float().numpy().copy())
 
 
 @pytest.fixture(scope="module")
