@@ -59,7 +59,7 @@ class LoadedModel:
     few_rows_linears: bool = False  # its linear layers are `FewRowsLinear`s
     compute_dtype: torch.dtype | None = None  # the activations' dtype where it is not the weights' (int8 copies)
     target_copy: bool = False  # a draft built from the target's own layers (`int8_copy`): its keys and values mean the target's
-    weights: str = "dense"  # "native": its Q4_1/Q8_0 linears read the GGUF's blocks (`backend.native`); "dense": float
+    weights: str = "dense"  # "native": its quantised linears read the GGUF's blocks (`backend.native`); "dense": float
     arithmetic: str = "float32"  # "int8": its native linears compute in the kernel's int8 arithmetic
 
 
@@ -207,7 +207,7 @@ def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
 
 
 def _native_from_gguf(gguf: Path, layout: GgufLayout):
-    """(tokenizer, model) for a GGUF whose Q4_1/Q8_0 layers are read as its blocks, built from the file
+    """(tokenizer, model) for a GGUF whose quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) are read as its blocks, built from the file
     alone: the model's skeleton on the meta device (from the cached config, `cache_gguf_config`), the
     file's blocks swapped in (`use_blocks`), then what is left (norms, biases, layers of other kinds)
     read dense from the file (`_left_over`). None where the model is not of a family our forward runs,
@@ -255,7 +255,7 @@ def _left_over(model: torch.nn.Module, tensors: dict[str, GgufTensor], family: F
 
 
 def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why a model cannot load native weights (its Q4_1/Q8_0 layers read as the GGUF's blocks, on CPU
+    """Why a model cannot load native weights (its quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the GGUF's blocks, on CPU
     in float32, by the kernel compiled here), or None where it can."""
     if gguf is None:
         return "the model is not a GGUF file"
@@ -271,7 +271,7 @@ def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) 
 @dataclass(frozen=True)
 class Loading:
     """How a model loads, every choice made (`plan_load`): what it is, where it runs and in what dtype,
-    whether a GGUF's Q4_1/Q8_0 layers are read as the file's blocks and what they compute in."""
+    whether a GGUF's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) are read as the file's blocks and what they compute in."""
 
     name: str  # as it is shown
     source: Path | str  # a .gguf file, a Hugging Face directory, or a hub id
@@ -310,7 +310,7 @@ def plan_load(spec: str | None = None, device: torch.device | str | None = None,
     if dense is None and weights == "auto" and eager:
         dense = "enforce_eager reads the weights dense"
     if dense is not None and arithmetic == "int8":
-        raise ValueError(f"--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: {dense}")
+        raise ValueError(f"--arithmetic int8 computes on a GGUF's blocks read natively: {dense}")
     few_rows = device.type == "cpu" if few_rows_linears is None else few_rows_linears
     return Loading(name, source, device, torch_dtype, "dense" if dense else "native",
                    "int8" if dense is None and arithmetic != "float32" else "float32", few_rows, arithmetic == "int8")
@@ -327,7 +327,7 @@ def load_model(
     """Load a target or draft model for decoding, each choice made by `plan_load`. `few_rows_linears`
     (default: on CPU) swaps its linear layers for `FewRowsLinear`, which keeps decode and verify steps
     fast on CPU; False gives the stock Hugging Face model (what the benchmark's peers run). `weights`:
-    a GGUF's Q4_1/Q8_0 layers as its blocks ("native") or as float ("dense"); the same logits either
+    a GGUF's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) as its blocks ("native") or as float ("dense"); the same logits either
     way. `arithmetic`: what native weights compute in, "int8" (each token quantised in blocks of 32,
     integer dot products) or "float32" (the dense model's logits, bitwise)."""
     return load(plan_load(spec, device, dtype, weights, arithmetic, few_rows_linears=few_rows_linears))

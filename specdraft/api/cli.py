@@ -101,7 +101,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=DTYPES,
                         help="auto: float32 on CPU, bfloat16 on CUDA; float32 gives exact parity with plain decoding on a GPU")
     parser.add_argument("--weights", default=argparse.SUPPRESS, choices=WEIGHTS,
-                        help="a GGUF model's Q4_1/Q8_0 layers read as the file's blocks (native: a fifth of the "
+                        help="a GGUF model's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the file's blocks (native: a fifth of the "
                              "bytes a token; auto takes it on CPU) or as a float32 copy (dense); same output")
     parser.add_argument("--arithmetic", default=argparse.SUPPRESS, choices=ARITHMETIC,
                         help="what native weights compute in: int8 (activations quantised in blocks of 32, integer "
