@@ -6,7 +6,7 @@ in `step.py` (they return what happened; the loop applies it), structured output
 `requests.py` (`Request`, `RequestMetrics`, `Delta`, `Completion`)."""
 
 from specdraft.engine.engine import Engine
-from specdraft.engine.intake import ResolvedRequest
+from specdraft.engine.requests import ResolvedRequest
 from specdraft.engine.requests import Completion, Delta, EngineStats, GrammarMetrics, Request, RequestMetrics
 from specdraft.errors import RequestError
 

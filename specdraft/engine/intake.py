@@ -12,36 +12,15 @@ a request that names no `max_tokens` may generate what fits.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 from specdraft.drafters.base import Drafter, Parts
 from specdraft.engine import constrain
+from specdraft.engine.requests import ResolvedRequest
 from specdraft.errors import RequestError
-from specdraft.grammar import GrammarCompiler, RowGrammar
+from specdraft.grammar import GrammarCompiler
 from specdraft.params import Policy, SamplingParams, SpeculationParams
-
-
-@dataclass(frozen=True)
-class ResolvedRequest:
-    """A request checked and resolved by `Intake.resolve`. `params.max_tokens` is its token limit (it
-    fits in the context with the prompt); `drafter` the object that drafts for it (`drafter_name` is
-    the name it is reported under), `parts` what that drafter declares; `k` its longest draft;
-    `grammar` its response format's state (None: free text)."""
-
-    id: str
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
-    drafter_name: str
-    drafter: Drafter
-    parts: Parts
-    k: int
-    policy: Policy
-    grammar: RowGrammar | None = None
-
-    @property
-    def max_tokens(self) -> int:
-        return self.params.max_tokens
 
 
 class Intake:

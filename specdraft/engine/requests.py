@@ -1,6 +1,7 @@
-"""A request as the engine holds it (`Request`: what intake resolved, and its progress), its figures
-(`RequestMetrics`: typed, until the API edge writes them as JSON), what the engine publishes for
-metrics (`EngineStats`), and what it hands back: a `Delta` per request and step, then one `Completion`."""
+"""A request as intake resolves it (`ResolvedRequest`) and as the engine holds it (`Request`: what
+intake resolved, and its progress), its figures (`RequestMetrics`: typed, until the API edge writes
+them as JSON), what the engine publishes for metrics (`EngineStats`), and what it hands back: a
+`Delta` per request and step, then one `Completion`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,32 @@ from enum import Enum
 import numpy as np
 
 from specdraft.drafters.base import Drafter, Parts
-from specdraft.engine.intake import ResolvedRequest
 from specdraft.grammar import RowGrammar
 from specdraft.params import Policy, SamplingParams
 from specdraft.text import IncrementalDetokenizer
 from specdraft.results import PrefixStats, TokenLogprob
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """A request checked and resolved by `Intake.resolve`. `params.max_tokens` is its token limit (it
+    fits in the context with the prompt); `drafter` the object that drafts for it (`drafter_name` is
+    the name it is reported under), `parts` what that drafter declares; `k` its longest draft;
+    `grammar` its response format's state (None: free text)."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    drafter_name: str
+    drafter: Drafter
+    parts: Parts
+    k: int
+    policy: Policy
+    grammar: RowGrammar | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
 
 
 @dataclass
