@@ -61,9 +61,9 @@ class Settings:
     # same logits; "auto" takes native where it applies, and dense with `enforce_eager` (eager layers
     # would dequantise every block at every pass).
     weights: str = "auto"
-    # What native weights compute in (`ARITHMETIC`): "int8" quantises each token's activations in
-    # blocks of 32 and multiplies them by the blocks' integers (fast; its own output, within 1% of
-    # float32's perplexity), "float32" is the dense model's arithmetic, bitwise (Hugging Face parity);
+    # What native weights compute in (`ARITHMETIC`): "int8" quantises each token's activations per
+    # block as llama.cpp does for the weight's kind and multiplies them by the blocks' integers (fast;
+    # its own output: benchmarks/results/int8/quality.md), "float32" is the dense model's arithmetic, bitwise (Hugging Face parity);
     # "auto" is int8 where native weights load, float32 otherwise. Either way speculation is lossless.
     arithmetic: str = "auto"
     # Steps run eagerly: no CUDA graphs on CUDA, no compiled step on CPU.
