@@ -5,7 +5,7 @@ Parts, in this order (the slow test subsets last: what they would crowd out matt
 subprocess with a time budget (`BUDGETS`; a part may also use what the parts before it left unused).
 A part that overruns is killed and reported as such (its figures so far kept), and the next one
 runs; the script exits 0 whatever failed (the report says what did):
-1. `invariance`: `tests/test_invariance.py` with `SPECDRAFT_TEST_DEVICE=cuda`;
+1. `invariance`: `tests/backend/test_invariance.py` with `SPECDRAFT_TEST_DEVICE=cuda`;
 2. `cuda-tests`: the CUDA test subsets (`CUDA_TESTS`), likewise;
 3. `domains`: the per-domain benchmark on the embedded model (bf16 on CUDA, greedy, prefix cache off,
    `DOMAIN_PROMPTS` prompts a domain, `DOMAIN_TOKENS` tokens): `none`, `ngram` and `hybrid`, each with
@@ -52,9 +52,9 @@ OUT = ROOT / "benchmarks" / "results" / "gpu"
 # path is rehearsed too).
 BUDGETS = {"invariance": 70, "cuda-tests": 45, "domains": 95, "gpu-step": 140, "cuda-tests-slow": 90}
 BUDGETS_REHEARSED = (15, 15, 90, 30, 15)
-INVARIANCE_TESTS = ("tests/test_invariance.py", "tests/test_logprobs_invariance.py", "tests/test_steady_steps.py")
-CUDA_TESTS = ("tests/test_static.py", "tests/test_acceptance.py", "tests/test_seeded_sampling.py", "tests/test_engine.py")
-CUDA_TESTS_SLOW = ("tests/test_backend.py", "tests/test_engine_sampling.py")
+INVARIANCE_TESTS = ("tests/backend/test_invariance.py", "tests/verifier/test_logprobs_invariance.py", "tests/engine/test_steady_steps.py")
+CUDA_TESTS = ("tests/backend/test_static.py", "tests/verifier/test_acceptance.py", "tests/ground/test_seeded_sampling.py", "tests/engine/test_engine.py")
+CUDA_TESTS_SLOW = ("tests/backend/test_backend.py", "tests/engine/test_engine_sampling.py")
 DRAFTERS = ("none", "ngram", "hybrid")
 POLICIES = (None, "fixed")  # None: the engine's default policy
 DOMAIN_PROMPTS, DOMAIN_TOKENS, DOMAIN_K = 3, 128, 5

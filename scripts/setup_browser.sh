@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up of the browser the playground's test (tests/test_playground.py) drives: Debian's
+# Idempotent set-up of the browser the playground's test (tests/api/test_playground.py) drives: Debian's
 # `chromium` at /usr/bin/chromium, installed with apt when running as root and it is missing. The Python
 # package `playwright` comes with the test extras (never `playwright install`: it downloads browsers of
 # its own). Without a browser the test skips and says which piece is missing.

@@ -26,12 +26,12 @@ from specdraft.settings import Settings  # noqa: E402
 
 if TYPE_CHECKING:
     from specdraft.llm import LLM, RequestOutput
-    from specdraft.verifier import TokenLogprob
+    from specdraft.results import TokenLogprob
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "Draft", "Drafter", "RequestOutput", "ResponseFormat", "SamplingParams", "Settings",
            "SpeculationParams", "TokenLogprob", "__version__", "register"]
-_LAZY = {"LLM": "specdraft.llm", "RequestOutput": "specdraft.llm", "TokenLogprob": "specdraft.verifier"}
+_LAZY = {"LLM": "specdraft.llm", "RequestOutput": "specdraft.llm", "TokenLogprob": "specdraft.results"}
 
 
 def __getattr__(name: str) -> Any:

@@ -14,8 +14,9 @@ JSON is compiled without free whitespace (`", "` between items, `": "` after key
 `json.dumps` writes it: the output stays bounded (a small model cannot loop on blank lines) and the
 grammar forces every key, quote and separator.
 
-Threads: the engine's thread steps the `RowGrammar`s; `GrammarCompiler.check` may run on a server's
-request threads too, so the compiler's cache is guarded by a lock (compiling runs outside it).
+Threads: the engine's thread steps the `RowGrammar`s; `GrammarCompiler.matcher` runs where a request
+enters (a server's request threads too), so the compiler's cache is guarded by a lock (compiling runs
+outside it).
 """
 
 from __future__ import annotations
@@ -160,10 +161,6 @@ class GrammarCompiler:
         self._compiled: OrderedDict[ResponseFormat, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()  # the cache
         self._convert_lock = threading.Lock()  # the tokenizer's conversion
-
-    def check(self, response_format: ResponseFormat) -> None:
-        """Raise GrammarError naming the problem if the format cannot be compiled (cached either way)."""
-        self.matcher(response_format)
 
     def matcher(self, response_format: ResponseFormat) -> RowGrammar:
         """A fresh grammar state for one request. Compiling runs outside the lock, so that one

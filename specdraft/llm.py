@@ -13,8 +13,9 @@ decode all their prompts together, by continuous batching on the one engine, and
 finish_reason, error, logprobs, and `metrics`, the request's `RequestMetrics`: steps, draft_tokens,
 accepted_tokens, acceptance_rate, tokens_per_second, ...); `stream` yields one request's `Delta`s as
 steps produce them.
-Every prompt is checked before any is submitted: bad input raises `RequestError` (a ValueError)
-naming the problem. A request whose drafter fails ends with finish_reason "error" and its `error`;
+Every prompt is checked before any is submitted, once, by the engine's intake (`Engine.resolve`): bad
+input raises `RequestError` (a ValueError) naming the problem; a `max_tokens` that does not fit in
+the context with the prompt is refused (code "context_length_exceeded"), and None generates what fits. A request whose drafter fails ends with finish_reason "error" and its `error`;
 the others finish as usual. A step that raises (a fault of the engine itself) raises from the call,
 after that call's requests are cancelled.
 
@@ -30,7 +31,7 @@ from collections.abc import Generator, Mapping, Sequence
 from numbers import Integral
 from typing import Any
 
-from specdraft.engine import Completion, Delta
+from specdraft.engine import Completion, Delta, ResolvedRequest
 from specdraft.errors import RequestError
 from specdraft.models import LoadedModel
 from specdraft.params import SamplingParams, SpeculationParams
@@ -105,21 +106,21 @@ class LLM:
             return encode_prompt(self.tokenizer, prompt, chat=False)
         if not _is_token_ids(prompt):
             raise RequestError(f"a prompt must be text or a list of token ids, got {type(prompt).__name__}")
-        return [int(t) for t in prompt]  # checked against the vocabulary with the rest (`Engine.validate`)
+        return [int(t) for t in prompt]  # checked against the vocabulary with the rest (`Engine.resolve`)
 
     def _requests(self, prompt_ids: list[list[int]], sampling_params: PerPrompt,
-                  speculation_params: PerPrompt) -> list[tuple[list[int], SamplingParams, SpeculationParams]]:
-        """Each prompt with its sampling and (validated, defaults filled in) speculation params."""
+                  speculation_params: PerPrompt) -> list[ResolvedRequest]:
+        """Each prompt with its sampling and speculation params, resolved by the engine's intake."""
         n = len(prompt_ids)
         samplings = _per_prompt(SamplingParams() if sampling_params is None else sampling_params,
                                 SamplingParams, "sampling_params", n)
         speculations = _per_prompt(speculation_params, SpeculationParams, "speculation_params", n)
-        return [(ids, params, _numbered(i, n, self.engine.validate, ids, speculation))
+        return [_numbered(i, n, self.engine.resolve, ids, params, speculation)
                 for i, (ids, params, speculation) in enumerate(zip(prompt_ids, samplings, speculations))]
 
     # -- decoding ------------------------------------------------------------------------------
-    def _decode(self, requests: list[tuple[list[int], SamplingParams, SpeculationParams]]) -> list[Completion]:
-        ids = [self._submit(*request) for request in requests]
+    def _decode(self, requests: list[ResolvedRequest]) -> list[Completion]:
+        ids = [self._submit(request) for request in requests]
         waiting = set(ids)
         try:
             while waiting and self.engine.has_work:
@@ -130,8 +131,8 @@ class LLM:
             raise
         return [self.engine.collect(request_id) for request_id in ids]
 
-    def _stream(self, request: tuple[list[int], SamplingParams, SpeculationParams]) -> Generator[Delta, None, Completion]:
-        request_id = self._submit(*request)
+    def _stream(self, request: ResolvedRequest) -> Generator[Delta, None, Completion]:
+        request_id = self._submit(request)
         buffer = self._streamed[request_id] = deque()
         finished = False
         try:
@@ -148,8 +149,8 @@ class LLM:
             output = self.engine.collect(request_id) if finished else self._cancel(request_id)
         return output
 
-    def _submit(self, prompt_ids: list[int], params: SamplingParams, speculation: SpeculationParams) -> str:
-        request_id = self.engine.submit(prompt_ids, params, speculation)
+    def _submit(self, request: ResolvedRequest) -> str:
+        request_id = self.engine.enqueue(request)
         self._live.add(request_id)
         return request_id
 

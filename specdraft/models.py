@@ -1,9 +1,12 @@
 """Find and load models: the embedded SmolLM2-135M-Instruct GGUF (default), a `.gguf` file, a local
 Hugging Face directory, or a hub id already in the local cache.
 
-GGUF files are dequantised by transformers (tens of seconds), so the result is converted once into
-safetensors + tokenizer files under the cache dir (`SPECDRAFT_CACHE_DIR`, default
-`~/.cache/specdraft`) and later loads read that.
+A GGUF read natively (`weights="native"`) loads from the file itself: its blocks in place of the
+linear layers, the rest (norms, biases, kinds the kernel does not read) dequantised from it as
+transformers would; only its config, generation config and tokenizer are cached, once, under the
+cache dir (`SPECDRAFT_CACHE_DIR`, default `~/.cache/specdraft`). A GGUF read dense is dequantised
+whole by transformers (tens of seconds), so it is converted once into safetensors + tokenizer files
+there, and later loads read that.
 """
 
 from __future__ import annotations
@@ -13,21 +16,23 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from specdraft import catalogue
 from specdraft.backend import native as blocks
+from specdraft.backend.family import Family, family_of
+from specdraft.backend.native.gguf_file import GgufTensor, dense_tensor, gguf_blocks, read_gguf, use_blocks
 from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
-from specdraft.gguf_check import check_gguf
+from specdraft.gguf_check import GgufLayout, check_gguf
 from specdraft.params import ARITHMETIC, WEIGHTS, cache_dir
 
 log = logging.getLogger("specdraft")
@@ -48,13 +53,13 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     name: str
-    path: Path  # the directory actually loaded (for a GGUF: its converted cache)
+    path: Path  # what was loaded: a GGUF read natively, a GGUF's converted cache (dense), or a directory
     max_context: int
     eos_token_ids: tuple[int, ...]
     few_rows_linears: bool = False  # its linear layers are `FewRowsLinear`s
     compute_dtype: torch.dtype | None = None  # the activations' dtype where it is not the weights' (int8 copies)
     target_copy: bool = False  # a draft built from the target's own layers (`int8_copy`): its keys and values mean the target's
-    weights: str = "dense"  # "native": its Q4_1/Q8_0 linears read the GGUF's blocks (`backend.native`); "dense": float
+    weights: str = "dense"  # "native": its quantised linears read the GGUF's blocks (`backend.native`); "dense": float
     arithmetic: str = "float32"  # "int8": its native linears compute in the kernel's int8 arithmetic
 
 
@@ -105,10 +110,57 @@ def resolve(spec: str | None) -> tuple[str, Path | str]:
     return spec, spec  # a hub id, looked up in the local Hugging Face cache
 
 
-def gguf_cache_path(gguf: Path) -> Path:
+def _gguf_key(gguf: Path) -> str:
+    """A cache directory's name for a GGUF: its stem and a hash of its path, size and modification time."""
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+    return f"{gguf.stem}-{key}"
+
+
+def gguf_cache_path(gguf: Path) -> Path:
+    """Where a GGUF's dense conversion is cached (`convert_gguf`)."""
+    return cache_dir() / "models" / _gguf_key(gguf)
+
+
+def gguf_config_path(gguf: Path) -> Path:
+    """Where a GGUF's config, generation config and tokenizer are cached for a native load (`cache_gguf_config`)."""
+    return cache_dir() / "gguf-configs" / _gguf_key(gguf)
+
+
+def _write_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """Make the cache directory `target` atomically: `write` fills a temporary directory beside it,
+    which is then renamed to it, unless another process finished first."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        staged = Path(tmp) / "done"
+        staged.mkdir()
+        write(staged)
+        try:
+            staged.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    return target
+
+
+def cache_gguf_config(gguf: Path) -> Path:
+    """Read a GGUF's config, generation config and tokenizer once (transformers parses its metadata)
+    into a small cached Hugging Face directory, without weights; return that directory."""
+    target = gguf_config_path(gguf)
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    def write(into: Path) -> None:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if hasattr(config, "quantization_config"):  # the weights load as float32; no GGUF quantizer
+            del config.quantization_config
+        config.save_pretrained(into)
+        GenerationConfig.from_model_config(config).save_pretrained(into)  # as transformers makes a GGUF model's
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
+
+    print(f"Reading {gguf.name}'s config and tokenizer once into {target}", file=sys.stderr)
+    return _write_once(target, write)
 
 
 def convert_gguf(gguf: Path) -> Path:
@@ -120,33 +172,26 @@ def convert_gguf(gguf: Path) -> Path:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    def write(into: Path) -> None:
+        with tqdm(total=3, desc="convert GGUF", unit="step") as bar:
+            bar.set_postfix_str("tokenizer")
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
+            bar.update()
+            bar.set_postfix_str("weights")
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            bar.update()
+            bar.set_postfix_str("save")
+            # The weights are dequantised already; drop the GGUF quantizer so the config reloads as plain fp32.
+            config = copy.deepcopy(model.config)
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.save_pretrained(into)
+            model.generation_config.save_pretrained(into)
+            save_model(model, str(into / "model.safetensors"))
+            bar.update()
+
     print(f"Converting {gguf.name} once into {target} (later loads take seconds)", file=sys.stderr)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, tqdm(total=3, desc="convert GGUF", unit="step") as bar:
-        bar.set_postfix_str("tokenizer")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tokenizer.save_pretrained(tmp)
-        bar.update()
-        bar.set_postfix_str("weights")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        bar.update()
-        bar.set_postfix_str("save")
-        # The weights are dequantised already; drop the GGUF quantizer so the config reloads as plain fp32.
-        config = copy.deepcopy(model.config)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        save_model(model, str(Path(tmp) / "model.safetensors"))
-        bar.update()
-        staged = Path(tmp) / "done"
-        staged.mkdir()
-        for item in Path(tmp).iterdir():
-            if item != staged:
-                shutil.move(str(item), staged / item.name)
-        if not target.exists():  # another process may have finished first
-            staged.rename(target)
-    return target
+    return _write_once(target, write)
 
 
 def _offline() -> bool:
@@ -161,34 +206,56 @@ def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
     return tokenizer, model
 
 
-def _native_from_pretrained(source: Path, gguf: Path):
-    """(tokenizer, model) for a GGUF whose Q4_1/Q8_0 layers are read as its blocks, built without a
-    float32 copy of them: the model's skeleton on the meta device, the file's blocks swapped in
-    (`blocks.use_gguf_blocks`), then only what is left (norms, layers of other types) read from the
-    converted directory's safetensors. None where that directory lacks a tensor the model needs."""
+def _native_from_gguf(gguf: Path, layout: GgufLayout):
+    """(tokenizer, model) for a GGUF whose quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) are read as its blocks, built from the file
+    alone: the model's skeleton on the meta device (from the cached config, `cache_gguf_config`), the
+    file's blocks swapped in (`use_blocks`), then what is left (norms, biases, layers of other kinds)
+    read dense from the file (`_left_over`). None where the model is not of a family our forward runs,
+    or the file lacks a tensor it needs."""
     from accelerate import init_empty_weights
-    from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    source = cache_gguf_config(gguf)
     config = AutoConfig.from_pretrained(source, local_files_only=True)
+    family = family_of(config)
+    if family is None:
+        return None
+    tensors = read_gguf(gguf, layout)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.tie_weights()  # as loading would: a tied output layer is the embedding, and follows its blocks
-    if blocks.use_gguf_blocks(model, gguf) == 0:
+    if use_blocks(model, gguf_blocks(tensors, family), family) == 0:
         return None
-    wanted = {name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"}
-    with safe_open(str(source / "model.safetensors"), framework="pt") as stored:
-        if not wanted <= set(stored.keys()):
-            return None
-        state = {name: stored.get_tensor(name) for name in wanted}
+    state = _left_over(model, tensors, family)
+    if state is None:
+        return None
     model.load_state_dict(state, strict=False, assign=True)
     model.generation_config = GenerationConfig.from_pretrained(source, local_files_only=True)
-    return tokenizer, model
+    return AutoTokenizer.from_pretrained(source, local_files_only=True), model
+
+
+def _left_over(model: torch.nn.Module, tensors: dict[str, GgufTensor], family: Family) -> dict | None:
+    """The state of `model`'s tensors still on the meta device, read dense from the file
+    (`dense_tensor`): one tensor for all the names it goes by (a tied output layer's weight is the
+    embedding's). None where the file lacks one."""
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    aliases: dict[int, list[str]] = {}
+    for name, tensor in named:
+        if tensor.is_meta:
+            aliases.setdefault(id(tensor), []).append(name)
+    kinds = {id(tensor): isinstance(tensor, torch.nn.Parameter) for _, tensor in named}
+    state = {}
+    for key, names in aliases.items():
+        stored = next((name for name in names if name in tensors), None)
+        if stored is None:
+            return None
+        value = dense_tensor(tensors, stored, family)
+        state.update(dict.fromkeys(names, torch.nn.Parameter(value, requires_grad=False) if kinds[key] else value))
+    return state
 
 
 def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why a model cannot load native weights (its Q4_1/Q8_0 layers read as the GGUF's blocks, on CPU
+    """Why a model cannot load native weights (its quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the GGUF's blocks, on CPU
     in float32, by the kernel compiled here), or None where it can."""
     if gguf is None:
         return "the model is not a GGUF file"
@@ -204,7 +271,7 @@ def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) 
 @dataclass(frozen=True)
 class Loading:
     """How a model loads, every choice made (`plan_load`): what it is, where it runs and in what dtype,
-    whether a GGUF's Q4_1/Q8_0 layers are read as the file's blocks and what they compute in."""
+    whether a GGUF's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) are read as the file's blocks and what they compute in."""
 
     name: str  # as it is shown
     source: Path | str  # a .gguf file, a Hugging Face directory, or a hub id
@@ -243,7 +310,7 @@ def plan_load(spec: str | None = None, device: torch.device | str | None = None,
     if dense is None and weights == "auto" and eager:
         dense = "enforce_eager reads the weights dense"
     if dense is not None and arithmetic == "int8":
-        raise ValueError(f"--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: {dense}")
+        raise ValueError(f"--arithmetic int8 computes on a GGUF's blocks read natively: {dense}")
     few_rows = device.type == "cpu" if few_rows_linears is None else few_rows_linears
     return Loading(name, source, device, torch_dtype, "dense" if dense else "native",
                    "int8" if dense is None and arithmetic != "float32" else "float32", few_rows, arithmetic == "int8")
@@ -260,7 +327,7 @@ def load_model(
     """Load a target or draft model for decoding, each choice made by `plan_load`. `few_rows_linears`
     (default: on CPU) swaps its linear layers for `FewRowsLinear`, which keeps decode and verify steps
     fast on CPU; False gives the stock Hugging Face model (what the benchmark's peers run). `weights`:
-    a GGUF's Q4_1/Q8_0 layers as its blocks ("native") or as float ("dense"); the same logits either
+    a GGUF's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) as its blocks ("native") or as float ("dense"); the same logits either
     way. `arithmetic`: what native weights compute in, "int8" (each token quantised in blocks of 32,
     integer dot products) or "float32" (the dense model's logits, bitwise)."""
     return load(plan_load(spec, device, dtype, weights, arithmetic, few_rows_linears=few_rows_linears))
@@ -269,14 +336,14 @@ def load_model(
 def load(loading: Loading) -> LoadedModel:
     """Load a model as `loading` says (`plan_load`)."""
     gguf = loading.gguf
-    if gguf is not None:  # a bad file is refused by name before transformers or the kernel reads it
-        check_gguf(gguf)
-    source = convert_gguf(gguf) if gguf is not None else loading.source
+    # A bad file is refused by name before transformers or the kernel reads it.
+    layout = check_gguf(gguf) if gguf is not None else None
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     native = loading.weights == "native"
-    built = _native_from_pretrained(source, gguf) if native else None
+    built = _native_from_gguf(gguf, layout) if native else None
+    source = gguf if built is not None else convert_gguf(gguf) if gguf is not None else loading.source
     tokenizer, model = built or _dense_from_pretrained(loading.source, source, loading.dtype)
     model.to(loading.device).eval()
     model.requires_grad_(False)
@@ -382,7 +449,8 @@ def load_draft_model(spec: "str | LoadedModel | None", target: LoadedModel, dtyp
 
     if spec is None or spec == SELF_DRAFT:
         if not llama.supports(target.model):
-            raise ValueError(f"the {SELF_DRAFT} draft needs a Llama-family target; give a draft model for {target.name!r}")
+            raise ValueError(f"the {SELF_DRAFT} draft needs a target of a family our forward runs; "
+                             f"give a draft model for {target.name!r}")
         draft = int8_copy(target)
         ours, theirs = linear_bytes(draft.model), linear_bytes(target.model)
         if ours >= theirs:  # a native target: its blocks are fewer bytes than any int8 copy

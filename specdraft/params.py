@@ -27,10 +27,13 @@ class Policy(StrEnum):
 
 POLICIES = tuple(policy.value for policy in Policy)  # as requests, flags and options spell them
 DEFAULT_POLICY = Policy.AUTO
+PREFILL_CHUNK = 512  # the most prompt tokens a prefill pass takes (`RowModel.prefill_chunk`, at fixed positions)
 # Rows an engine decodes together, unless it is given a number: a server's concurrent requests (the
 # cost-aware policy lets rows with weak drafts decode plainly beside those that draft).
 DEFAULT_MAX_BATCH = 16
-PREFILL_CHUNK = 512  # prompt tokens a prefill call takes at once; an engine's prefill budget a step, by default
+# Tokens an engine step takes, unless it is given a number: the running rows' (their drafts included)
+# first, prefill what is left; by default a whole prefill chunk beside a default batch's longest drafts.
+DEFAULT_TOKEN_BUDGET = PREFILL_CHUNK + DEFAULT_MAX_BATCH * (DEFAULT_NUM_SPECULATIVE_TOKENS + 1)
 DEFAULT_MAX_QUEUED = 64  # requests that may wait for a row in a server, unless it is given a number
 DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafters keep (the n-gram memory)
 # MiB of earlier requests' keys and values an engine keeps for prompts that start alike (0: none; see
@@ -65,7 +68,7 @@ RESPONSE_FORMATS = ("json_object", "json_schema")
 class ResponseFormat:
     """What a request's output must be, as OpenAI's `response_format` says it: `json_object` (any JSON
     object) or `json_schema` (JSON valid under `schema`). Decoding is constrained to it
-    (`specdraft.grammar`); whether a schema compiles is checked by the engine that serves the request.
+    (`specdraft.grammar`); whether a schema compiles is checked where the request enters the engine.
 
     `schema` is kept as JSON text (a frozen value); `ResponseFormat.json_schema(...)` takes a dict.
     """
@@ -111,10 +114,12 @@ class SamplingParams:
     `cache_salt` changes no token: requests share cached prompt entries (`specdraft.backend.prefix`)
     only with requests of the same salt (None is a salt too: the default one).
     `logprobs` n: each output token comes with its log-probability under the target and the n most
-    likely tokens at its position (`specdraft.verifier.TokenLogprob`; None: none, at no cost).
+    likely tokens at its position (`specdraft.results.TokenLogprob`; None: none, at no cost).
+    `max_tokens` None: what fits in the context with the prompt; a number that does not fit is
+    refused where the request enters (`specdraft.engine.intake`), as OpenAI refuses it.
     """
 
-    max_tokens: int = 128
+    max_tokens: int | None = None
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -126,7 +131,8 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
@@ -167,8 +173,8 @@ class SpeculationParams:
     draft length is chosen (`POLICIES`).
 
     None means the engine's default for each: its default drafter, its k, its policy. Whether the
-    named drafter exists and k is within the engine's maximum are checked by the engine that serves
-    the request (`Engine.validate`), which returns the request's settings with the defaults filled in.
+    named drafter exists and k is within the engine's maximum are checked where the request enters
+    the engine that serves it (`specdraft.engine.intake`), which resolves the defaults.
     """
 
     drafter: str | None = None

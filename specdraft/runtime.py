@@ -77,7 +77,7 @@ def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: boo
 def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool = True) -> list[int]:
     """Token ids for a prompt: chat-templated (a string becomes one user turn) or raw text. Text that is
     only whitespace is refused (`check_text`): it tokenizes to some tokens, which the engine's intake
-    check (`Engine.validate`) cannot tell from a prompt."""
+    check (`Engine.resolve`) cannot tell from a prompt."""
     if isinstance(prompt, str):
         check_text(prompt)
     if chat and getattr(tokenizer, "chat_template", None):

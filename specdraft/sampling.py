@@ -4,7 +4,7 @@ inverse-CDF draws, and random numbers keyed by (seed, position) instead of drawn
 Why keyed draws: a request's random numbers must not depend on what else runs in its batch, nor on
 how long its drafts are. Each draw is a pure function of the request's seed, the absolute position of
 the token it decides, and a stream id, so a seeded request gives the same tokens alone, in any batch,
-and with rows joining or leaving (`tests/test_seeded_sampling.py`).
+and with rows joining or leaving (`tests/ground/test_seeded_sampling.py`).
 """
 
 from __future__ import annotations

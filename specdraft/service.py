@@ -11,16 +11,15 @@ A step that raises fails the requests it was serving with an error event; the se
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
-from specdraft.engine import Completion, Delta, Engine, EngineStats
-from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, SamplingParams, SpeculationParams
+from specdraft.engine import Completion, Delta, Engine, EngineStats, ResolvedRequest
+from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY
 
 log = logging.getLogger("specdraft.service")
 
@@ -52,10 +51,7 @@ class _Cancel:
 
 @dataclass
 class _Submission:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    speculation: SpeculationParams
+    request: ResolvedRequest
     queue: asyncio.Queue
     loop: asyncio.AbstractEventLoop
 
@@ -78,7 +74,6 @@ class EngineService:
         self._wake = threading.Condition()
         self._live: dict[str, _Submission] = {}  # submitted and not yet finished (engine thread only)
         self._admitted = 0  # submitted and not yet finished, counted at submission (any thread)
-        self._ids = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="specdraft-engine", daemon=True)
 
@@ -94,10 +89,9 @@ class EngineService:
     def stopping(self) -> bool:
         return self._stopping
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, speculation: SpeculationParams,
-               request_id: str | None = None) -> tuple[str, asyncio.Queue]:
-        """Queue a request (already validated with `engine.validate`); return its id and the queue its
-        events arrive on. Call from a coroutine: the events are delivered on its event loop."""
+    def submit(self, request: ResolvedRequest) -> asyncio.Queue:
+        """Queue a request as `engine.resolve` resolved it (the engine takes it as it is); return the
+        queue its events arrive on. Call from a coroutine: the events are delivered on its event loop."""
         loop = asyncio.get_running_loop()
         with self._wake:
             if self._stopping:
@@ -106,11 +100,10 @@ class EngineService:
                 raise Overloaded(f"the server is at capacity ({self.engine.max_batch} running and "
                                  f"{self.max_queued} waiting requests); retry later")
             self._admitted += 1
-            request_id = request_id or f"req-{next(self._ids)}"
-            submission = _Submission(request_id, list(prompt_ids), params, speculation, asyncio.Queue(), loop)
+            submission = _Submission(request, asyncio.Queue(), loop)
             self._inbox.append(submission)
             self._wake.notify()
-        return request_id, submission.queue
+        return submission.queue
 
     def cancel(self, request_id: str) -> None:
         """Stop a request (its client went away); its rows and drafter state are freed before the next step."""
@@ -118,9 +111,11 @@ class EngineService:
             self._inbox.append(_Cancel(request_id))
             self._wake.notify()
 
-    def load(self) -> EngineStats:
-        """A snapshot of the engine, for metrics."""
-        return self.engine.stats()
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's latest snapshot, for metrics: published by the engine's thread after each step
+        and as requests come and go; reading it never touches the engine's live tables."""
+        return self.engine.stats
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Refuse new requests, let the admitted ones finish for up to `timeout` seconds, cancel the
@@ -163,13 +158,13 @@ class EngineService:
                     self.engine.cancel(request_id)
                     self._finish(request_id, self.engine.collect(request_id))
             return
+        request_id = item.request.id
+        self._live[request_id] = item
         try:
-            self.engine.submit(item.prompt_ids, item.params, item.speculation, request_id=item.request_id)
-        except Exception as exc:  # noqa: BLE001 - validated before; report rather than lose the thread
-            self._live[item.request_id] = item
-            self._finish(item.request_id, Failed(str(exc)))
-            return
-        self._live[item.request_id] = item
+            self.engine.enqueue(item.request)
+        except Exception as exc:  # noqa: BLE001 - resolved before; report rather than lose the thread
+            log.exception("could not enqueue request %s", request_id)
+            self._finish(request_id, Failed(str(exc)))
 
     def _step(self) -> None:
         start = time.perf_counter()

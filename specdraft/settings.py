@@ -57,13 +57,13 @@ class Settings:
     device: str | None = None
     # The weights' and activations' dtype (`DTYPES`): auto is float32 on CPU and bfloat16 on CUDA.
     dtype: str = "auto"
-    # A GGUF model's Q4_1/Q8_0 layers read as the file's blocks ("native") or as a float32 copy ("dense"),
+    # A GGUF model's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the file's blocks ("native") or as a float32 copy ("dense"),
     # same logits; "auto" takes native where it applies, and dense with `enforce_eager` (eager layers
     # would dequantise every block at every pass).
     weights: str = "auto"
-    # What native weights compute in (`ARITHMETIC`): "int8" quantises each token's activations in
-    # blocks of 32 and multiplies them by the blocks' integers (fast; its own output, within 1% of
-    # float32's perplexity), "float32" is the dense model's arithmetic, bitwise (Hugging Face parity);
+    # What native weights compute in (`ARITHMETIC`): "int8" quantises each token's activations per
+    # block as llama.cpp does for the weight's kind and multiplies them by the blocks' integers (fast;
+    # its own output: benchmarks/results/int8/quality.md), "float32" is the dense model's arithmetic, bitwise (Hugging Face parity);
     # "auto" is int8 where native weights load, float32 otherwise. Either way speculation is lossless.
     arithmetic: str = "auto"
     # Steps run eagerly: no CUDA graphs on CUDA, no compiled step on CPU.

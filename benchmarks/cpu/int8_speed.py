@@ -1,5 +1,5 @@
 """The int8 arithmetic's speed on CPU beside the float32 arithmetic and beside llama.cpp on the same
-GGUF file (the embedded SmolLM2-135M-Instruct, Q4_1), in one run, 2 threads, decode only:
+GGUF file (the embedded SmolLM2-135M-Instruct, Q4_1, or `--model`), in one run, 2 threads, decode only:
 
 - plain decoding: a row fed one token a step from a one-token prompt for 128 steps (llama-bench's
   tg128), tokens per second over the 128 steps;
@@ -28,7 +28,7 @@ import torch
 
 from benchmarks.common import RESULTS, cli, machine, write_results
 from specdraft.drafters.base import Draft
-from specdraft.models import embedded_gguf, load_model
+from specdraft.models import load_model, resolve
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 
@@ -91,13 +91,16 @@ def main() -> None:
     parser = cli(__doc__, RESULTS / "int8")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--llama-bench", type=Path, default=None, help="llama.cpp's llama-bench binary (optional)")
+    parser.add_argument("--model", default=None, help="a GGUF model: a name `specdraft models` lists, or a .gguf "
+                        "path (default: the embedded SmolLM2-135M-Instruct)")
     args = parser.parse_args()
 
     load = os.getloadavg()[0]
     threads = torch.get_num_threads()
+    name, gguf = resolve(args.model)
     verifiers = {}
     for arithmetic in ARITHMETICS:
-        loaded = load_model(None, device="cpu", dtype="float32", arithmetic=arithmetic)
+        loaded = load_model(args.model, device="cpu", dtype="float32", arithmetic=arithmetic)
         assert loaded.arithmetic == arithmetic, f"{arithmetic} asked, {loaded.arithmetic} loaded"
         verifiers[arithmetic] = Verifier(loaded.model, compiled=True)
     rng = np.random.default_rng(0)
@@ -110,12 +113,12 @@ def main() -> None:
             row[arithmetic] = {"decode_tok_s": decode(verifier, rng), **verify_ratio(verifier, rng),
                                "prefill_tok_s": prefill(verifier, rng)}
         if args.llama_bench:
-            row["llama.cpp"] = llama_bench(args.llama_bench, embedded_gguf(), threads)
+            row["llama.cpp"] = llama_bench(args.llama_bench, gguf, threads)
         rounds.append(row)
         print(json.dumps(row))
     medians = {name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]
                       if key != "build"} for name in rounds[0]}
-    result = {"machine": machine(), "load_at_start": load, "threads": threads, "rounds": rounds, "medians": medians,
+    result = {"machine": machine(), "model": name, "load_at_start": load, "threads": threads, "rounds": rounds, "medians": medians,
               "llama_bench": str(args.llama_bench) if args.llama_bench else None,
               "llama_cpp_build": rounds[0].get("llama.cpp", {}).get("build")}
     write_results(args.out, "speed", result, report(result))
@@ -123,7 +126,8 @@ def main() -> None:
 
 def report(result: dict) -> str:
     m = result["medians"]
-    lines = [f"# int8 arithmetic: speed on CPU ({result['machine']}, load {result['load_at_start']:.2f} at start)", "",
+    lines = [f"# int8 arithmetic: speed on CPU, {result.get('model', 'the embedded model')} ({result['machine']}, "
+             f"load {result['load_at_start']:.2f} at start)", "",
              f"Medians of {len(result['rounds'])} interleaved rounds: `python -m benchmarks.cpu.int8_speed"
              + (" --llama-bench build/bin/llama-bench`" if result["llama_bench"] else "`"), "",
              "| | plain decoding, tg128 (tok/s) | 6-token verify pass / plain step | prefill, pp512 (tok/s) |",

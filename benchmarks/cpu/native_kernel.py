@@ -46,22 +46,15 @@ def projections_once(sets: dict, n: int, xs: dict, outs: dict) -> None:
         project(w, xs[_width(w)], outs[i], NO_RESIDUAL, kernel)
 
 
-def main() -> None:
-    parser = cli(__doc__)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-
-    import numba
-    import torch
-
+def build() -> tuple[dict, dict, object]:
+    """The embedded model as each kind of weights (`KINDS`): its verifier, its weights as a step reads
+    them with the kernel that reads them, and the compiled kernel."""
     from benchmarks.cpu.floor import built_as, step_models
     from specdraft.backend import native as blocks
-    from specdraft.backend.numba_layers import NO_KERNEL, NumbaLayers, project, step_weights
+    from specdraft.backend.numba_layers import NO_KERNEL, step_weights
     from specdraft.models import load_model
-    from specdraft.params import SamplingParams
     from specdraft.verifier import Verifier
 
-    load_before = os.getloadavg()[0]
     native = load_model(None, device="cpu", dtype="float32")
     models = step_models(native, load_model(None, device="cpu", dtype="float32", weights="dense"))
     verifiers, sets = {}, {}
@@ -71,14 +64,18 @@ def main() -> None:
             verifiers[name] = Verifier(model, compiled=True)  # places the weights as a step reads them
         layers = list(model.model.layers)
         sets[name] = (step_weights(model, layers, native=name != "numba"), NO_KERNEL if name == "numba" else kernel.calls())
-    NumbaLayers.use_torch_threads()
-    rng = np.random.default_rng(0)
+    return verifiers, sets, kernel
+
+
+def time_projections(sets: dict, rounds: int, rng: np.random.Generator) -> tuple[dict, dict]:
+    """N -> ms of every projection a pass of N tokens reads, by kind (medians of interleaved rounds, the
+    first dropped), and N -> whether the native and dense outputs are bitwise equal."""
     streamed, equal = {}, {}
     for n in TOKENS:
         xs = {w: rng.standard_normal((n, w)).astype(np.float32) for w in {_width(w) for w in sets["native"][0]}}
         outs = {name: {i: np.empty((n, w[0].shape[0]), np.float32) for i, w in enumerate(s[0])} for name, s in sets.items()}
         times = {name: [] for name in sets}
-        for _ in range(args.rounds + 1):
+        for _ in range(rounds + 1):
             for name, s in sets.items():
                 start = time.perf_counter()
                 projections_once(s, n, xs, outs[name])
@@ -87,6 +84,13 @@ def main() -> None:
         equal[n] = all(np.array_equal(outs["native"][i], outs["dense"][i]) for i in outs["native"])
         print(f"N={n}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in streamed[n].items()) + f"; native == dense: {equal[n]}",
               flush=True)
+    return streamed, equal
+
+
+def time_steps(verifiers: dict, rng: np.random.Generator) -> dict:
+    """Kind -> N -> ms of the whole verify step of N tokens over 256 tokens of context (median of 3)."""
+    from specdraft.params import SamplingParams
+
     prompt = rng.integers(0, 1000, size=256).tolist()
     for verifier in verifiers.values():
         verifier.admit("row0", prompt, SamplingParams())
@@ -94,8 +98,16 @@ def main() -> None:
     for _ in range(3):
         for name, verifier in verifiers.items():
             steps[name].append({c["k"]: c["step_ms"] for c in verify_step_times(verifier, 1, [n - 1 for n in TOKENS], 5, rng)})
-    step_ms = {name: {n: statistics.median(r[n - 1] for r in runs) for n in TOKENS} for name, runs in steps.items()}
-    # In cache: the first layer's gate/up projection, one thread, enough repeats to read ~200 MB.
+    return {name: {n: statistics.median(r[n - 1] for r in runs) for n in TOKENS} for name, runs in steps.items()}
+
+
+def time_in_cache(sets: dict, rng: np.random.Generator) -> dict:
+    """The first layer's gate/up projection, one thread, enough repeats to read ~200 MB: "kind N=n" ->
+    microseconds a call and billions of weights a second. Leaves numba on one thread."""
+    import numba
+
+    from specdraft.backend.numba_layers import project
+
     numba.set_num_threads(1)
     in_cache = {}
     for name, (weights, address) in sets.items():
@@ -111,6 +123,25 @@ def main() -> None:
             seconds = (time.perf_counter() - start) / repeats
             in_cache[f"{name} N={n}"] = {"us": 1e6 * seconds,
                                          "gweights_per_s": gate_up[0].shape[0] * _width(gate_up) / seconds / 1e9}
+    return in_cache
+
+
+def main() -> None:
+    parser = cli(__doc__)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    import torch
+
+    from specdraft.backend.numba_layers import NumbaLayers
+
+    load_before = os.getloadavg()[0]
+    verifiers, sets, kernel = build()
+    NumbaLayers.use_torch_threads()
+    rng = np.random.default_rng(0)
+    streamed, equal = time_projections(sets, args.rounds, rng)
+    step_ms = time_steps(verifiers, rng)
+    in_cache = time_in_cache(sets, rng)
     NumbaLayers.use_torch_threads()
     result = {"date": dt.date.today().isoformat(), "machine": machine(), "load_before": load_before,
               "threads": torch.get_num_threads(), "rounds": args.rounds, "avx2": kernel.avx2,

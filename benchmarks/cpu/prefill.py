@@ -32,10 +32,10 @@ def prefill(model, prompt: np.ndarray, long_passes: bool, chunk: int = PREFILL_C
     """(seconds, last logits) of prefilling `prompt` in chunks, long passes run one way or the other."""
     default, numba_layers.LONG_PASSES = numba_layers.LONG_PASSES, long_passes
     try:
-        rows = RowModel(model, compiled=True)
+        rows = RowModel(model, compiled=True, prefill_chunk=chunk)
         rows.add("r", active=True)
         start = time.perf_counter()
-        logits = rows.prefill("r", prompt.tolist(), chunk=chunk)
+        logits = rows.prefill("r", prompt.tolist())
         return time.perf_counter() - start, logits.clone()
     finally:
         numba_layers.LONG_PASSES = default

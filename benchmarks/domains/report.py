@@ -220,8 +220,9 @@ def _divergences(results: dict) -> list[str]:
     ] + _table(["domain", "method", "prompt", "first differing token", "top-2 margin"], rows) + [""]
 
 
-def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str]) -> str:
-    lines = [
+def _preamble(results: dict) -> list[str]:
+    """The title, the run's setup and how to read the tables."""
+    return [
         "# specdraft benchmark: code, JSON and prose",
         "",
         f"- Machine: {results.get('machine', DASH)}",
@@ -246,15 +247,24 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
         "A dash means the value does not apply (no drafts, or a Hugging Face method that does not report it).",
         "",
     ]
-    domains = list(dict.fromkeys(s.domain for s in summaries))
+
+
+def _summary(summaries: list[CellSummary], domains: list[str]) -> list[str]:
+    """Every method's speedup vs specdraft-none, one column per domain."""
     methods = method_order([s.method for s in summaries])
     by_key = {(s.domain, s.method): s for s in summaries}
-    lines += ["## Summary: speedup vs specdraft-none (median tok/s in brackets)", ""]
-    lines += _table(["method"] + domains, [
+    lines = ["## Summary: speedup vs specdraft-none (median tok/s in brackets)", ""]
+    return lines + _table(["method"] + domains, [
         [m] + [f"{_x(by_key[(d, m)].speedup_vs_none)} ({by_key[(d, m)].median_tokens_per_second:.1f})"
                if (d, m) in by_key else DASH for d in domains]
         for m in methods
     ]) + [""]
+
+
+def _paired_ratios(results: dict, domains: list[str]) -> list[str]:
+    """The paired comparisons the results carry (native over dense weights, int8 over float32), one
+    table each: the median per prompt of tok/s ratios, per drafter and domain."""
+    lines = []
     for key, title, ours, theirs, how in (
             ("native_over_dense", "Native weights over dense float32", "native", "dense",
              f"`specdraft-<drafter>` reads the GGUF's blocks (weights: {results.get('weights', DASH)}), "
@@ -273,8 +283,14 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
                       f"{ratios[(d, name)][f'{theirs}_tok_s']:.1f})" if (d, name) in ratios else DASH for d in domains]
             for name in drafters
         ]) + [""]
+    return lines
+
+
+def _domain_tables(summaries: list[CellSummary], domains: list[str]) -> list[str]:
+    """One table per domain: every method's figures."""
     header = ["method", "tok/s", "vs none", "vs hf-generate", "vs HF lookup", "acceptance", "mean accepted",
               "per position", "drafting share", "lossless"]
+    lines = []
     for domain in domains:
         here = [s for s in summaries if s.domain == domain]
         count = max(s.prompts for s in here)
@@ -285,6 +301,15 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
              _positions(s.per_position_acceptance), _pct(s.drafting_share, 1), _lossless(s)]
             for s in here
         ]) + [""]
+    return lines
+
+
+def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str]) -> str:
+    domains = list(dict.fromkeys(s.domain for s in summaries))
+    lines = _preamble(results)
+    lines += _summary(summaries, domains)
+    lines += _paired_ratios(results, domains)
+    lines += _domain_tables(summaries, domains)
     lines += _by_source(results)
     lines += _per_prompt(results)
     lines += _divergences(results)

@@ -153,6 +153,9 @@ def arguments():
                              "dense`; methods `specdraft-<name>-dense`), interleaved, beside its native weights")
     parser.add_argument("--arithmetic", default="auto", choices=("auto", "int8", "float32"),
                         help="what specdraft's native weights compute in (auto: int8 where they load)")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave the Hugging Face peers out (for a model whose stock float32 copy is slow or "
+                             "large): every specdraft method is then held to specdraft-none's output")
     parser.add_argument("--float32", action="store_true",
                         help="also run each specdraft drafter in the float32 arithmetic (methods "
                              "`specdraft-<name>-float32`), interleaved, beside the int8 one")
@@ -232,10 +235,12 @@ def main() -> None:
     loaded = load_model(args.model, device=None, dtype="auto", arithmetic=args.arithmetic)
     # The peers run the stock Hugging Face model, as their users would; ours runs it as specdraft loads it.
     stock = load_model(args.model, device=loaded.model.device, dtype="auto", few_rows_linears=False,
-                       weights="dense") if loaded.few_rows_linears else loaded
+                       weights="dense") if loaded.few_rows_linears and not args.no_peers else loaded
     asked = [n.strip() for n in args.drafters.split(",") if n.strip()]
     names, ours, llms, reference_of = our_methods(args, loaded, asked)
-    theirs = hf_methods(args, stock)
+    theirs = {} if args.no_peers else hf_methods(args, stock)
+    if args.no_peers:  # no hf-generate to hold float32 outputs to: plain decoding is every method's reference
+        reference_of = {method: "specdraft-none" for method in reference_of}
 
     # Warm-up: first calls pay one-off allocation and kernel selection costs.
     warm = encode_prompt(loaded.tokenizer, "Say hello.")

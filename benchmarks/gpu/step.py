@@ -24,6 +24,7 @@ seconds (what CI runs, so it keeps working).
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import statistics
@@ -194,7 +195,8 @@ def implied_speedup(c: float, ratios: dict[int, float], acceptance: float) -> tu
     return best
 
 
-def main() -> None:
+def arguments() -> tuple[argparse.Namespace, list[str]]:
+    """The command line, and its shapes checked: two of `SHAPES`, draft then target."""
     parser = cli(__doc__)
     parser.add_argument("--shapes", default="1b,3b", help=f"two of {', '.join(SHAPES)}: draft, then target")
     parser.add_argument("--batches", default="1,4,16,32")
@@ -210,6 +212,93 @@ def main() -> None:
     shapes = [s.strip() for s in args.shapes.split(",")]
     if len(shapes) != 2 or any(s not in SHAPES for s in shapes):
         parser.error(f"--shapes takes two of {', '.join(SHAPES)} (draft, target), got {args.shapes!r}")
+    return args, shapes
+
+
+def time_ours(model, device, shape: str, batches: list[int], ks: list[int], kernels: list[str], context: int,
+              repeats: int, rng) -> tuple[dict, dict[str, str]]:
+    """Our step with every kernel choice, CUDA graphs on (CUDA only) and off: the cells ("batch,k" ->
+    {"batch", "k", `column`: ms}), and the errors of the choices that failed."""
+    cells, errors = {}, {}
+    for kernel in kernels:
+        for graphs in (True, False):
+            if graphs and device.type != "cuda":
+                continue
+            try:  # one run on a lent GPU: a kernel choice that fails is reported, the others measured
+                times = ours(model, device, batches, ks, graphs, kernel, context, repeats, rng)
+            except Exception as exc:
+                errors[f"{shape} {column(kernel, graphs)}"] = f"{type(exc).__name__}: {exc}"
+                print(f"{shape} {column(kernel, graphs)}: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            for (batch, k), ms in times.items():
+                cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})[column(kernel, graphs)] = ms
+    return cells, errors
+
+
+def time_hf(model, device, shape: str, batch_ks: list[tuple[int, int]], context: int, repeats: int,
+            rng) -> tuple[dict[tuple[int, int], float | None], dict[str, str]]:
+    """Hugging Face's static-cache forward at each (batch, k): its ms (None where it failed), and the errors."""
+    times, errors = {}, {}
+    for batch, k in batch_ks:
+        try:
+            times[(batch, k)] = hf_static(model, device, batch, k, context, repeats, rng)
+        except Exception as exc:
+            times[(batch, k)] = None
+            errors[f"{shape} hf_static b{batch} k{k}"] = f"{type(exc).__name__}: {exc}"
+    return times, errors
+
+
+def profiles(model, device, shape: str, kernels: list[str], ks: list[int], context: int,
+             rng) -> tuple[dict, dict[str, str]]:
+    """`profile` at k = 0 and the largest k for each kernel choice: kernel -> its profile, and the errors."""
+    out, errors = {}, {}
+    for kernel in kernels:
+        try:
+            out[kernel] = profile(model, device, kernel, sorted({0, max(ks)}), context, rng)
+        except Exception as exc:
+            errors[f"{shape} profile {kernel}"] = f"{type(exc).__name__}: {exc}"
+    return out, errors
+
+
+def measure(shape: str, device, dtype, batches: list[int], ks: list[int], kernels: list[str], context: int,
+            repeats: int, bandwidth: float, profiling: bool, rng) -> tuple[dict, dict[str, str]]:
+    """One model's figures (its config, weight bytes, floor, cells and, where `profiling`, profiles),
+    and the errors of whatever failed."""
+    model = build(shape, device, dtype)
+    cells, errors = time_ours(model, device, shape, batches, ks, kernels, context, repeats, rng)
+    for batch, k in ((b, k) for b in batches for k in ks):  # HF's forward for every cell, ours measured or not
+        cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})
+    hf, hf_errors = time_hf(model, device, shape, [(c["batch"], c["k"]) for c in cells.values()], context, repeats, rng)
+    for cell in cells.values():
+        cell["hf_static_ms"] = hf[(cell["batch"], cell["k"])]
+    errors.update(hf_errors)
+    nbytes = weight_bytes(model)
+    figures = {"config": SHAPES[shape], "weight_bytes": nbytes, "floor_ms": 1000 * nbytes / bandwidth,
+               "cells": sorted(cells.values(), key=lambda c: (c["batch"], c["k"]))}
+    if profiling and device.type == "cuda":
+        profiled, profile_errors = profiles(model, device, shape, kernels, ks, context, rng)
+        if profiled:
+            figures["profile"] = profiled
+        errors.update(profile_errors)
+    return figures, errors
+
+
+def cost_ratio(draft: dict, target: dict, key: str, ks: list[int]) -> dict:
+    """c = t(draft step) / t(target step) at batch 1, k = 0, and the speed-up it implies at each of
+    `ACCEPTANCE`, from the cells' `key` column; empty unless both models have every batch-1 cell."""
+    def at(model, batch, k):
+        return next((c.get(key) for c in model["cells"] if c["batch"] == batch and c["k"] == k), None)
+
+    if not all(at(model, 1, k) is not None for model in (draft, target) for k in ks):
+        return {}
+    c = at(draft, 1, 0) / at(target, 1, 0)
+    ratios = {k: at(target, 1, k) / at(target, 1, 0) for k in ks}
+    return {"cost_ratio_c": c, "implied_speedup": [{"acceptance": a, "speedup": s, "k": k}
+                                                   for a in ACCEPTANCE for s, k in [implied_speedup(c, ratios, a)]]}
+
+
+def main() -> None:
+    args, shapes = arguments()
     batches = [int(b) for b in args.batches.split(",")]
     ks = sorted({0, *(int(k) for k in args.ks.split(","))})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -221,56 +310,16 @@ def main() -> None:
     result = {"date": dt.date.today().isoformat(), "machine": machine(), "device": str(device), "dtype": args.dtype,
               "load_before": load_before, "context": args.context, "repeats": args.repeats,
               "copy_bandwidth_gb_s": bandwidth / 1e9, "kernels": kernels, "errors": {}, "models": {}}
-    for shape in shapes:
-        model = build(shape, device, dtype)
-        cells = {}
-        for kernel in kernels:
-            for graphs in (True, False):
-                if graphs and device.type != "cuda":
-                    continue
-                try:  # one run on a lent GPU: a kernel choice that fails is reported, the others measured
-                    times = ours(model, device, batches, ks, graphs, kernel, args.context, args.repeats, rng)
-                except Exception as exc:
-                    result["errors"][f"{shape} {column(kernel, graphs)}"] = f"{type(exc).__name__}: {exc}"
-                    print(f"{shape} {column(kernel, graphs)}: {type(exc).__name__}: {exc}", flush=True)
-                    continue
-                for (batch, k), ms in times.items():
-                    cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})[column(kernel, graphs)] = ms
-        for batch, k in ((b, k) for b in batches for k in ks):  # HF's forward for every cell, ours measured or not
-            cells.setdefault(f"{batch},{k}", {"batch": batch, "k": k})
-        for cell in cells.values():
-            try:
-                cell["hf_static_ms"] = hf_static(model, device, cell["batch"], cell["k"], args.context, args.repeats, rng)
-            except Exception as exc:
-                cell["hf_static_ms"] = None
-                result["errors"][f"{shape} hf_static b{cell['batch']} k{cell['k']}"] = f"{type(exc).__name__}: {exc}"
-        nbytes = weight_bytes(model)
-        result["models"][shape] = {"config": SHAPES[shape], "weight_bytes": nbytes, "floor_ms": 1000 * nbytes / bandwidth,
-                                   "cells": sorted(cells.values(), key=lambda c: (c["batch"], c["k"]))}
-        if args.profile and device.type == "cuda":
-            for kernel in kernels:
-                try:
-                    result["models"][shape].setdefault("profile", {})[kernel] = profile(
-                        model, device, kernel, sorted({0, max(ks)}), args.context, rng)
-                except Exception as exc:
-                    result["errors"][f"{shape} profile {kernel}"] = f"{type(exc).__name__}: {exc}"
-        key = column(kernels[0], device.type == "cuda")
-        print(f"{shape} ({kernels[0]}): " + ", ".join(f"b{c['batch']} k{c['k']} {c[key]:.2f} ms"
-                                                      for c in result["models"][shape]["cells"] if key in c), flush=True)
-        del model
-        write(result, args.out, shapes)  # each model's figures as soon as they are measured: a run stopped later keeps them
-    draft, target = (result["models"][s] for s in shapes)
     key = column(kernels[0], device.type == "cuda")
-
-    def at(model, batch, k):
-        return next((c.get(key) for c in model["cells"] if c["batch"] == batch and c["k"] == k), None)
-
-    if all(at(model, 1, k) is not None for model in (draft, target) for k in ks):
-        c = at(draft, 1, 0) / at(target, 1, 0)
-        ratios = {k: at(target, 1, k) / at(target, 1, 0) for k in ks}
-        result["cost_ratio_c"] = c
-        result["implied_speedup"] = [{"acceptance": a, "speedup": s, "k": k}
-                                     for a in ACCEPTANCE for s, k in [implied_speedup(c, ratios, a)]]
+    for shape in shapes:
+        figures, errors = measure(shape, device, dtype, batches, ks, kernels, args.context, args.repeats, bandwidth,
+                                  args.profile, rng)
+        result["models"][shape] = figures
+        result["errors"].update(errors)
+        print(f"{shape} ({kernels[0]}): " + ", ".join(f"b{c['batch']} k{c['k']} {c[key]:.2f} ms"
+                                                      for c in figures["cells"] if key in c), flush=True)
+        write(result, args.out, shapes)  # each model's figures as soon as they are measured: a run stopped later keeps them
+    result.update(cost_ratio(*(result["models"][s] for s in shapes), key, ks))
     write(result, args.out, shapes)
 
 

@@ -172,10 +172,9 @@ def _fmt(value, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(results: dict) -> str:
-    cells = {(c["engine"], c["domain"]): c for c in results["acceptance"]}
-    names = list(dict.fromkeys(c["engine"] for c in results["acceptance"]))
-    lines = [
+def _preamble(results: dict) -> list[str]:
+    """The title, the run's setup and what each engine is."""
+    return [
         "# Our drafter inside vLLM vs vLLM's n-gram proposer",
         "",
         f"Machine: {results['machine']}. {results['vllm']}, CPU. Model: {results['model']} (fp32), greedy, "
@@ -189,12 +188,18 @@ def markdown(results: dict) -> str:
         "`vllm-ngram-n1-4` the same with `prompt_lookup_min=1, prompt_lookup_max=4`; `plain` is vLLM "
         "without speculation.",
         "",
+    ]
+
+
+def _acceptance_table(cells: dict, names: list[str], prompts: int) -> list[str]:
+    """vLLM's spec-decode metrics per speculating engine (every engine but the first, `plain`) and domain."""
+    lines = [
         "## Acceptance (vLLM's own spec-decode metrics)",
         "",
         "Acceptance rate = accepted / drafted tokens; mean acceptance length = 1 + accepted tokens per "
         "draft (vLLM's definition); output share = accepted tokens / generated tokens (how much of the "
         "output the drafts supplied). Every output equals plain decoding's in all cells marked "
-        f"{results['prompts']}/{results['prompts']}.",
+        f"{prompts}/{prompts}.",
         "",
         "| engine | domain | acceptance rate | mean acceptance length | output share | drafts | equal to plain |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -205,7 +210,12 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | {d} | {_fmt(c['acceptance_rate'])} | {_fmt(c['mean_acceptance_length'])} | "
                          f"{_fmt(c['accepted_share_of_output'])} | {c['drafts']} | "
                          f"{c['equal_to_plain']}/{c['prompts']} |")
-    lines += [
+    return lines
+
+
+def _speed_table(cells: dict, names: list[str]) -> list[str]:
+    """Tokens per second of every engine, per domain."""
+    lines = [
         "",
         "Wall time, tokens per second per domain (CPU, 2 cores, one engine at a time; vLLM's CPU kernels "
         "make verifying k + 1 tokens cost much more than one, so speed here says little about a GPU):",
@@ -215,14 +225,19 @@ def markdown(results: dict) -> str:
     ]
     for name in names:
         lines.append(f"| {name} | " + " | ".join(_fmt(cells[(name, d)]["tokens_per_second"], 1) for d in DOMAINS) + " |")
-    cost = {(r["engine"], r["context"], r["batch"]): r for r in results["propose_cost"]}
-    lines += [
+    return lines
+
+
+def _cost_table(propose_cost: list[dict], steps: int) -> list[str]:
+    """Microseconds per `propose` call of both proposers, per context length and rows."""
+    cost = {(r["engine"], r["context"], r["batch"]): r for r in propose_cost}
+    lines = [
         "",
         "## Drafting cost per step",
         "",
         "Median microseconds per `propose` call (mean in brackets), both proposers built from a vLLM config "
         "and called as vLLM's model runner calls them on the same `token_ids_cpu` arrays; every step each "
-        f"row gains one token (the benchmark prompts' tokens repeated to length), {results['steps']} steps, "
+        f"row gains one token (the benchmark prompts' tokens repeated to length), {steps} steps, "
         "interleaved. Ours includes matching rows to requests (`RowTracker`) and the drafter's update; "
         "vLLM's n-gram proposer scans each row's whole context.",
         "",
@@ -234,6 +249,16 @@ def markdown(results: dict) -> str:
             a, b = cost[("specdraft-ngram", context, batch)], cost[("vllm-ngram-n1-4", context, batch)]
             lines.append(f"| {context:,} | {batch} | {a['median_us']} ({a['mean_us']}) | {b['median_us']} "
                          f"({b['mean_us']}) | {b['median_us'] / a['median_us']:.1f}x |")
+    return lines
+
+
+def markdown(results: dict) -> str:
+    cells = {(c["engine"], c["domain"]): c for c in results["acceptance"]}
+    names = list(dict.fromkeys(c["engine"] for c in results["acceptance"]))
+    lines = _preamble(results)
+    lines += _acceptance_table(cells, names, results["prompts"])
+    lines += _speed_table(cells, names)
+    lines += _cost_table(results["propose_cost"], results["steps"])
     lines += ["", "![propose cost](vllm_proposer.png)", ""]
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ batch) is reported beside it.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def run_once(engine: Engine, drafter: str, prompts: list[list[int]], max_tokens:
     }
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = cli(__doc__)
     parser.add_argument("--per-slot", type=int, default=2, help="prompts per batch slot")
     parser.add_argument("--min-prompts", type=int, default=8, help="prompts at least, at any batch size")
@@ -81,40 +82,49 @@ def main() -> None:
     parser.add_argument("--drafters", default="ngram,hybrid", help="drafters to run with the policy")
     parser.add_argument("--fixed", default="ngram,hybrid", help="drafters to run also drafting up to k every step")
     parser.add_argument("-k", "--k", type=int, default=5)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    loaded = load_model(None, device=None, dtype="auto")
-    batches = [int(b) for b in args.batches.split(",")]
-    needed = {b: max(args.min_prompts, args.per_slot * b) for b in batches}
-    per_domain = -(-max(needed.values()) // len(DOMAINS))
+
+def load_prompts(loaded, count: int) -> tuple[list, list[str], list[list[int]]]:
+    """At least `count` prompts, code, JSON and prose in turn: the prompts, their domains and their token ids."""
+    per_domain = -(-count // len(DOMAINS))
     by_domain = [load_domain(d, per_domain) for d in DOMAINS]
     prompts = [p for group in zip(*by_domain) for p in group]  # code, JSON, prose in turn
     domains = [p.domain for p in prompts]
     ids = [encode_prompt(loaded.tokenizer, p.messages) for p in prompts]
-    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
-    fixed = [n.strip() for n in args.fixed.split(",") if n.strip()]
-    # Per batch size two engines over the same model, each learning its own costs: the cost-aware
-    # policy ("auto"), and always drafting up to k ("fixed").
-    drafters = {"auto": ["none", *names], "fixed": fixed}
-    engines = {policy: {b: build_runtime(loaded, Settings(drafters=drafters[policy], k=args.k, max_batch=b, policy=policy,
-                                                          prefix_cache_mb=0)).engine
-                        for b in batches}
-               for policy in ("auto", "fixed") if drafters[policy]}
-    methods = [("none", "auto", "none")] + [(f"{n}", "auto", n) for n in names] + [(f"{n}-fixed", "fixed", n) for n in fixed]
-    for b in batches:  # warm-up: first calls pay one-off costs; the policy's engines learn this machine's costs
+    return prompts, domains, ids
+
+
+def build_engines(loaded, drafters: dict[str, list[str]], k: int, batches: list[int]) -> dict[str, dict[int, Engine]]:
+    """Per policy with drafters and batch size, an engine over the same model, each learning its own
+    costs: the cost-aware policy ("auto"), and always drafting up to k ("fixed")."""
+    return {policy: {b: build_runtime(loaded, Settings(drafters=drafters[policy], k=k, max_batch=b, policy=policy,
+                                                       prefix_cache_mb=0)).engine
+                     for b in batches}
+            for policy in ("auto", "fixed") if drafters[policy]}
+
+
+def sample(engines: dict, methods: list[tuple[str, str, str]], batches: list[int], needed: dict[int, int],
+           ids: list[list[int]], domains: list[str], max_tokens: int, repeats: int) -> dict[tuple[int, str], list[dict]]:
+    """(batch, method) -> `run_once`'s result for each repeat, the methods interleaved, after a warm-up
+    of every engine (first calls pay one-off costs; the policy's engines learn this machine's costs)."""
+    for b in batches:
         for _, policy, drafter in methods:
             run_once(engines[policy][b], drafter, ids[:2], 16, domains[:2])
-
     samples: dict[tuple[int, str], list[dict]] = {}
-    with tqdm(total=args.repeats * len(batches) * len(methods), desc="adaptive", unit="run") as bar:
-        for _ in range(args.repeats):
+    with tqdm(total=repeats * len(batches) * len(methods), desc="adaptive", unit="run") as bar:
+        for _ in range(repeats):
             for b in batches:
                 for method, policy, drafter in methods:
                     bar.set_postfix_str(f"batch {b} {method}")
                     samples.setdefault((b, method), []).append(
-                        run_once(engines[policy][b], drafter, ids[: needed[b]], args.max_tokens, domains[: needed[b]]))
+                        run_once(engines[policy][b], drafter, ids[: needed[b]], max_tokens, domains[: needed[b]]))
                     bar.update()
+    return samples
 
+
+def summarise(samples: dict[tuple[int, str], list[dict]], needed: dict[int, int]) -> list[dict]:
+    """One cell per (batch, method): medians over its runs, and whether every output equals `none`'s."""
     cells = []
     for (batch, method), runs in samples.items():
         reference = samples[(batch, "none")][0]["outputs"]
@@ -133,6 +143,21 @@ def main() -> None:
             "identical_to_none": all(r["outputs"] == reference for r in runs),
             "accepted_per_step_by_domain": runs[0]["accepted_per_step_by_domain"],
         })
+    return cells
+
+
+def main() -> None:
+    args = arguments()
+    loaded = load_model(None, device=None, dtype="auto")
+    batches = [int(b) for b in args.batches.split(",")]
+    needed = {b: max(args.min_prompts, args.per_slot * b) for b in batches}
+    prompts, domains, ids = load_prompts(loaded, max(needed.values()))
+    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
+    fixed = [n.strip() for n in args.fixed.split(",") if n.strip()]
+    engines = build_engines(loaded, {"auto": ["none", *names], "fixed": fixed}, args.k, batches)
+    methods = [("none", "auto", "none")] + [(f"{n}", "auto", n) for n in names] + [(f"{n}-fixed", "fixed", n) for n in fixed]
+    samples = sample(engines, methods, batches, needed, ids, domains, args.max_tokens, args.repeats)
+    cells = summarise(samples, needed)
     result = {"machine": machine(), "model": loaded.name, "k": args.k, "max_tokens": args.max_tokens,
               "prompts": [p.id for p in prompts[: max(needed.values())]], "repeats": args.repeats, "drafters": names, "fixed": fixed,
               "per_slot": args.per_slot, "min_prompts": args.min_prompts, "cells": cells}

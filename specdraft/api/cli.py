@@ -14,7 +14,7 @@ import os
 import sys
 
 from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, uses
-from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, ARITHMETIC, POLICIES, WEIGHTS
+from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, ARITHMETIC, POLICIES, WEIGHTS, SamplingParams
 from specdraft.settings import DTYPES, ONE_REQUEST, Settings, default, server_drafters
 
 
@@ -101,7 +101,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=DTYPES,
                         help="auto: float32 on CPU, bfloat16 on CUDA; float32 gives exact parity with plain decoding on a GPU")
     parser.add_argument("--weights", default=argparse.SUPPRESS, choices=WEIGHTS,
-                        help="a GGUF model's Q4_1/Q8_0 layers read as the file's blocks (native: a fifth of the "
+                        help="a GGUF model's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the file's blocks (native: a fifth of the "
                              "bytes a token; auto takes it on CPU) or as a float32 copy (dense); same output")
     parser.add_argument("--arithmetic", default=argparse.SUPPRESS, choices=ARITHMETIC,
                         help="what native weights compute in: int8 (activations quantised in blocks of 32, integer "
@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate a completion for one prompt")
     gen.add_argument("prompt", help="the prompt text ('-' reads stdin)")
     add_model_options(gen)
-    gen.add_argument("--max-tokens", type=_positive("--max-tokens"), default=128)
+    gen.add_argument("--max-tokens", type=_positive("--max-tokens"), default=SamplingParams.max_tokens,
+                     help="the most tokens to generate (default: what fits in the context with the prompt, as "
+                          "SamplingParams; more than fits is an error naming the numbers)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -200,7 +202,7 @@ def settings_from(args: argparse.Namespace, **worked_out) -> Settings:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from specdraft.params import ResponseFormat, SamplingParams
+    from specdraft.params import ResponseFormat
 
     from specdraft.text import check_text
 

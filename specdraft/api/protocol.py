@@ -23,7 +23,7 @@ from specdraft.params import (MAX_LOGPROBS, MAX_SPECULATIVE_TOKENS, POLICIES, Re
 
 if TYPE_CHECKING:
     from specdraft.engine import Completion, RequestMetrics
-    from specdraft.verifier import TokenLogprob
+    from specdraft.results import TokenLogprob
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_COMPLETION_LOGPROBS = 5  # the legacy endpoint's `logprobs`, as OpenAI allows (chat's `top_logprobs`: MAX_LOGPROBS)
@@ -132,7 +132,8 @@ class _Sampling(_Strict):
             raise ValueError("stop strings must be non-empty")
         return value
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        """max_tokens None: what fits in the context with the prompt (the engine's intake resolves it)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         top_k = self.top_k if self.top_k and self.top_k > 0 else 0
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
@@ -183,7 +184,7 @@ class CompletionRequest(_Sampling):
     def _one_prompt(cls, value):
         if isinstance(value, list) and value and isinstance(value[0], str) and len(value) != 1:
             raise ValueError(f"give one prompt per request, got {len(value)}")
-        return value  # an empty one is the engine's to refuse (`Engine.validate`), as every prompt is
+        return value  # an empty one is the engine's to refuse (`Engine.resolve`), as every prompt is
 
     @field_validator("echo", "suffix", "best_of")
     @classmethod

@@ -30,8 +30,8 @@ from specdraft.errors import RequestError
 from specdraft.metrics import ServerMetrics
 from specdraft.runtime import Runtime, encode_prompt
 from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY
+from specdraft.results import TokenLogprob
 from specdraft.service import EngineService, Failed, Overloaded, ShuttingDown
-from specdraft.verifier import TokenLogprob
 
 log = logging.getLogger("specdraft.server")
 POLL_DISCONNECT = 0.5  # seconds between checks that a non-streamed request's client is still there
@@ -143,10 +143,11 @@ class Api:
     async def health(self):
         if self.service.stopping:
             raise ApiError(503, "the server is shutting down", "service_unavailable")
-        return {"status": "ok", "model": self.name, "running": self.engine.running, "waiting": self.engine.waiting}
+        stats = self.service.stats  # the engine thread's snapshot: never its live tables
+        return {"status": "ok", "model": self.name, "running": stats.running, "waiting": stats.waiting}
 
     async def prometheus(self):
-        return Response(self.metrics.render(self.service.load()), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(self.metrics.render(self.service.stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": protocol.created(),
@@ -170,24 +171,18 @@ class Api:
 
     # -- serving a request -----------------------------------------------------------------------
     async def _serve(self, kind: str, body, max_tokens: int | None, prompt_ids: list[int], request: Request):
-        engine = self.engine
         if body.model is not None and body.model != self.name:
             raise ApiError(404, f"the model {body.model!r} does not exist here; this server serves {self.name!r}",
                            "not_found_error", "model", "model_not_found")
-        room = engine.max_context - len(prompt_ids)  # tokens the context leaves to generate
-        try:  # chat's default max_tokens: to the end of the context (a prompt that leaves none, validate refuses)
-            params = body.sampling_params(max(room, 1) if max_tokens is None else max_tokens)
-            speculation = await run_in_threadpool(engine.validate, prompt_ids, body.speculation_params(), params,
-                                                  "messages" if kind == "chat" else "prompt")
+        try:  # the engine's intake: the one check (the room rule included: max_tokens None is what fits)
+            resolved = await run_in_threadpool(self.engine.resolve, prompt_ids, body.sampling_params(max_tokens),
+                                               body.speculation_params(), "messages" if kind == "chat" else "prompt")
         except (RequestError, ValueError) as exc:
             known = isinstance(exc, RequestError)
             raise ApiError(400, str(exc), param=exc.param if known else None, code=exc.code if known else None) from None
-        if max_tokens is not None and max_tokens > room:  # OpenAI refuses what the context cannot hold; we would cut it
-            raise ApiError(400, f"max_tokens is {max_tokens}, but the prompt has {len(prompt_ids)} tokens and this model's "
-                                f"context is {engine.max_context}: at most {room} tokens can be generated",
-                           param="max_tokens", code="context_length_exceeded")
+        request_id = resolved.id
         try:
-            request_id, queue = self.service.submit(prompt_ids, params, speculation)
+            queue = self.service.submit(resolved)
         except Overloaded as exc:
             self.metrics.refused("overloaded")
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded") from None

@@ -1,5 +1,5 @@
 """`InductorLayers`: a decoder layer's per-token work compiled into a few CPU kernels by inductor
-(Llama family), for activations numba's kernels do not take (bf16; int8 draft copies computing in
+(the families of `family.FAMILIES`), for activations numba's kernels do not take (bf16; int8 draft copies computing in
 bf16). One of the ways to run a pass's layers (`specdraft.backend.layers`).
 
 On CPU a decode step is bound by reading the weights, and the eager layer spends much of it
@@ -16,7 +16,7 @@ A projection is written as one reduction over each weight row per token (`(W * x
 inductor fuses a pass's reductions into one vectorised loop that reads the weights once for all its
 tokens, near memory speed. Int8 draft copies call torch's int8 kernel instead
 (`WeightOnlyInt8Linear`'s). The arithmetic is the eager layer's, summed in another order: logits
-agree to float rounding (`tests/test_fused.py`) and greedy output equals Hugging Face `generate`'s
+agree to float rounding (`tests/backend/test_inductor.py`) and greedy output equals Hugging Face `generate`'s
 on every test and benchmark prompt.
 
 The weights are arguments, not captured constants, so the layers of a model share one graph per
@@ -33,10 +33,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from specdraft.backend.family import Family
 from specdraft.backend.layers import Pass, attend_by_sdpa
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear
-from specdraft.backend.weights import (joined_projection, layer_linears, model_device, norm_eps, plain_linear, projection,
-                                       silu_mlp)
+from specdraft.backend.weights import joined_projection, layer_linears, model_device, plain_linear, projection, silu_mlp
 
 MAX_TOKENS = 8  # passes of up to this many tokens run here (a graph per count)
 
@@ -111,20 +111,22 @@ class InductorLayers:
 
     max_tokens = MAX_TOKENS
 
-    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype, head_dim: int,
-                 heads: int, kv_heads: int) -> None:
-        """dtype: the activations'. Joins each layer's q/k/v and gate/up weights into one buffer each
+    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype,
+                 family: Family) -> None:
+        """dtype: the activations'; family: the model's description (head counts and size, the norms'
+        epsilon). Joins each layer's q/k/v and gate/up weights (and biases) into one buffer each
         (`joined_projection`) and compiles every token count (`_warm_up`)."""
-        self.dtype, self._shape = dtype, (heads, kv_heads, head_dim)
+        heads, kv_heads, head_dim = self._shape = family.shape
+        self.dtype, eps = dtype, family.norm_eps
         self._layers = []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             self._layers.append((
-                (layer.input_layernorm.weight, norm_eps(layer.input_layernorm), joined_projection([a.q_proj, a.k_proj, a.v_proj]),
-                 head_dim, heads, kv_heads),
-                (projection(a.o_proj), layer.post_attention_layernorm.weight, norm_eps(layer.post_attention_layernorm),
+                (layer.input_layernorm.weight, eps, joined_projection([a.q_proj, a.k_proj, a.v_proj]), head_dim, heads,
+                 kv_heads),
+                (projection(a.o_proj), layer.post_attention_layernorm.weight, eps,
                  joined_projection([mlp.gate_proj, mlp.up_proj]), projection(mlp.down_proj))))
-        self._head = (model.model.norm.weight, norm_eps(model.model.norm), projection(model.lm_head))
+        self._head = (model.model.norm.weight, eps, projection(model.lm_head))
         # One graph per token count (1 .. MAX_TOKENS), all compiled by `_warm_up`.
         self._eager = [_before_attention, _after_attention, _head, _between]
         self._compiled = [torch.compile(f, dynamic=False) for f in self._eager]

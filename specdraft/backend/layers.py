@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from specdraft.backend.family import Family
+
 
 @dataclass(frozen=True)
 class Pass:
@@ -61,14 +63,15 @@ def attend_by_sdpa(p: Pass, layer: int, q: torch.Tensor, k: torch.Tensor, v: tor
 
 
 class EagerLayers:
-    """The model's decoder layers and head as its own modules, activations in `dtype`."""
+    """The model's decoder layers and head as its own modules (their biases included), activations in
+    `dtype`; `family` gives the head counts and size."""
 
     max_tokens = None
 
-    def __init__(self, model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype, heads: int,
-                 kv_heads: int, head_dim: int) -> None:
+    def __init__(self, model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype,
+                 family: Family) -> None:
         self.model, self.layers, self.dtype = model, list(layers), dtype
-        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = family.shape
 
     def takes(self, tokens: int) -> bool:
         return True

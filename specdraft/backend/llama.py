@@ -1,6 +1,7 @@
-"""Our own forward pass for Llama-family models (Llama 2/3.x, SmolLM2), over the transformers
-model's own modules and weights: embedding, rotary embedding, norms, projections and MLPs are called
-as they are; the layer loop, the KV writes and attention are ours.
+"""Our own forward pass for Llama-architecture models (the families of `family.FAMILIES`: Llama
+2/3.x, SmolLM2, Qwen2/2.5), over the transformers model's own modules and weights: embedding, rotary
+embedding, norms, projections and MLPs are called as they are; the layer loop, the KV writes and
+attention are ours.
 
 Why not the stock forward: it takes any subset of the decoder layers (draft models that skip layers),
 runs its activations in a chosen dtype (other than the weights' for int8 draft copies), takes a boolean mask
@@ -8,8 +9,10 @@ built on the device, pays less Python per layer, and computes only a batch's rea
 `real`, the flat indices of the real tokens in the padded [batch, T] input, every per-token part
 (embedding, norms, projections, MLPs, output layer) runs on those alone and only attention sees
 the padded layout. A verify step whose rows draft different lengths then costs its tokens, not
-batch x the longest draft. Its logits equal the stock model's (`tests/test_backend.py`). Other
-architectures run the stock forward (`RowModel` decides).
+batch x the longest draft. Its logits equal the stock model's (`tests/backend/test_backend.py`,
+`tests/backend/test_qwen2.py`). What it knows of a model is its `Family` (head counts and size, biases, the
+norms' epsilon, read once from the config), which it hands to the layers; other architectures run
+the stock forward (`RowModel` decides).
 
 How it runs a pass's layers and head (`layers.py`): on CPU (`compiled`), passes of a few tokens
 run compiled where they apply: numba's kernels for float32 activations (`numba_layers.NumbaLayers`:
@@ -24,34 +27,40 @@ from typing import Sequence
 
 import torch
 
+from specdraft.backend.family import Family, family_of
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.layers import EagerLayers, Pass
 from specdraft.backend.numba_layers import NumbaLayers
 from specdraft.backend.triton_layers import TritonLayers, unavailable
 from specdraft.backend.weights import activation_dtype, model_device
 
-_FAMILY = ("llama",)
 KERNELS = ("auto", "triton", "torch")
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Whether `model` is a decoder this forward reproduces exactly: a Llama-architecture causal LM
-    with full attention (no sliding window) and the standard module layout."""
-    config = model.config
-    if getattr(config, "model_type", None) not in _FAMILY or getattr(config, "sliding_window", None):
-        return False
+    """Whether `model` is a decoder this forward reproduces exactly: a family of `family.FAMILIES`
+    with full attention (no sliding window), the standard module layout, and biases where its
+    description says."""
+    family = family_of(model.config)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
-    if layers is None or not len(layers) or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
+    if family is None or layers is None or not len(layers) or not all(hasattr(inner, n) for n in ("rotary_emb", "norm")):
         return False
     layer = layers[0]
-    attention = getattr(layer, "self_attn", None)
-    return all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
-        hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp"))
+    attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    parts = {n: getattr(attention, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    parts.update({n: getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")})
+    if any(m is None for m in parts.values()) or not all(
+            hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")):
+        return False
+    biased = {"q_proj": family.qkv_bias, "k_proj": family.qkv_bias, "v_proj": family.qkv_bias,
+              "o_proj": family.out_bias, "gate_proj": family.mlp_bias, "up_proj": family.mlp_bias,
+              "down_proj": family.mlp_bias}
+    return all((getattr(m, "bias", None) is not None) == biased[n] for n, m in parts.items())
 
 
 class LlamaForward:
-    """model: a Llama-family causal LM; layers: indices of the decoder layers to run (default all);
+    """model: a causal LM `supports` takes; layers: indices of the decoder layers to run (default all);
     dtype: the activations' dtype (default the model's); compiled: on CPU, run passes of a few tokens
     compiled where that applies; kernels: "triton" runs every pass on the batch-invariant Triton
     kernels (`triton_layers`; an error where they cannot run), "torch" on the model's modules (and
@@ -62,30 +71,25 @@ class LlamaForward:
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
         assert supports(model), type(model).__name__
-        config = model.config
+        self.family: Family = family_of(model.config)
         self.model = model
         indices = range(len(model.model.layers)) if layers is None else layers
         self.layers = [model.model.layers[i] for i in indices]
         self.dtype = dtype or activation_dtype(model)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (self.num_heads, self.num_kv_heads, self.head_dim)
-        self.eager = EagerLayers(model, self.layers, self.dtype, *shape)
+        self.eager = EagerLayers(model, self.layers, self.dtype, self.family)
         self.invariant: TritonLayers | None = None
         wanted = kernels == "triton" or (kernels == "auto" and model_device(model).type == "cuda")
-        why = unavailable(model, self.layers, self.dtype) if wanted else None
+        why = unavailable(model, self.layers, self.dtype, self.family) if wanted else None
         if kernels == "triton" and why is not None:
             raise ValueError(f"kernels='triton' cannot run this model: {why}")
         if wanted and why is None:
-            self.invariant = TritonLayers(model, self.layers, self.dtype, *shape)
+            self.invariant = TritonLayers(model, self.layers, self.dtype, self.family)
         self.compiled: NumbaLayers | InductorLayers | None = None
         compiled = compiled and self.invariant is None  # the Triton kernels run every pass
         if compiled and NumbaLayers.applies(model, self.layers, self.dtype):
-            self.compiled = NumbaLayers(model, self.layers, self.head_dim, self.num_heads, self.num_kv_heads)
+            self.compiled = NumbaLayers(model, self.layers, self.family)
         elif compiled and InductorLayers.applies(model, self.layers, self.dtype):
-            self.compiled = InductorLayers(model, self.layers, self.dtype, self.head_dim, self.num_heads,
-                                           self.num_kv_heads)
+            self.compiled = InductorLayers(model, self.layers, self.dtype, self.family)
 
     @property
     def reads_lengths(self) -> bool:

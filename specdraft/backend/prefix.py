@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from specdraft.backend.cache import RowKVCache
+from specdraft.results import PrefixStats
 
 
 @dataclass(eq=False)
@@ -45,16 +46,6 @@ class _Node:
         n = min(len(self.tokens), len(tokens))
         differ = np.flatnonzero(self.tokens[:n] != tokens[:n])
         return int(differ[0]) if len(differ) else n
-
-
-@dataclass
-class PrefixStats:
-    """What the cache holds (bytes of entries) and has dropped to stay within its budget (runs of
-    tokens, tokens). A request's own hit is its `RequestMetrics.cached_tokens`."""
-
-    bytes: int = 0
-    evicted_tokens: int = 0
-    evictions: int = 0
 
 
 class PrefixCache:
@@ -91,7 +82,7 @@ class PrefixCache:
             node = child
         return path
 
-    def read(self, cache: RowKVCache, slot: int, salt: str | None, tokens: Sequence[int], limit: int) -> int:
+    def read_prefix(self, cache: RowKVCache, slot: int, salt: str | None, tokens: Sequence[int], limit: int) -> int:
         """Copy the entries of the longest stored prefix of `tokens` (at most `limit` tokens) into the
         empty row in `slot`; return how many tokens it took (the row's new length)."""
         assert cache.lengths[slot] == 0, "a prefix is read into an empty row"
@@ -101,7 +92,7 @@ class PrefixCache:
             at += n
         return at
 
-    def store(self, cache: RowKVCache, slot: int, salt: str | None, tokens: Sequence[int]) -> None:
+    def store_prefix(self, cache: RowKVCache, slot: int, salt: str | None, tokens: Sequence[int]) -> None:
         """Keep the committed entries of the row in `slot` whose tokens are `tokens` (its first
         len(tokens) positions): what is not stored yet is copied out of the row; then the budget is kept."""
         tokens = np.asarray(tokens, dtype=np.int64)

@@ -7,6 +7,11 @@ rows still being prefilled wait in the slots after them and run in passes of the
 pass feeds each row of a window T new tokens at the positions after its committed length; the owner
 then `commit`s how many of them each row keeps (padding and rejected drafts are never committed),
 and `truncate` rolls a row back. Lengths live on the host, so none of this syncs with the device.
+
+A row's prompt is prefilled in chunks of `prefill_chunk` tokens at fixed positions (multiples of the
+chunk from the row's start, `chunk_end`), whoever feeds it and in whatever parts: a pass of many
+tokens is not bitwise the same as passes of fewer (BLAS), so where the chunks fall never depends on a
+step's budget. The chunk size has this one owner; a caller that budgets prefill reads it here.
 """
 
 from __future__ import annotations
@@ -19,12 +24,10 @@ import numpy as np
 import torch
 
 from specdraft.backend import llama
+from specdraft.backend.family import FAMILIES, attention_shape
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
-
-# Prompt tokens per prefill pass, and per step while other rows decode (the engine), or per drafting
-# call while a draft model catches up (the model drafter): one size, so a step stays bounded.
 
 
 @dataclass(frozen=True)
@@ -75,31 +78,37 @@ class _Shape:
 
 class RowModel:
     """model: a transformers causal LM (eval mode); layers: run only these decoder layers (a draft that
-    skips layers; Llama family only); dtype: the activations' dtype for the own forward (default the
-    model's); static: run batched passes at static shapes (`StaticShapes`; Llama family only); compiled:
+    skips layers; our forward's families only, `family.FAMILIES`); dtype: the activations' dtype for the own
+    forward (default the model's); static: run batched passes at static shapes (`StaticShapes`; our
+    forward's families only); compiled:
     on CPU, run passes of a few tokens compiled; kernels: which kernels run our own forward
-    (`llama.LlamaForward`: auto, triton or torch)."""
+    (`llama.LlamaForward`: auto, triton or torch); prefill_chunk: the most tokens a prefill pass
+    takes, its passes at fixed positions (`chunk_end`)."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None, compiled: bool = False, kernels: str = "auto") -> None:
+                 static: StaticShapes | None = None, compiled: bool = False, kernels: str = "auto",
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
+        self.prefill_chunk = prefill_chunk
         self.device = next(model.parameters()).device
         config = model.config
         if llama.supports(model):
             self._own = llama.LlamaForward(model, layers, dtype, compiled=compiled, kernels=kernels)
-            num_layers, kv_heads, head_dim, cache_dtype = (len(self._own.layers), self._own.num_kv_heads,
-                                                           self._own.head_dim, self._own.dtype)
+            num_layers, kv_heads, head_dim, cache_dtype = (len(self._own.layers), self._own.family.kv_heads,
+                                                           self._own.family.head_dim, self._own.dtype)
         else:
             if layers is not None or dtype is not None:
-                raise ValueError(f"running a subset of layers or another dtype needs a Llama-family model, "
-                                 f"not {getattr(config, 'model_type', type(model).__name__)!r}")
+                kind = getattr(config, "model_type", type(model).__name__)
+                raise ValueError(f"running a subset of layers or another dtype needs a model of a family our forward "
+                                 f"runs ({', '.join(FAMILIES)}), not {kind!r}")
             self._own = None
             num_layers = config.num_hidden_layers
-            kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            _, kv_heads, head_dim = attention_shape(config)
             cache_dtype = next(model.parameters()).dtype
         if static is not None and self._own is None:
-            raise ValueError("static shapes need a Llama-family model (our own forward)")
+            raise ValueError(f"static shapes need a model of a family our forward runs ({', '.join(FAMILIES)})")
         self.static = static
         # A static cache is allocated whole (with room for a KV bucket's overhang), so no step ever grows it.
         slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)
@@ -194,12 +203,12 @@ class RowModel:
     def read_prefix(self, row_id: str, prefixes: PrefixCache, salt: str | None, tokens: Sequence[int], limit: int) -> int:
         """Fill the empty row with the stored entries of the longest prefix of `tokens` (at most `limit`)
         that `prefixes` holds under `salt`; return how many positions it took."""
-        return prefixes.read(self.cache, self._slot[row_id], salt, tokens, limit)
+        return prefixes.read_prefix(self.cache, self._slot[row_id], salt, tokens, limit)
 
     def store_prefix(self, row_id: str, prefixes: PrefixCache, salt: str | None, tokens: Sequence[int]) -> None:
         """Keep the row's committed entries of its first len(tokens) positions (`tokens`, at most its
         length) in `prefixes` under `salt`."""
-        prefixes.store(self.cache, self._slot[row_id], salt, tokens)
+        prefixes.store_prefix(self.cache, self._slot[row_id], salt, tokens)
 
     def truncate(self, row_id: str, length: int) -> None:
         """Roll a row back to its first `length` tokens."""
@@ -350,13 +359,21 @@ class RowModel:
         at = torch.as_tensor(np.asarray(logits_at) - first, dtype=torch.int64, device=self.device)
         return logits.gather(1, at[:, None, None].expand(len(at), 1, logits.shape[-1]))
 
-    def prefill(self, row_id: str, token_ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
-        """Feed one row `token_ids` in passes of at most `chunk` tokens and commit them; return the
-        logits [vocab] after the last one."""
+    def chunk_end(self, start: int, stop: int) -> int:
+        """Where a prefill pass from position `start` ends, feeding at most up to `stop`: the next
+        multiple of `prefill_chunk`, so that chunks fall at the same positions however a prompt is fed."""
+        return min(stop, (start // self.prefill_chunk + 1) * self.prefill_chunk)
+
+    def prefill(self, row_id: str, token_ids: Sequence[int]) -> torch.Tensor:
+        """Feed one row `token_ids` in passes that end at chunk boundaries (`chunk_end`) and commit them;
+        return the logits [vocab] after the last one."""
         window = self.window_of(row_id)
         ids = np.asarray(token_ids, dtype=np.int64)
-        for start in range(0, len(ids), chunk):
-            piece = ids[start : start + chunk][None, :]  # [1, T]
+        length, done = self.length(row_id), 0
+        while done < len(ids):
+            end = self.chunk_end(length + done, length + len(ids)) - length
+            piece = ids[done:end][None, :]  # [1, T]
             logits = self.forward(window, piece, logits_at=np.array([piece.shape[1] - 1]))
             self.commit(window, [piece.shape[1]])
+            done = end
         return logits[0, -1]

@@ -1,8 +1,9 @@
-"""`TritonLayers`: a Llama-family stack run by `triton_kernels`, so that a token's logits and the keys
-and values it writes are bitwise the same whatever pass computes them (a plain step, a verify pass
-of any width, a prefill chunk, alone or beside other rows, at any KV length). Used on CUDA (bf16 by
-default), where the libraries' kernels change their reductions with the row count; on CPU only
-under Triton's interpreter (tests). Called as `layers.EagerLayers` is (`takes`, `stack`, `head`).
+"""`TritonLayers`: a decoder stack (a `Family` of `family.FAMILIES`) run by `triton_kernels`, so
+that a token's logits and the keys and values it writes are bitwise the same whatever pass computes
+them (a plain step, a verify pass of any width, a prefill chunk, alone or beside other rows, at any
+KV length). Used on CUDA (bf16 by default), where the libraries' kernels change their reductions
+with the row count; on CPU only under Triton's interpreter (tests). Called as `layers.EagerLayers`
+is (`takes`, `stack`, `head`).
 
 Five launches a layer (six to nine where a narrow weight splits its in-features): q/k/v with the
 input norm fused in, rotary embedding + the cache write, attention (chunks, then their merge), the
@@ -20,12 +21,14 @@ from typing import Sequence
 
 import torch
 
+from specdraft.backend.family import Family
 from specdraft.backend.layers import Pass
-from specdraft.backend.weights import float_linear, joined_projection, layer_linears, model_device, norm_eps, silu_mlp
+from specdraft.backend.weights import float_linear, joined_projection, layer_linears, model_device, silu_mlp
 
 
-def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype) -> str | None:
-    """Why these layers cannot run on the Triton kernels (None: they can)."""
+def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype,
+                family: Family) -> str | None:
+    """Why these layers (of a model described by `family`) cannot run on the Triton kernels (None: they can)."""
     device = model_device(model)
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return f"the Triton kernels run on CUDA (or on CPU under TRITON_INTERPRET=1), not on {device.type}"
@@ -35,8 +38,7 @@ def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype
         return "Triton is not installed"
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"the Triton kernels take bfloat16, float16 or float32 activations, not {dtype}"
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = family.head_dim
     if head_dim < 16 or head_dim & (head_dim - 1):
         return f"the head dimension must be a power of two >= 16, got {head_dim}"
     if not all(silu_mlp(layer.mlp) for layer in layers):
@@ -74,31 +76,31 @@ def _kernels_fail(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 class TritonLayers:
-    """The decoder layers and head of a Llama-family model on `triton_kernels`; activations in the
-    weights' dtype."""
+    """The decoder layers and head of a model (described by `family`) on `triton_kernels`, q/k/v and
+    gate/up joined with their biases; activations in the weights' dtype."""
 
     max_tokens = None
     reads_lengths = True
 
-    def __init__(self, model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype, heads: int,
-                 kv_heads: int, head_dim: int) -> None:
+    def __init__(self, model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype,
+                 family: Family) -> None:
         from specdraft.backend import triton_kernels
 
         self.kernels = triton_kernels
-        self.dtype, self.shape = dtype, (heads, kv_heads, head_dim)
+        self.dtype, self.shape, eps = dtype, family.shape, family.norm_eps
         self._layers = []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             qkv_weight, qkv_bias, _ = joined_projection([a.q_proj, a.k_proj, a.v_proj])
             gate_up, gate_up_bias, _ = joined_projection([mlp.gate_proj, mlp.up_proj])
             self._layers.append(dict(
-                input_norm=(layer.input_layernorm.weight, norm_eps(layer.input_layernorm)), qkv=(qkv_weight, qkv_bias),
+                input_norm=(layer.input_layernorm.weight, eps), qkv=(qkv_weight, qkv_bias),
                 o=(a.o_proj.weight, a.o_proj.bias),
-                post_norm=(layer.post_attention_layernorm.weight, norm_eps(layer.post_attention_layernorm)),
+                post_norm=(layer.post_attention_layernorm.weight, eps),
                 gate_up=(gate_up, gate_up_bias), down=(mlp.down_proj.weight, mlp.down_proj.bias)))
         self.chunk = triton_kernels.chunk_for(model.config.max_position_embeddings)
         norm = model.model.norm
-        self._head = ((norm.weight, norm_eps(norm)), (model.lm_head.weight, getattr(model.lm_head, "bias", None)))
+        self._head = ((norm.weight, eps), (model.lm_head.weight, getattr(model.lm_head, "bias", None)))
 
     def takes(self, tokens: int) -> bool:
         return True

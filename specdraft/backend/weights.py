@@ -142,6 +142,3 @@ def joined_projection(modules: list[torch.nn.Module]) -> tuple:
         scales = None if scales[0] is None else torch.cat(scales)
     return joined, bias, scales
 
-
-def norm_eps(norm: torch.nn.Module) -> float:
-    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))

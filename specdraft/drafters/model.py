@@ -31,13 +31,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdraft.backend import PREFILL_CHUNK, RowModel, StaticShapes, worth_compiling
+from specdraft.backend import RowModel, StaticShapes, worth_compiling
 from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, Parts, Resources
 from specdraft.drafters.registry import register
 from specdraft.models import LoadedModel, load_draft_model
 from specdraft.params import SamplingParams
 from specdraft.sampling import DRAFT, SAMPLE, argmax, distribution, inverse_cdf, keyed_uniforms, request_seed
-
 
 
 @dataclass
@@ -130,7 +129,8 @@ class ModelDrafter:
     def _catch_up(self, wanted: dict[str, int]) -> CatchUp:
         """Rows asked to draft but far behind: copy what the target holds (where it is shared), then
         feed them part of the rest, one row per pass."""
-        budget, started = PREFILL_CHUNK, time.perf_counter()  # catch-up tokens per call, over all rows
+        # Catch-up tokens per call, over all rows: one prefill chunk (the draft's rows own its size).
+        budget, started = self.rows.prefill_chunk, time.perf_counter()
         if self._target is not None:
             for request_id in wanted:
                 # A pass feeding two tokens costs what one feeding one does: copy from three on, and
@@ -146,7 +146,7 @@ class ModelDrafter:
             start = self.rows.length(request_id)
             self.rows.prefill(request_id, self._requests[request_id].context[start : start + take])
             budget -= take
-        return CatchUp(PREFILL_CHUNK - budget, time.perf_counter() - started)
+        return CatchUp(self.rows.prefill_chunk - budget, time.perf_counter() - started)
 
     def _draft(self, wanted: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], float | None]:
         """Draft wanted[r] tokens for each row r, every row of the cache riding along: one pass

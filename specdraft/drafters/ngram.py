@@ -256,8 +256,9 @@ class NgramDrafter:
         assert request_id not in self._slot_of, f"request {request_id!r} already begun"
         slot = self._take_slot()
         prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
-        # Room for the prompt and (up to a point) its budget, so that decoding rarely has to grow them.
-        room = len(prompt) + min(params.max_tokens, BEGIN_ROOM)
+        # Room for the prompt and (up to a point) its budget, so that decoding rarely has to grow them
+        # (a request resolved by the engine always has a limit; one begun directly may name none).
+        room = len(prompt) + min(params.max_tokens or BEGIN_ROOM, BEGIN_ROOM)
         tokens = np.empty(max(64, room + self.k), dtype=np.int32)
         table = new_table(self.max_n, room)
         self._set_arrays(slot, tokens, table)

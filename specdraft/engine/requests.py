@@ -1,6 +1,7 @@
-"""A request as the engine holds it (`Request`), its figures (`RequestMetrics`: typed, until the API
-edge writes them as JSON), and what the engine hands back: a `Delta` per request and step, then one
-`Completion`."""
+"""A request as intake resolves it (`ResolvedRequest`) and as the engine holds it (`Request`: what
+intake resolved, and its progress), its figures (`RequestMetrics`: typed, until the API edge writes
+them as JSON), what the engine publishes for metrics (`EngineStats`), and what it hands back: a
+`Delta` per request and step, then one `Completion`."""
 
 from __future__ import annotations
 
@@ -10,10 +11,33 @@ from enum import Enum
 
 import numpy as np
 
+from specdraft.drafters.base import Drafter, Parts
 from specdraft.grammar import RowGrammar
 from specdraft.params import Policy, SamplingParams
 from specdraft.text import IncrementalDetokenizer
-from specdraft.verifier import PrefixStats, TokenLogprob
+from specdraft.results import PrefixStats, TokenLogprob
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """A request checked and resolved by `Intake.resolve`. `params.max_tokens` is its token limit (it
+    fits in the context with the prompt); `drafter` the object that drafts for it (`drafter_name` is
+    the name it is reported under), `parts` what that drafter declares; `k` its longest draft;
+    `grammar` its response format's state (None: free text)."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    drafter_name: str
+    drafter: Drafter
+    parts: Parts
+    k: int
+    policy: Policy
+    grammar: RowGrammar | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
 
 
 @dataclass
@@ -104,10 +128,15 @@ class Phase(Enum):
 
 @dataclass
 class Request:
+    """What intake resolved (`ResolvedRequest`: `params.max_tokens` is its limit, which fits in the
+    context; `drafter` the object that drafts for it, `parts` its declaration), and its progress."""
+
     id: str
     prompt_ids: list[int]
     params: SamplingParams
-    drafter: str
+    drafter_name: str
+    drafter: Drafter
+    parts: Parts
     k: int  # longest draft per step
     policy: Policy  # how each step's draft length is chosen
     detok: IncrementalDetokenizer
@@ -122,16 +151,26 @@ class Request:
     stop_string: bool = False  # it ended on a stop string (its text is cut there)
     logprobs: list[TokenLogprob] | None = None  # one per generated token, where its params ask for them
 
-    def room(self, max_context: int) -> int:
-        """Tokens it may still generate: its budget, and the model's context."""
-        used = len(self.prompt_ids) + len(self.generated)
-        return min(self.params.max_tokens - len(self.generated), max_context - used)
+    @classmethod
+    def of(cls, resolved: ResolvedRequest, detok: IncrementalDetokenizer) -> Request:
+        metrics = RequestMetrics(resolved.k, resolved.drafter_name,
+                                 grammar=None if resolved.grammar is None else GrammarMetrics())
+        return cls(resolved.id, list(resolved.prompt_ids), resolved.params, resolved.drafter_name, resolved.drafter,
+                   resolved.parts, resolved.k, resolved.policy, detok, metrics, grammar=resolved.grammar,
+                   logprobs=None if resolved.params.logprobs is None else [])
+
+    @property
+    def room(self) -> int:
+        """Tokens it may still generate: its limit (which intake fitted in the context with the prompt)."""
+        return self.params.max_tokens - len(self.generated)
 
 
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot of an engine, for metrics: rows decoding, requests waiting for a row or for their
-    prefill, and the prefix cache's figures (None: it keeps none)."""
+    prefill, and the prefix cache's figures (None: it keeps none). The engine's thread makes one after
+    each step and as requests come and go (`Engine.stats`); other threads read it, never the engine's
+    live tables."""
 
     running: int
     waiting: int

@@ -6,23 +6,26 @@ A `Step` holds one record per running row (`Row`: its limit, its draft's source,
 length chosen, its grammar's forced tokens and time, its failure, its result) and the step's timings.
 Each stage fills in the rows it is given; `Stages.run` runs them in order. No stage ends a request,
 emits a token or tells the policy anything: the engine's loop applies a step after it runs (emits,
-failures, retirements) and reports it to the policy once (`Step.report`). A drafter's fault fails
+failures, retirements) and reports it to the policy once (`Step.report`). Each row's drafter is
+the object on its request (resolved at intake), never looked up by name. A drafter's fault fails
 its own requests only: a drafter that raises, breaks its contract (`specdraft.drafters.base`) or
-proposes a draft the target cannot check; so does a grammar that fails (`constrain`)."""
+proposes a draft the target cannot check (checked here, the one place: `_checked`); so does a
+grammar that fails (`constrain`)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 from specdraft.draft import EMPTY_DRAFT, Draft
-from specdraft.drafters.base import Cost, Drafter, Parts, drafter_failure
+from specdraft.drafters.base import Cost, Parts, drafter_failure
 from specdraft.engine import constrain
 from specdraft.engine.requests import Request
 from specdraft.params import Policy
 from specdraft.policy import CallTiming, DraftingTiming, DraftPolicy, RowPlan, StepReport, Verified, VerifyTiming
-from specdraft.verifier import StepResult, TokenLogprob, Verifier
+from specdraft.results import TokenLogprob
+from specdraft.verifier import StepResult, Verifier
 
 
 @dataclass
@@ -112,6 +115,12 @@ class Step:
     def draft_seconds(self) -> float:
         return self.free_seconds + self.costly_seconds
 
+    @property
+    def tokens(self) -> int:
+        """Tokens the verify pass took: each verified row's last token and its chosen draft (the step's
+        share of the engine's token budget; prefill gets what is left)."""
+        return sum(1 + row.drafted for row in self.rows if row.result is not None)
+
     def outcomes(self) -> Iterator[Outcome]:
         """The verified rows that did not fail, in order."""
         if self.verify_seconds is None:
@@ -136,16 +145,16 @@ class Step:
 
 
 class Stages:
-    """The stages of a decode step over the engine's verifier and drafters (by name, with their
-    declared parts). The policy a step is given is asked (`worth_calling`, `choose`), never told."""
+    """The stages of a decode step over the engine's verifier; each row brings its drafter (and the
+    drafter's declared parts) on its request. The policy a step is given is asked (`worth_calling`,
+    `choose`), never told."""
 
-    def __init__(self, verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[str, Parts],
-                 max_context: int) -> None:
-        self.verifier, self.drafters, self.parts, self.max_context = verifier, drafters, parts, max_context
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
 
     def run(self, requests: list[Request], policy: DraftPolicy) -> Step:
         # The step adds one token of the target's own: a row drafts at most its room less one.
-        step = Step([Row(r, max(0, min(r.k, r.room(self.max_context) - 1))) for r in requests])
+        step = Step([Row(r, max(0, min(r.k, r.room - 1))) for r in requests])
         self.free_drafts(step, policy)
         step.plans = self.plans(step.live)
         lengths = policy.choose(step.plans)
@@ -165,7 +174,7 @@ class Stages:
         rows it leaves without a draft go to the drafter's costly part, if it has one."""
         batch = len(step.rows)
         for name, group in _groups(step.rows).items():
-            parts = self.parts[name]
+            parts = group[0].request.parts
             drafts: list[Draft] | None = None
             if parts.free is not None and _call_free(name, parts, group, batch, policy, step.asked):
                 wanted = [row.limit for row in group]
@@ -191,8 +200,8 @@ class Stages:
     def plans(self, rows: list[Row]) -> list[RowPlan]:
         """The rows as the policy sees them: what a free draft has, or what a costly part may draft."""
         return [RowPlan(row.id, row.source, row.limit, not row.waits, row.limit if row.waits else len(row.free),
-                        self.parts[row.request.drafter].costly.backlog(row.id) if row.waits else 0,
-                        row.request.room(self.max_context), row.request.policy is Policy.FIXED)
+                        row.request.parts.costly.backlog(row.id) if row.waits else 0,
+                        row.request.room, row.request.policy is Policy.FIXED)
                 for row in rows]
 
     def costly_drafts(self, step: Step) -> None:
@@ -202,7 +211,7 @@ class Stages:
             wanted = [row.length for row in group]
             if max(wanted, default=0) == 0:
                 continue
-            part = self.parts[name].costly
+            part = group[0].request.parts.costly
             seconds, result, why = _call(name, lambda: part.propose_costly([row.id for row in group], wanted))
             why = why or _broken(name, result.drafts, wanted)
             step.costly_seconds += seconds
@@ -238,7 +247,7 @@ class Stages:
         the row; None where the draft cannot be checked or the grammar failed (the row fails)."""
         if not self._checked(step, row, draft):  # the grammar takes vocabulary ids only
             return None
-        legal = constrain.legal(row.request.grammar, draft, limit, self.parts[row.request.drafter].forced_tokens)
+        legal = constrain.legal(row.request.grammar, draft, limit, row.request.parts.forced_tokens)
         row.grammar_seconds += legal.seconds
         if legal.error is not None:
             step.fail([row], legal.error)
@@ -248,10 +257,11 @@ class Stages:
         return legal.draft
 
     def _checked(self, step: Step, row: Row, draft: Draft) -> bool:
-        """Whether the target can check the draft; where it cannot, the row fails."""
+        """Whether the target can check the draft (the one check of a draft: the verifier takes what
+        passes as it is); where it cannot, the row fails."""
         problem = draft.problem(self.verifier.vocab_size)
         if problem is not None:
-            step.fail([row], f"drafter {row.request.drafter!r} proposed a draft the target cannot check: {problem}")
+            step.fail([row], f"drafter {row.request.drafter_name!r} proposed a draft the target cannot check: {problem}")
         return problem is None
 
     def verify(self, step: Step) -> None:
@@ -282,10 +292,11 @@ def _call_free(name: str, parts: Parts, group: list[Row], batch: int, policy: Dr
 
 
 def _groups(rows: list[Row]) -> dict[str, list[Row]]:
-    """The rows by drafter, in the order the drafters first appear."""
+    """The rows by drafter (under the name it is reported by: one object per name), in the order the
+    drafters first appear."""
     groups: dict[str, list[Row]] = {}
     for row in rows:
-        groups.setdefault(row.request.drafter, []).append(row)
+        groups.setdefault(row.request.drafter_name, []).append(row)
     return groups
 
 

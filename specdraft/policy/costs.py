@@ -123,8 +123,8 @@ def least_squares(cells: list[tuple[int, int, float]]) -> tuple[float, float, fl
     (batch, tokens, seconds) with distinct (batch, tokens): `np.linalg.lstsq`'s answer. Where every
     cell has one batch size B (one request's steps), the constant and batch columns are one, the fit
     is a line in tokens (intercept i, slope c), and the least-norm split of i is a = i / (1 + B^2),
-    b = i * B / (1 + B^2): computed so here. `lstsq` takes ~0.13 ms a call in a CPU step, where the
-    policy refits every step that drafts (a pass has left the caches cold); it takes the other cases."""
+    b = i * B / (1 + B^2): computed so here, since the policy refits every step that drafts and a
+    general solver's call is costly beside that; `lstsq` takes the other cases."""
     batches = {batch for batch, _, _ in cells}
     if len(batches) > 1:
         design = np.array([[1.0, batch, tokens] for batch, tokens, _ in cells])

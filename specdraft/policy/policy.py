@@ -169,7 +169,7 @@ class DraftPolicy:
         its rows of B). A draft n deep gains at most n tokens a row and costs at least n of its passes
         (and a pass computing more tokens never costs less; catching up only adds), so no candidate
         beats plain decoding, and `choose` would return it: it is returned here without pricing them
-        (~0.25 ms a step on a CPU, after a pass has left the caches cold). Exploration steps price
+        (pricing is a step's host work, on a CPU after a pass has left the caches cold). Exploration steps price
         them anyway (the caller)."""
         if any(p.fixed or (p.cheap and p.avail) for p in plans):
             return False

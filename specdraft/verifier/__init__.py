@@ -26,8 +26,6 @@ the target's (Leviathan et al. 2023, Theorem 1). With deterministic drafters (`n
 seeded sampled row emits exactly the tokens plain sampling with the same seed emits, in any batch.
 """
 
-from specdraft.backend.prefix import PrefixStats
-from specdraft.verifier.logprobs import TokenLogprob
-from specdraft.verifier.verifier import InvalidDraftError, StepResult, Verifier
+from specdraft.verifier.verifier import StepResult, Verifier
 
-__all__ = ["InvalidDraftError", "PrefixStats", "StepResult", "TokenLogprob", "Verifier"]
+__all__ = ["StepResult", "Verifier"]

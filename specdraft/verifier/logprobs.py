@@ -8,21 +8,12 @@ or the draft that carried it: they are bitwise a plain step's where its logits a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One emitted token's log-probability, and the `top` most likely tokens at its position (as many
-    as its request asked for), most likely first, as (token id, log-probability)."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+from specdraft.results import TokenLogprob
 
 
 def pack_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:

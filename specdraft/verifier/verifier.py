@@ -11,21 +11,14 @@ import numpy as np
 import torch
 
 from specdraft.backend import RowModel, StaticShapes
-from specdraft.backend.prefix import PrefixCache, PrefixStats
+from specdraft.backend.prefix import PrefixCache
 from specdraft.draft import EMPTY_DRAFT, Draft
 from specdraft.grammar import GrammarError, RowGrammar, mask_words, unpack
-from specdraft.params import SamplingParams
+from specdraft.params import PREFILL_CHUNK, SamplingParams
+from specdraft.results import PrefixStats, TokenLogprob
 from specdraft.sampling import ACCEPT, RESIDUAL, SAMPLE, distribution, keyed_uniforms, request_seed
 from specdraft.verifier.acceptance import PAD, greedy_accept, greedy_accept_host, rejection_sample
-from specdraft.verifier.logprobs import TokenLogprob, pack_logprobs, unpack_logprobs
-
-
-class InvalidDraftError(ValueError):
-    """A drafter proposed something the verifier cannot check (e.g. a token outside the vocabulary)."""
-
-    def __init__(self, row_id: str, message: str) -> None:
-        super().__init__(f"request {row_id}: {message}")
-        self.row_id = row_id
+from specdraft.verifier.logprobs import pack_logprobs, unpack_logprobs
 
 
 @dataclass(frozen=True)
@@ -75,11 +68,12 @@ class Verifier:
     compiled: on CPU, compiled decode and verify passes (`RowModel`); prefix_cache_bytes: keep rows'
     committed keys and values up to this many bytes for later prompts that start alike
     (`specdraft.backend.prefix`; 0: keep none); kernels: which kernels run the target's forward
-    (`specdraft.backend.llama.LlamaForward`: "auto" runs the batch-invariant Triton kernels on CUDA)."""
+    (`specdraft.backend.llama.LlamaForward`: "auto" runs the batch-invariant Triton kernels on CUDA);
+    prefill_chunk: the most prompt tokens a prefill pass takes (`RowModel.chunk_end`: at fixed positions)."""
 
     def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, compiled: bool = False,
-                 prefix_cache_bytes: int = 0, kernels: str = "auto") -> None:
-        self.rows = RowModel(model, static=static, compiled=compiled, kernels=kernels)
+                 prefix_cache_bytes: int = 0, kernels: str = "auto", prefill_chunk: int = PREFILL_CHUNK) -> None:
+        self.rows = RowModel(model, static=static, compiled=compiled, kernels=kernels, prefill_chunk=prefill_chunk)
         self.device = self.rows.device
         self.vocab_size = self.rows.vocab_size
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
@@ -93,7 +87,7 @@ class Verifier:
         self._params[row_id] = _Row(params, request_seed(params), grammar)
         self.rows.add(row_id)
 
-    def reuse(self, row_id: str, salt: str | None, prompt_ids: Sequence[int]) -> int:
+    def read_prefix(self, row_id: str, salt: str | None, prompt_ids: Sequence[int]) -> int:
         """Start a new row with the stored entries of the longest prefix of its prompt that an earlier
         row with the same salt committed (all of the prompt but its last token at most: that one's
         logits give the first token); return how many tokens it took. Its prefill goes on from there."""
@@ -101,7 +95,7 @@ class Verifier:
             return 0
         return self.rows.read_prefix(row_id, self.prefixes, salt, prompt_ids, len(prompt_ids) - 1)
 
-    def keep(self, row_id: str, salt: str | None, token_ids: Sequence[int]) -> None:
+    def store_prefix(self, row_id: str, salt: str | None, token_ids: Sequence[int]) -> None:
         """Store the row's committed entries for later rows with the same salt; token_ids: the row's
         tokens (its first min(committed, given) positions are stored: the last emitted token is never
         committed, and a row whose grammar failed in a step committed tokens it never emitted)."""
@@ -113,8 +107,12 @@ class Verifier:
         """A snapshot of the prefix cache's figures (None: it keeps none)."""
         return None if self.prefixes is None else replace(self.prefixes.stats)
 
+    def chunk_end(self, row_id: str, stop: int) -> int:
+        """Where the row's next prefill pass ends, feeding at most up to position `stop` (`RowModel.chunk_end`)."""
+        return self.rows.chunk_end(self.rows.length(row_id), stop)
+
     def prefill(self, row_id: str, token_ids: Sequence[int], last: bool) -> StepResult | None:
-        """Feed the next part of a row's prompt. After the last part the row joins the steps and its
+        """Feed the next part of a row's prompt (in chunks at fixed positions: `chunk_end`). After the last part the row joins the steps and its
         first generated token is returned (a result of one token, or the error of a grammar that failed)."""
         assert len(token_ids) > 0
         masks = self._masks([row_id], [EMPTY_DRAFT], 1) if last else None
@@ -170,11 +168,10 @@ class Verifier:
         """Verify the drafts of the rows in `last_tokens` (each row's last token) in one forward pass; a
         row without a draft takes one token. Active rows not in `last_tokens` sit the pass out: they
         are fed nothing and keep their cache as it is. A row whose grammar fails gets its error and
-        keeps nothing of the pass."""
+        keeps nothing of the pass. The drafts come checked (`Draft.problem`: the engine's step checks
+        each, and fails the row of one the target cannot take)."""
         order = self.rows.active_ids
         assert set(last_tokens) <= set(order), "only active rows take part in a step"
-        for row_id, d in drafts.items():
-            self._check_draft(row_id, d)
         k = max((len(d) for r, d in drafts.items() if r in last_tokens), default=0)
         masks = self._masks(order, [drafts.get(r, EMPTY_DRAFT) if r in last_tokens else None for r in order], k + 1)
         failed = {} if masks is None else masks.errors
@@ -204,11 +201,6 @@ class Verifier:
                                    0 if b in errors else int(accepted[b]), grammar_seconds[b], errors.get(b),
                                    forwarded.steady, None if b in errors else emitted.logprobs[b])
                 for b, row_id in enumerate(order) if row_id in last_tokens}
-
-    def _check_draft(self, row_id: str, draft: Draft) -> None:
-        problem = draft.problem(self.vocab_size)
-        if problem is not None:
-            raise InvalidDraftError(row_id, problem)
 
     def _masks(self, order: Sequence[str], drafts: Sequence[Draft | None], width: int) -> _Masks | None:
         """The constrained rows' masks for a pass deciding `width` positions per row (before the pass:

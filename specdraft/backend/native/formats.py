@@ -10,7 +10,7 @@ m, Q4_K's mins), the one rounding of its sum.
 
 Adding a kind is one room: its entry here, the same entry in `csrc/formats.h` (its number, bytes and
 scalar dequantisation), and its two dot products (`csrc/float32.cpp`'s `block_values`, the float32
-arithmetic; `csrc/int8.cpp`'s, the int8 one). `tests/test_block_kinds.py` then holds its
+arithmetic; `csrc/int8.cpp`'s, the int8 one). `tests/backend/test_block_kinds.py` then holds its
 dequantisation and both dot products to gguf's own dequantisation on every build of the kernel."""
 
 from __future__ import annotations

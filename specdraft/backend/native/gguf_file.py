@@ -1,20 +1,82 @@
-"""A Llama GGUF's tensors of the kinds the kernel reads (`formats.KINDS`) read as blocks (`gguf_blocks`,
-in transformers' names and row order) and swapped into the model transformers loaded from the same
-file (`use_blocks`)."""
+"""A GGUF's tensors, memory-mapped (where `gguf_check.check_gguf`'s layout says they lie, or by gguf's reader), by the names transformers
+gives them (`read_gguf`), for the families our forward runs (`backend.family`; llama.cpp names their
+tensors alike). Those of the kinds the kernel reads (`formats.KINDS`) are read as blocks (`gguf_blocks`)
+and swapped into a model (`use_blocks`); the rest (norms, biases, other kinds) are read dense
+(`dense_tensor`), each the float32 tensor transformers' own GGUF loader makes of it, bitwise: gguf's
+dequantisation, then q and k rows put back in transformers' order where a family's file interleaves them
+(`Family.gguf_interleaved_qk`: Llama's does, Qwen2's holds transformers' order)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from specdraft.backend.family import Family, family_of
 from specdraft.backend.native.formats import KINDS
 from specdraft.backend.native.modules import BlockEmbedding, BlockLinear
 
+if TYPE_CHECKING:  # the kernel wing reads no layer above it: a layout is handed in
+    from specdraft.gguf_check import GgufLayout
+
 _READ = {kind.name: number for number, kind in KINDS.items()}  # the GGUF types read as blocks; the rest stay dense
-_PARTS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-          "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+_TOP = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
+_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """One tensor of a GGUF file: its type and its data, [*rows, row] (GGUF's shape reversed, as gguf's
+    reader gives it; a row in bytes, uint8, or F32/F16 values), memory-mapped."""
+
+    kind: GGMLQuantizationType
+    data: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """float32 [*rows, row length]: gguf's own dequantisation (F32 as it lies), as transformers calls it."""
+        from gguf.quants import dequantize
+
+        return dequantize(self.data, self.kind)
+
+
+def transformers_name(name: str) -> str | None:
+    """A GGUF tensor's name in a Llama-architecture transformers model (`blk.3.attn_q.bias` ->
+    `model.layers.3.self_attn.q_proj.bias`), as transformers' GGUF loader maps it; None for others."""
+    stem, _, what = name.rpartition(".")
+    if stem.startswith("blk."):
+        _, layer, part = stem.split(".", 2)
+        module = _LAYER.get(part)
+        return None if module is None else f"model.layers.{layer}.{module}.{what}"
+    module = _TOP.get(stem)
+    return None if module is None else f"{module}.{what}"
+
+
+def read_gguf(gguf: Path, layout: GgufLayout | None = None) -> dict[str, GgufTensor]:
+    """A GGUF's tensors by their transformers names (`transformers_name`; others left out), memory-mapped
+    where `layout` (`check_gguf`'s: the header and tensor infos parsed once) says they lie; without
+    one, as gguf's reader finds them (the same arrays, slower: it parses every metadata value)."""
+    if layout is None:
+        from gguf import GGUFReader
+
+        found = [(t.name, t.tensor_type, np.asarray(t.data)) for t in GGUFReader(str(gguf)).tensors]
+    else:
+        mapped = np.memmap(gguf, np.uint8, mode="r")
+        found = [(info.name, info.kind, _bytes(mapped, layout.data_start, info)) for info in layout.tensors]
+    return {name: GgufTensor(kind, data) for raw, kind, data in found if (name := transformers_name(raw)) is not None}
+
+
+def _bytes(mapped: np.ndarray, data_start: int, info) -> np.ndarray:
+    """A tensor's bytes in the mapped file (`info`: its `gguf_check.TensorInfo`), uint8 [*rows, row bytes]."""
+    weights, size = GGML_QUANT_SIZES[info.kind]
+    start = data_start + info.offset
+    return mapped[start:start + info.nbytes].reshape(*reversed(info.shape[1:]), info.shape[0] // weights * size)
 
 
 def rotary_order(rows: int, heads: int) -> np.ndarray:
@@ -23,52 +85,53 @@ def rotary_order(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(2, 1).reshape(-1)
 
 
-def gguf_blocks(gguf: Path, config) -> dict[str, tuple[np.ndarray, int]]:
-    """Every tensor of a Llama GGUF of a kind in `KINDS`, by its transformers name: (blocks [rows, row
-    bytes] uint8 in transformers' row order, kind). Other types are left out (they stay dense)."""
-    from gguf import GGUFReader
+def _in_model_order(name: str, rows: np.ndarray, family: Family) -> np.ndarray:
+    """A tensor's rows [rows, ...] in transformers' order: a q (k) weight or bias put back where the
+    family's files interleave them."""
+    module = name.rsplit(".", 2)[-2]
+    if not family.gguf_interleaved_qk or module not in ("q_proj", "k_proj"):
+        return rows
+    return rows[rotary_order(rows.shape[0], family.heads if module == "q_proj" else family.kv_heads)]
 
-    reader = GGUFReader(str(gguf))
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+
+def dense_tensor(tensors: dict[str, GgufTensor], name: str, family: Family) -> torch.Tensor:
+    """The float32 tensor transformers' GGUF loader gives the weight `name` (`read_gguf`'s), bitwise:
+    dequantised by gguf, in transformers' row order, a copy."""
+    return torch.from_numpy(np.array(_in_model_order(name, tensors[name].values(), family), np.float32))
+
+
+def gguf_blocks(tensors: dict[str, GgufTensor], family: Family) -> dict[str, tuple[np.ndarray, int]]:
+    """Every weight of a linear layer or the embedding (`read_gguf`'s) of a kind in `KINDS`, by its
+    transformers name: (blocks [rows, row bytes] uint8 in transformers' row order, kind). Other
+    types are left out (they stay dense), and so are biases and norms. An untied output layer is
+    the file's `output.weight`."""
     out = {}
-    for tensor in reader.tensors:
-        kind = _READ.get(tensor.tensor_type.name)
-        if kind is None:
-            continue
-        blocks = np.asarray(tensor.data)  # [rows, row bytes], memory-mapped
-        name = tensor.name
-        if name == "token_embd.weight":
-            out["model.embed_tokens.weight"] = (blocks, kind)
-        elif name == "output.weight":
-            out["lm_head.weight"] = (blocks, kind)
-        elif name.startswith("blk."):
-            _, layer, part, _ = name.split(".")
-            module = next((k for k, v in _PARTS.items() if v == part), None)
-            if module is None:
-                continue
-            if part in ("attn_q", "attn_k"):
-                blocks = blocks[rotary_order(blocks.shape[0], heads if part == "attn_q" else kv_heads)]
-            group = "self_attn" if part.startswith("attn") else "mlp"
-            out[f"model.layers.{layer}.{group}.{module}.weight"] = (blocks, kind)
+    for name, tensor in tensors.items():
+        kind = _READ.get(tensor.kind.name)
+        if kind is not None and name.endswith(".weight") and "norm" not in name:
+            out[name] = (_in_model_order(name, tensor.data, family), kind)
     return out
 
 
 def use_gguf_blocks(model: torch.nn.Module, gguf: Path) -> int:
     """Swap `model`'s linear layers (and its embedding, and a tied output layer) whose GGUF tensors
-    are of a kind in `KINDS` for modules over the file's blocks (`use_blocks`)."""
-    return use_blocks(model, gguf_blocks(gguf, model.config))
+    are of a kind in `KINDS` for modules over the file's blocks (`use_blocks`); none where the model
+    is not of a family our forward runs (`family_of`: it stays dense)."""
+    family = family_of(model.config)
+    return 0 if family is None else use_blocks(model, gguf_blocks(read_gguf(gguf), family), family)
 
 
-def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]]) -> int:
+def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]], family: Family) -> int:
     """Swap the modules named in `found` (a weight's name -> (blocks [rows, row bytes], kind), as
-    `gguf_blocks` gives) for `BlockLinear`s (`BlockEmbedding`), over copies of the blocks; a tied
-    output layer follows the embedding. The dense weights they replace are dropped. Returns how
-    many modules were swapped."""
+    `gguf_blocks` gives) for `BlockLinear`s (`BlockEmbedding`), over copies of the blocks, each
+    keeping the module's own bias (the same tensor); a tied output layer (`family.tied_head`)
+    follows the embedding. The dense weights they replace are dropped. Returns how many modules
+    were swapped."""
     swapped = 0
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is embedding.weight
+    assert tied == family.tied_head, f"the output layer is {'' if tied else 'not '}the embedding, unlike the config"
     if "model.embed_tokens.weight" in found:
         blocks, kind = found["model.embed_tokens.weight"]
         assert blocks.shape[0] == embedding.num_embeddings
@@ -83,7 +146,9 @@ def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]])
         parent_name, _, child = name.removesuffix(".weight").rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, child)
-        assert old.bias is None and blocks.shape[0] == old.out_features, name
-        setattr(parent, child, BlockLinear(torch.from_numpy(blocks.copy()), kind, old.in_features))
+        assert blocks.shape[0] == old.out_features, name
+        assert old.bias is None or tuple(old.bias.shape) == (old.out_features,), name
+        bias = None if old.bias is None else old.bias.data
+        setattr(parent, child, BlockLinear(torch.from_numpy(blocks.copy()), kind, old.in_features, bias=bias))
         swapped += 1
     return swapped

@@ -1,4 +1,4 @@
-"""Torch modules over GGUF blocks: `BlockLinear` (a linear layer, no bias) and `BlockEmbedding` (a
+"""Torch modules over GGUF blocks: `BlockLinear` (a linear layer, with a float32 bias or none) and `BlockEmbedding` (a
 token embedding, whose blocks a tied output layer shares). A `BlockLinear` computes in one of two
 arithmetics (`ARITHMETICS`): float32, the dense layer's (called as a module it dequantises,
 `dense_values`, and computes as the dense module does, so a long pass gives the dense pass's result
@@ -33,20 +33,22 @@ ARITHMETICS = ("float32", "int8")  # how a `BlockLinear` computes
 
 
 class BlockLinear(torch.nn.Module):
-    """A linear layer (no bias) whose weight is GGUF blocks [out, row bytes] (a buffer, `blocks`),
-    computing in `arithmetic` (`ARITHMETICS`). As a module, float32 dequantises and runs
-    `FewRowsLinear`'s arithmetic, the dense layer's result; int8 runs the kernel's int8 arithmetic
+    """A linear layer whose weight is GGUF blocks [out, row bytes] (a buffer, `blocks`), plus `bias`
+    [out] (a parameter, as the dense layer's; or None), computing in `arithmetic` (`ARITHMETICS`). As
+    a module, float32 dequantises and runs `FewRowsLinear`'s arithmetic, the dense layer's result; int8 runs the kernel's int8 arithmetic
     (float32 activations on CPU; elsewhere it dequantises, as float32). In the int8 arithmetic the
     blocks are held as the kernel's tiles (`Kernel.tile`: the same bytes, 16 rows interleaved)."""
 
-    def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, arithmetic: str = "float32") -> None:
+    def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, arithmetic: str = "float32",
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
         assert blocks.dtype == torch.uint8 and blocks.shape[1] == KINDS[kind].row_bytes(in_features)
         assert arithmetic in ARITHMETICS, arithmetic
+        assert bias is None or tuple(bias.shape) == (blocks.shape[0],), "a bias of one value per output row"
         self.in_features, self.out_features, self.kind = in_features, blocks.shape[0], kind
         self.arithmetic = arithmetic
         self.register_buffer("blocks", blocks)
-        self.bias = None
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
     def dense(self) -> torch.Tensor:
         """The float32 weight [out, in] these blocks hold."""
@@ -59,14 +61,16 @@ class BlockLinear(torch.nn.Module):
         if self.arithmetic == "int8" and x.device.type == "cpu" and x.dtype == torch.float32:
             rows = x.detach().reshape(-1, self.in_features).contiguous()
             out = torch.empty(rows.shape[0], self.out_features)
-            weights = (self.blocks.numpy(), _NONE, np.zeros(self.out_features, np.float32), self.kind)
+            bias = np.zeros(self.out_features, np.float32) if self.bias is None else self.bias.detach().float().numpy()
+            weights = (self.blocks.numpy(), _NONE, bias, self.kind)
             project_native(weights, rows.numpy(), out.numpy(), _NO_ROWS, kernel().calls("int8"))
             return out.reshape(*x.shape[:-1], self.out_features)
-        return few_rows_linear(x, self.dense().to(x.dtype), None)  # as `FewRowsLinear`, call for call
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return few_rows_linear(x, self.dense().to(x.dtype), bias)  # as `FewRowsLinear`, call for call
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {NAMES[self.kind]} blocks, "
-                f"{self.arithmetic} arithmetic")
+                f"bias={self.bias is not None}, {self.arithmetic} arithmetic")
 
 
 _NONE, _NO_ROWS = np.zeros(0, np.float32), np.zeros((0, 0), np.float32)  # no scales; no residual

@@ -27,7 +27,7 @@ sleeping one is slow to wake, and a step has a hundred or more loops. Where the 
 `benchmarks/results/cpu_profile.md`.
 
 Same arithmetic as the eager layer, summed in another order: logits agree to float rounding
-(`tests/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and
+(`tests/backend/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and
 benchmark prompt. Float32 activations only: float32 weights (the target on CPU), GGUF blocks
 (`native.BlockLinear`), or int8 ones with per-row scales (`WeightOnlyInt8Linear`, the int8 draft
 copy: each weight converted as it is read, a quarter of the bytes); other dtypes keep inductor's

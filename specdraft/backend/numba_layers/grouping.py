@@ -26,17 +26,27 @@ def _weights(linear: tuple, native: bool) -> tuple:
             np.zeros(weight.shape[0], np.float32) if bias is None else host_array(bias.float()), F32 if native else -1)
 
 
+def _joined_bias(group: list[torch.nn.Module]) -> torch.Tensor | None:
+    """The group's biases as one [sum of outs] (zeros for a linear without one), or None where none has one."""
+    if all(m.bias is None for m in group):
+        return None
+    return torch.cat([m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in group])
+
+
 def _group_weights(group: list[torch.nn.Module], native: bool) -> tuple:
-    """`project`'s weights of a group of linears read as one projection (q/k/v, gate/up, or one)."""
+    """`project`'s weights of a group of linears read as one projection (q/k/v, gate/up, or one), their
+    biases joined (Qwen2's q/k/v)."""
     assert native or not any(isinstance(m, BlockLinear) for m in group), "numba's loops read no GGUF blocks"
     if all(isinstance(m, BlockLinear) for m in group) and len({m.kind for m in group}) == 1:
         tensors = [m.blocks for m in group]
         joined = adjacent_view(tensors)
         joined = torch.cat(tensors) if joined is None else joined
-        return joined.numpy(), np.zeros(0, np.float32), np.zeros(joined.shape[0], np.float32), group[0].kind
-    if any(isinstance(m, BlockLinear) for m in group):  # blocks of several kinds: read as float32
+        bias = _joined_bias(group)
+        bias = np.zeros(joined.shape[0], np.float32) if bias is None else host_array(bias)
+        return joined.numpy(), np.zeros(0, np.float32), bias, group[0].kind
+    if any(isinstance(m, BlockLinear) for m in group):  # blocks of several kinds, or blocks and rows: read as float32
         weight = torch.cat([m.dense() if isinstance(m, BlockLinear) else m.weight.detach() for m in group])
-        return _weights((weight, None, None), native)
+        return _weights((weight, _joined_bias(group), None), native)
     return _weights(joined_projection(group), native)
 
 

@@ -34,13 +34,25 @@ def _read_name(module: torch.nn.Module) -> str:
     return "blocks" if isinstance(module, BlockLinear) else "weight"
 
 
+def _joinable(groups: list[list[torch.nn.Module]]) -> list[list[torch.nn.Module]]:
+    """The groups whose tensors can lie as one [rows, width] array (one dtype, one row width); a group
+    that mixes them (GGUF blocks of two kinds, or blocks beside float32 rows: a step reads it as a
+    float32 copy, `grouping`) as groups of one linear each."""
+    out = []
+    for g in groups:
+        kinds = {(getattr(m, _read_name(m)).dtype, getattr(m, _read_name(m)).shape[1]) for m in g}
+        out.extend([g] if len(kinds) == 1 else [[m] for m in g])
+    return out
+
+
 def on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) -> None:
     """Move these linears' weights (or blocks) into one `huge_page_buffer`, each group's adjacent
-    (its joined projection is then a view) and the groups in the order given (the order a step reads
-    them). Each module's tensor becomes a view of the buffer holding the same values (a tied input
-    embedding follows the output layer), so the loader's memory is freed, not kept twice. Tensors
-    moved already (another step built over the same layers) stay where they are."""
-    groups = [g for g in groups if not all(getattr(getattr(m, _read_name(m)), "_on_huge_pages", False) for m in g)]
+    (its joined projection is then a view; a group of mixed kinds, each linear on its own:
+    `_joinable`) and the groups in the order given (the order a step reads them). Each module's
+    tensor becomes a view of the buffer holding the same values (a tied input embedding follows the
+    output layer), so the loader's memory is freed, not kept twice. Tensors moved already (another
+    step built over the same layers) stay where they are."""
+    groups = [g for g in _joinable(groups) if not all(getattr(getattr(m, _read_name(m)), "_on_huge_pages", False) for m in g)]
     if not groups:
         return
     tensors = [[getattr(m, _read_name(m)) for m in g] for g in groups]

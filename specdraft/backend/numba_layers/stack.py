@@ -1,6 +1,7 @@
 """`NumbaLayers`: the layer class, and the kernels it runs a pass's layers with (`_stack`, every layer
 in one call; `_head`, the output head), composed of this package's parts: projections, element math,
-attention."""
+attention. What they know of the model is its `Family`'s numbers (head counts and size, the norms'
+epsilon); biases come in with the weights (`step_weights`), zeros where a projection has none."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from numba.typed import List
 
 from specdraft.backend import native
 from specdraft.backend.cache import RowKVCache
+from specdraft.backend.family import Family
 from specdraft.backend.layers import Pass
 from specdraft.backend.numba_layers.attention import attend, attention_kernel
 from specdraft.backend.numba_layers.elementwise import rms_norm, rotate, silu_gate
 from specdraft.backend.numba_layers.grouping import host_array, native_kernel, step_weights
 from specdraft.backend.numba_layers.huge_pages import on_huge_pages
 from specdraft.backend.numba_layers.projection import NO_KERNEL, NO_RESIDUAL, project
-from specdraft.backend.weights import linears_arithmetic, linears_reader, model_device, norm_eps, projections, silu_mlp
+from specdraft.backend.weights import linears_arithmetic, linears_reader, model_device, projections, silu_mlp
 
 MAX_TOKENS = 32  # tokens a call of the layer stack computes
 # With SPECDRAFT_INVARIANT_PREFILL=1, passes longer than MAX_TOKENS (prefill chunks) run here too, in
@@ -75,15 +77,15 @@ def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, e
            head_dim, kernel, attention, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
     before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
-    eps [layers, 2]; kernel: `project`'s; attention, threads: `attend`'s kernel and threads. Returns
+    eps: every norm's; kernel: `project`'s; attention, threads: `attend`'s kernel and threads. Returns
     the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
         norm, qkv_weights = before[i]
-        qkv = _before_attention(x, cos, sin, norm, eps[i, 0], qkv_weights, heads, kv_heads, head_dim, kernel)
+        qkv = _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim, kernel)
         attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended, attention, threads)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
-        x = _after_attention(x, attended, out_weights, norm2, eps[i, 1], gate_up_weights, down_weights, kernel)
+        x = _after_attention(x, attended, out_weights, norm2, eps, gate_up_weights, down_weights, kernel)
     return x
 
 
@@ -97,27 +99,26 @@ class NumbaLayers:
     """The per-token parts of `layers` (a model's decoder layers), attention over a `RowKVCache`
     and the output head, as numba kernels over the model's own weights: moved once, when these
     layers are built, onto 2 MB pages in the order a step reads them, q/k/v and gate/up adjacent (one
-    buffer each); the model's modules keep using them (views, nothing kept twice)."""
+    buffer each); the model's modules keep using them (views, nothing kept twice). `family`: the
+    model's description (its head counts and size, its norms' epsilon)."""
 
     max_tokens = MAX_TOKENS
 
-    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], head_dim: int, heads: int,
-                 kv_heads: int) -> None:
-        self._shape = (heads, kv_heads, head_dim)
+    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], family: Family) -> None:
+        heads, kv_heads, head_dim = self._shape = family.shape
         on_huge_pages(model, [g for layer in layers for g in projections(layer)] + [[model.lm_head]])
         compiled = native_kernel(model, layers)
         self.arithmetic = linears_arithmetic(model, layers)
         self._kernel = NO_KERNEL if compiled is None else compiled.calls(self.arithmetic)
         self.attention_address = attention_kernel(heads, kv_heads, head_dim)  # `attend`'s kernel (0: numba's loops)
         weights = step_weights(model, layers, native=compiled is not None)
-        before, after, eps = List(), List(), []
+        before, after = List(), List()
         for i, layer in enumerate(layers):
             qkv, out, gate_up, down = weights[4 * i : 4 * i + 4]
             before.append((host_array(layer.input_layernorm.weight), qkv))
             after.append((out, host_array(layer.post_attention_layernorm.weight), gate_up, down))
-            eps.append((norm_eps(layer.input_layernorm), norm_eps(layer.post_attention_layernorm)))
-        self._before, self._after, self._eps = before, after, np.array(eps, dtype=np.float64)  # eps [layers, 2]
-        self._head = (host_array(model.model.norm.weight), norm_eps(model.model.norm), weights[-1], self._kernel)
+        self._before, self._after, self._eps = before, after, family.norm_eps
+        self._head = (host_array(model.model.norm.weight), family.norm_eps, weights[-1], self._kernel)
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
 

@@ -24,7 +24,7 @@ extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t en
 }
 
 // The formats and the boundary as the kernel states them, for Python to compare with its own
-// statement (`specdraft.backend.native.formats`, `calls.Projection`; tests/test_blocks.py).
+// statement (`specdraft.backend.native.formats`, `calls.Projection`; tests/backend/test_blocks.py).
 
 // A kind's name, and into weights and bytes those of its unit (a float32 weight, or a block); null
 // for a number that is no kind.

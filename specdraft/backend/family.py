@@ -1,0 +1,106 @@
+"""A decoder family as data: what our forward (`llama.LlamaForward`), its layers (eager, numba,
+inductor, Triton) and the native loader (`native.gguf_file`) know of a model, read once from its
+config (which transformers fills from a GGUF's metadata): head counts and size, which projections
+carry a bias, the rotary base, the norms' epsilon, a tied or untied output layer, the order a GGUF
+holds q and k rows in (`Family`).
+
+The families our forward runs are the rows of `FAMILIES`: Llama-architecture decoders (pre-norm
+RMS norms, rotary embedding, grouped-query attention, a SiLU-gated MLP) that differ only in what a
+`Family` holds; each row says what its config does not (where it keeps its biases, how llama.cpp
+writes its q and k). The row is chosen here, by the config's `model_type`, and nowhere else: the
+layers, kernels and loader take a `Family` and never read a family's name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model's description: `heads` query heads over `kv_heads` key/value heads of `head_dim` each;
+    `qkv_bias`, `out_bias`, `mlp_bias`: whether the q/k/v, output and MLP projections add a bias;
+    `tied_head`: the output layer is the token embedding; `rope_theta`: the rotary embedding's base
+    (its cos/sin come from the model's own rotary module, which reads the same config); `norm_eps`:
+    every RMS norm's epsilon; `gguf_interleaved_qk`: a GGUF holds each head's q and k rows with their
+    rotary halves interleaved (llama.cpp's converter permutes them for Llama's rotary embedding, not
+    for Qwen2's, whose layout is transformers' own); `model_type`: the config's, for messages."""
+
+    model_type: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv_bias: bool
+    out_bias: bool
+    mlp_bias: bool
+    tied_head: bool
+    rope_theta: float
+    norm_eps: float
+    gguf_interleaved_qk: bool
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(heads, kv_heads, head_dim)."""
+        return self.heads, self.kv_heads, self.head_dim
+
+
+@dataclass(frozen=True)
+class _Row:
+    """What a family's config does not say: which projections add a bias (a config field's name that
+    does, or a constant), and whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`)."""
+
+    qkv: str | bool
+    out: str | bool
+    mlp: str | bool
+    gguf_interleaved_qk: bool
+
+    def read(self, config, which: str) -> bool:
+        where = getattr(self, which)
+        return bool(getattr(config, where, False)) if isinstance(where, str) else where
+
+
+FAMILIES = {  # model_type -> what its config does not say: the families our forward runs
+    # Llama 2/3.x, SmolLM2
+    "llama": _Row(qkv="attention_bias", out="attention_bias", mlp="mlp_bias", gguf_interleaved_qk=True),
+    # Qwen2, Qwen2.5 (-Coder)
+    "qwen2": _Row(qkv=True, out=False, mlp=False, gguf_interleaved_qk=False),
+}
+
+
+def attention_shape(config) -> tuple[int, int, int]:
+    """(heads, kv_heads, head_dim) of any decoder's config (the stock forward's cache needs them too)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, head_dim
+
+
+def family_problem(config) -> str | None:
+    """Why our forward does not run a model of this config (None: it does): a family not in
+    `FAMILIES`, or attention that is not full attention at every layer (a sliding window)."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        return f"{model_type!r} is not a family our forward runs ({', '.join(FAMILIES)})"
+    if getattr(config, "sliding_window", None) is not None:  # Qwen2: None unless use_sliding_window
+        return f"a sliding window of {config.sliding_window} tokens"
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"layers of attention other than full: {sorted(kinds - {'full_attention'})}"
+    return None
+
+
+def family_of(config) -> Family | None:
+    """The description of a model of this config, or None where `family_problem` says why not."""
+    if family_problem(config) is not None:
+        return None
+    row = FAMILIES[config.model_type]
+    rope = getattr(config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return Family(config.model_type, *attention_shape(config), qkv_bias=row.read(config, "qkv"),
+                  out_bias=row.read(config, "out"), mlp_bias=row.read(config, "mlp"),
+                  tied_head=bool(getattr(config, "tie_word_embeddings", False)), rope_theta=float(theta),
+                  norm_eps=float(config.rms_norm_eps), gguf_interleaved_qk=row.gguf_interleaved_qk)
