@@ -294,7 +294,7 @@ def test_the_arithmetic_is_checked_and_int8_where_it_cannot_run_says_why(tmp_pat
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")  # a Hugging Face directory: dense weights
     assert plan_load(str(tmp_path / "hf"), "cpu").arithmetic == "float32"
-    with pytest.raises(ValueError, match="--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: "
+    with pytest.raises(ValueError, match="--arithmetic int8 computes on a GGUF's blocks read natively: "
                                          "the model is not a GGUF file"):
         plan_load(str(tmp_path / "hf"), "cpu", arithmetic="int8")
     odd = make_tiny_model(seed=3, dtype=torch.float32, layers=1, vocab_size=TINY_VOCAB + 4)  # 100 output rows
