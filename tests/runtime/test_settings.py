@@ -76,7 +76,7 @@ def test_a_hugging_face_directory_loads_dense_in_float32_and_int8_or_native_say_
     assert (got.weights, got.arithmetic, got.dtype, got.gguf) == ("dense", "float32", torch.float32, None)
     with pytest.raises(ValueError, match="--weights native: the model is not a GGUF file"):
         loading(hf_dir, device="cpu", weights="native")
-    with pytest.raises(ValueError, match="--arithmetic int8 computes on a GGUF's Q4_1/Q8_0 blocks read natively: "
+    with pytest.raises(ValueError, match="--arithmetic int8 computes on a GGUF's blocks read natively: "
                                          "the model is not a GGUF file"):
         loading(hf_dir, device="cpu", arithmetic="int8")
 
