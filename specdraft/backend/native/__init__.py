@@ -20,9 +20,10 @@ Its parts, by job:
 - `readers`: which code reads a model's weights (`reader`: the kernel, numba's loops or torch).
 - `modules`: `BlockLinear`, `BlockEmbedding`, torch modules over blocks; the arithmetic a
   `BlockLinear` computes in (`ARITHMETICS`, `use_arithmetic`).
-- `gguf_file`: a GGUF's blocks swapped into a loaded model (`use_gguf_blocks`).
-- `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h`/`projection.cpp` (a
-  projection's struct and entry points), `float32.cpp` and `int8.cpp` (the two arithmetics;
+- `gguf_file`: a GGUF read in place: its blocks swapped into a model (`use_gguf_blocks`), its other
+  tensors read as transformers' loader gives them (`read_gguf`, `dense_tensor`).
+- `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h` (a
+  projection's struct, shared by every file below), `entry.cpp` (the entry points), `float32.cpp` and `int8.cpp` (the two arithmetics;
   `int8_k.cpp` the K kinds' int8 tiles, `tiles.h` what both int8 files share), `attention.cpp` (the
   CPU step's attention), `for_count.h` (shared by them).
 """

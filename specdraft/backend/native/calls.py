@@ -87,7 +87,7 @@ def expand(w, kind, y, kernel):  # pragma: no cover - compiled
 @njit(parallel=True, cache=True)
 def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compiled
     """y[t, r] = w[r] . x[t] + b[r] (+ residual[t, r] if residual has rows) by the compiled kernel
-    (csrc/projection.cpp; kernel: its (project, quantize) addresses, `Kernel.calls`, quantize 0 for the
+    (csrc/entry.cpp; kernel: its (project, quantize) addresses, `Kernel.calls`, quantize 0 for the
     float32 arithmetic). weights: (w [out, row bytes] uint8, float32 rows or GGUF blocks of `kind`,
     unused, b [out], kind); one call per block of rows, the blocks among the threads. With the int8
     arithmetic, w is the blocks as tiles (`Kernel.tile`), read against the tokens quantised once, first."""

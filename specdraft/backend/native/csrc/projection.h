@@ -1,5 +1,5 @@
 // The projections' boundary, shared by both arithmetics (float32.cpp, int8.cpp) and their entry
-// points (projection.cpp): `Projection`, what a call computes; `Out`, where its sums go; which
+// points (entry.cpp): `Projection`, what a call computes; `Out`, where its sums go; which
 // instructions a build has.
 #pragma once
 
