@@ -263,7 +263,8 @@ def main() -> None:
         "lossless_reference": reference_of,  # each specdraft method's: the plain decoding of its arithmetic
         "native_over_dense": over_variant(cells, names, "dense", "native", "dense"),
         "int8_over_float32": over_variant(cells, names, "float32", "int8", "float32"),
-        "setup": ("specdraft runs the model with its FewRowsLinear layers (fast skinny products on CPU); "
+        "setup": ("specdraft alone (--no-peers: no Hugging Face method ran)" if args.no_peers else
+                  "specdraft runs the model with its FewRowsLinear layers (fast skinny products on CPU); "
                   "Hugging Face's methods run the stock model" if loaded.few_rows_linears
                   else "specdraft and Hugging Face run the same stock model"),
         "max_tokens": args.max_tokens,
