@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shlex
 import statistics
 from pathlib import Path
 
@@ -28,10 +29,10 @@ def resident_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def measure(weights: str) -> dict:
+def measure(weights: str, extra: list[str]) -> dict:
     import httpx
 
-    with live_server("--weights", weights) as url:
+    with live_server("--weights", weights, *extra) as url:
         pid = server_pid(url)
         started = resident_bytes(pid)
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
@@ -44,31 +45,41 @@ def measure(weights: str) -> dict:
 def main() -> None:
     parser = cli(__doc__)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--weights", default=",".join(SETTINGS), help="the settings to alternate, comma-separated")
+    parser.add_argument("--serve-args", default="", help="more arguments for `specdraft serve` (default: none, the "
+                        "embedded model), e.g. \"--model qwen2.5-coder-1.5b-instruct --draft-model ...\"")
     args = parser.parse_args()
+    settings, extra = args.weights.split(","), shlex.split(args.serve_args)
     load_before = os.getloadavg()[0]
-    runs: dict[str, list[dict]] = {w: [] for w in SETTINGS}
+    runs: dict[str, list[dict]] = {w: [] for w in settings}
     for r in range(args.rounds):
-        for weights in SETTINGS:
-            runs[weights].append(measure(weights))
+        for weights in settings:
+            runs[weights].append(measure(weights, extra))
             print(f"round {r + 1} {weights}: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in runs[weights][-1].items()),
                   flush=True)
     medians = {w: {k: statistics.median(run[k] for run in rows) for k in rows[0]} for w, rows in runs.items()}
     result = {"date": dt.date.today().isoformat(), "machine": machine(), "load_before": load_before,
-              "rounds": args.rounds, "runs": runs, "median": medians}
+              "rounds": args.rounds, "serve_args": extra, "runs": runs, "median": medians}
+    write_results(args.out, "serve_memory", result, report(result))
+
+
+def report(result: dict) -> str:
+    medians, extra = result["median"], " ".join(result["serve_args"])
     lines = [
         "# Resident memory of `specdraft serve`: native weights against dense ones",
         "",
-        f"{result['date']}, {result['machine']}; load average {load_before:.2f} at the start. The embedded model, "
-        f"`specdraft serve --weights W` as a user starts it (default drafters, prefix cache on, empty); VmRSS, "
-        f"medians of {args.rounds} alternating rounds. Run with `python -m benchmarks.serving.memory`.",
+        f"{result['date']}, {result['machine']}; load average {result['load_before']:.2f} at the start. "
+        f"`specdraft serve --weights W {extra or '(the embedded model)'}` as a user starts it (default drafters, prefix "
+        f"cache on, empty); VmRSS, medians of {result['rounds']} alternating rounds. Run with "
+        f"`python -m benchmarks.serving.memory`.",
         "",
         "| weights | after start | after one request |",
         "| --- | --- | --- |",
         *(f"| {w} | {m['after_start'] / 1e6:.0f} MB | {m['after_a_request'] / 1e6:.0f} MB |" for w, m in medians.items()),
-        "",
-        f"Native over dense after start: {medians['native']['after_start'] / medians['dense']['after_start']:.2f}x.",
     ]
-    write_results(args.out, "serve_memory", result, "\n".join(lines))
+    if {"native", "dense"} <= set(medians):
+        lines += ["", f"Native over dense after start: {medians['native']['after_start'] / medians['dense']['after_start']:.2f}x."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
