@@ -15,6 +15,8 @@ from specdraft.backend import native
 from specdraft.backend.native.calls import expand
 from specdraft.backend.numba_layers import NO_RESIDUAL, project
 
+pytestmark = pytest.mark.compiles
+
 gguf = pytest.importorskip("gguf")
 
 KINDS = list(native.KINDS.values())

@@ -52,6 +52,7 @@ def run(kernel: int, weights: tuple, x: np.ndarray, residual: np.ndarray = NO_RE
     return y
 
 
+@pytest.mark.compiles
 def test_the_kernel_states_the_kinds_their_sizes_and_its_structs_as_python_does():
     compiled = blocks.kernel()
     stated = {kind: compiled.kind(kind) for kind in range(len(blocks.NAMES) + 1)}  # and one number past them
@@ -126,6 +127,7 @@ def test_blocks_and_their_dense_rows_give_bitwise_the_same_projection_for_every_
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.sqrt(width))
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("kind", [blocks.F32, *KINDS.values()], ids=["F32", *KINDS])
 def test_the_avx2_code_and_the_portable_loops_give_the_same_sums(kind):
     fast, portable = blocks.kernel(), blocks.kernel("portable")
@@ -141,6 +143,7 @@ def test_the_avx2_code_and_the_portable_loops_give_the_same_sums(kind):
         assert np.array_equal(run(fast.calls(), weights, x), run(portable.calls(), weights, x)), f"{n} tokens"
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("name", list(KINDS))
 def test_dequantising_by_torch_by_the_kernel_and_by_gguf_gives_the_same_values(name):
     kind = KINDS[name]

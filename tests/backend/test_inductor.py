@@ -16,6 +16,8 @@ from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.numba_layers import NumbaLayers
 from tests.conftest import make_tiny_model, row_passes
 
+pytestmark = pytest.mark.compiles
+
 
 @pytest.fixture(autouse=True)
 def inductor_parts(monkeypatch):

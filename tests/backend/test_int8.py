@@ -73,6 +73,7 @@ def activations(rng, n: int, width: int) -> np.ndarray:
     return x
 
 
+@pytest.mark.compiles
 def test_the_native_build_runs_the_best_code_this_cpu_has():
     flags, code = cpu_flags(), blocks.kernel().code
     if {"avx512_vnni", "avx512vl", "avx512f", "avx512bw"} <= flags:
@@ -86,6 +87,7 @@ def test_the_native_build_runs_the_best_code_this_cpu_has():
     assert blocks.kernel("avx2").code in ("avx2", "portable") and blocks.kernel("portable").code == "portable"
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
 @pytest.mark.parametrize("rows,width", [(8, 32), (40, 64), (96, 576), (24, 1536)])
 def test_every_path_gives_bitwise_the_same_sums_and_a_token_the_same_in_every_pass(kind, rows, width):
@@ -111,6 +113,7 @@ def test_every_path_gives_bitwise_the_same_sums_and_a_token_the_same_in_every_pa
         assert np.all(np.abs(want - exact) <= bound), f"{n} tokens: beyond the quantisation's error"
 
 
+@pytest.mark.compiles
 def test_quantisation_rounds_ties_to_even_on_every_path():
     # A Q8_0 weight whose row j is 1 at element j (d = 1): y[j] = the quantised x[j] times d_x = 1.
     block = np.zeros((32, 34), np.uint8)

@@ -234,6 +234,7 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv, implementati
         np.testing.assert_array_equal(alone[0], out[t])
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("implementation", ATTENTIONS)
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(14, 2, 64), (12, 2, 128), (7, 1, 64)])
 def test_attention_of_qwen2s_shapes_equals_the_softmax_and_alone_each_token_its_own(heads, kv_heads, head_dim,
@@ -262,6 +263,7 @@ def test_attention_of_qwen2s_shapes_equals_the_softmax_and_alone_each_token_its_
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 16), (14, 2, 64), (12, 2, 128),
                                                        (7, 1, 64)])
+@pytest.mark.compiles
 def test_the_attention_kernel_computes_bitwise_the_same_on_every_path(heads, kv_heads, head_dim):
     """The kernel's AVX-512 build, its AVX2 one and its portable loops (attention.cpp: one order of
     arithmetic) give bitwise the same outputs, whatever the threads its jobs are shared among: a
