@@ -14,27 +14,9 @@ import torch
 
 from specdraft import LLM, SamplingParams, SpeculationParams
 from specdraft.backend.numba_layers import stack as numba_layers
-from specdraft.backend.rowmodel import RowModel
+from tests.conftest import feed
 
 pytestmark = pytest.mark.slow
-
-
-def feed(model, prompt: np.ndarray, extra: np.ndarray, chunk: int, widths: list[int]):
-    """Prefill `prompt` in chunks of `chunk`, then feed `extra` in passes of `widths`: every token's
-    logits [tokens, vocab] and the row's keys and values."""
-    rows = RowModel(model, compiled=True)
-    rows.add("r", active=True)
-    window, out, done = rows.active_window, [], 0
-    for start in range(0, len(prompt), chunk):
-        piece = prompt[None, start : start + chunk]
-        out.append(rows.forward(window, piece)[0].clone())
-        rows.commit(window, [piece.shape[1]])
-    for width in widths:
-        out.append(rows.forward(window, extra[None, done : done + width])[0].clone())
-        rows.commit(window, [width])
-        done += width
-    cache = torch.stack([torch.stack(rows.cache.entries(layer, 0)) for layer in range(rows.cache.num_layers)])
-    return torch.cat(out), cache
 
 
 @pytest.mark.parametrize("invariant_prefill", [True, False])

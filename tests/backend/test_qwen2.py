@@ -28,7 +28,7 @@ from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of, family_problem
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS, NumbaLayers
-from tests.conftest import TINY_VOCAB, hf_greedy, loaded, make_tiny_model, row_passes
+from tests.conftest import TINY_VOCAB, feed, hf_greedy, loaded, make_tiny_model, row_passes
 
 SHAPES = [(7, 1, 64), (6, 2, 128)]  # (heads, kv heads, head_dim): the 0.5B's 7 per kv head, the 1.5B's 6 of 128
 IDS = ["7x64", "6x128"]
@@ -133,20 +133,6 @@ def test_the_triton_kernels_give_the_stock_logits(heads, kv_heads, head_dim):
     torch.testing.assert_close(rows.prefill("r", ids), stock_logits(model, ids)[-1], rtol=0, atol=1e-4)
 
 
-def feed(model, prompt: np.ndarray, extra: np.ndarray, widths: list[int]):
-    """Prefill `prompt` in one chunk, then feed `extra` in passes of `widths` on the compiled CPU step:
-    every pass's logits [tokens, vocab] and the row's keys and values."""
-    rows = RowModel(model, compiled=True)
-    rows.add("r", active=True)
-    window, out, done = rows.active_window, [rows.prefill("r", prompt.tolist())[None].clone()], 0
-    for width in widths:
-        out.append(rows.forward(window, extra[None, done : done + width])[0].clone())
-        rows.commit(window, [width])
-        done += width
-    cache = torch.stack([torch.stack(rows.cache.entries(layer, 0)) for layer in range(rows.cache.num_layers)])
-    return torch.cat(out), cache
-
-
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
 def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise(heads, kv_heads, head_dim):
     """After the same prefill, passes of 2..6 tokens give the logits and entries one-token steps
@@ -154,9 +140,9 @@ def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise(heads, k
     model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=21)
     rng = np.random.default_rng(1)
     prompt, extra = rng.integers(0, TINY_VOCAB, size=140), rng.integers(0, TINY_VOCAB, size=18)
-    reference = feed(model, prompt, extra, [1] * len(extra))
+    reference = feed(model, prompt, extra, len(prompt), [1] * len(extra))
     for widths in ([3, 5, 4, 6], [6, 6, 6], [2] * 9):
-        logits, cache = feed(model, prompt, extra, widths)
+        logits, cache = feed(model, prompt, extra, len(prompt), widths)
         assert torch.equal(cache, reference[1]), f"keys/values differ: passes {widths}"
         assert torch.equal(logits, reference[0]), f"logits differ: passes {widths}"
 
