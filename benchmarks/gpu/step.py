@@ -42,6 +42,11 @@ SHAPES = {
                num_key_value_heads=8, head_dim=64, vocab_size=128256),
     "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
                num_key_value_heads=8, head_dim=128, vocab_size=128256),
+    # Qwen2.5-Coder-0.5B / -1.5B (issue 54's pair): q/k/v biases, rope theta 1e6, vocab 151936; the 1.5B's head untied
+    "qwen0.5b": dict(family="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen1.5b": dict(family="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                     num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=1024),
     "tiny-small": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -52,19 +57,28 @@ KERNELS = {"cuda": "triton,torch", "cpu": "auto"}  # --kernels' default by devic
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A model of this shape (`SHAPES`), random weights (seed 0), in `dtype` on `device`."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=True)
+    fields = dict(SHAPES[shape])
+    if fields.pop("family", "llama") == "qwen2":
+        config, cls = Qwen2Config(**fields, max_position_embeddings=4096, rope_theta=1000000.0), Qwen2ForCausalLM
+    else:
+        config = LlamaConfig(**fields, max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=True)
+        cls = LlamaForCausalLM
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype).eval()
+        model = cls(config).to(dtype).eval()
     model.requires_grad_(False)
     return model
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    tensors = {t.data_ptr(): t for t in model.parameters()}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """Bytes a decode step reads: every weight once, less an untied input embedding (one row of it is read)."""
+    embedding = model.get_input_embeddings().weight
+    tensors = {t.data_ptr(): t for t in list(model.parameters()) + list(model.buffers()) if t is not embedding}
+    tensors[model.get_output_embeddings().weight.data_ptr()] = model.get_output_embeddings().weight
+    return sum(t.numel() * t.element_size() for t in tensors.values() if t.is_floating_point() or t.dtype == torch.int8)
 
 
 def sync(device: torch.device) -> None:

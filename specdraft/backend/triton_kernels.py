@@ -10,7 +10,8 @@ a shape fixed by the weights and the token's own position, never by the pass:
   (partial sums in float32, added in order 0, 1, ... by a second kernel). A token's output is the
   same in a tile of 1 real row or of 16. Optional prologues: the RMS norm of the input rows
   (`norm`: the sum of squares in the same blocks) and SiLU(gate) * up of a joined gate/up input
-  (`act`); epilogues: bias, the residual stream. Small weights are not split (`tiling`).
+  (`act`); epilogues: int8 weights' per-output scales, bias, the residual stream. Small weights are
+  not split (`tiling`).
 - `rope_write`: rotary embedding of q and k (transformers' `apply_rotary_pos_emb`, roundings and
   all) and the write of k and v into each token's cache slot at its position, one program a token.
 - `attention`: one program per (token, kv head, chunk of keys at fixed offsets 0, chunk, ...; the
@@ -18,13 +19,18 @@ a shape fixed by the weights and the token's own position, never by the pass:
   (read from the device, so the KV bucket does not matter), in blocks of `BLOCK_KV`; a second
   kernel merges the chunks in order.
 
+Every kernel can launch programmatically dependent on the one before it (`Choice.pdl`, Hopper and
+later): it may start while that one finishes, and waits for it (`_after_previous`) before it reads or
+writes anything. How the kernels launch (tile, pipeline, PDL) is a `Choice`, fixed per model at load;
+`SPECDRAFT_TRITON_CHOICE` (`Choice.parse`) overrides the default, which is how a GPU run compares them.
+
 Under `TRITON_INTERPRET=1` the same kernels run on CPU (numpy), which is how CI tests them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
@@ -77,6 +83,64 @@ def tiling(out_features: int, in_features: int, target: int = TARGET_PROGRAMS, b
     return Tiling(block_o, block_k, splits, warps, stages)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """How the kernels launch: the linear's tiles and pipeline (`tiling`'s parameters; any of them
+    keeps a token's arithmetic the same in every pass) and programmatic dependent launch (`pdl`,
+    used where the device has it: `pdl_available`)."""
+
+    block_o: int = 64
+    block_k: int = 64
+    warps: int = 4
+    stages: int = 3
+    target: int = TARGET_PROGRAMS
+    pdl: bool = False
+
+    def tiling(self, out_features: int, in_features: int) -> Tiling:
+        return tiling(out_features, in_features, self.target, self.block_o, self.block_k, self.warps, self.stages)
+
+    @classmethod
+    def parse(cls, text: str) -> "Choice":
+        """"pdl=1,block_k=128,stages=4,target=256" (any fields, integers; pdl 0 or 1) -> a Choice."""
+        names = {f.name for f in fields(cls)}
+        changes = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, _, value = item.partition("=")
+            if name not in names or not value.strip().isdigit():
+                raise ValueError(f"SPECDRAFT_TRITON_CHOICE: {item!r} is not one of {', '.join(sorted(names))} "
+                                 "set to a whole number")
+            changes[name] = bool(int(value)) if name == "pdl" else int(value)
+        return replace(cls(), **changes)
+
+    def describe(self) -> str:
+        return ",".join(f"{f.name}={int(getattr(self, f.name))}" for f in fields(self))
+
+
+CHOICE = Choice.parse(os.environ.get("SPECDRAFT_TRITON_CHOICE", ""))
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Whether kernels can launch programmatically dependent here: compiled (not interpreted) on a
+    CUDA device of compute capability 9 or later, with a Triton that has grid dependency control."""
+    if INTERPRETED or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    return hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
+
+
+def _launch(pdl: bool) -> dict:
+    """The launch's keyword arguments: programmatic dependent launch, or nothing."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def _after_previous(GDC: tl.constexpr):
+    """With programmatic dependent launch: wait until the kernel before has finished and its writes
+    are visible (nothing is read or written before this), then let the next kernel launch."""
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 @triton.jit
 def _dot(a, b, UPCAST: tl.constexpr):
     """a [M, K] @ b [K, N], float32 sums; UPCAST: in IEEE float32 (float32 inputs; the interpreter)."""
@@ -87,11 +151,13 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, rows, cols, n_rows, n_out, b_ptr, res_ptr, stride_res, out_ptr, stride_out,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """acc [ROWS, BLOCK_O] float32 -> + bias, rounded to the output's dtype, + residual (rounded again,
-    as `x + linear(h)` in that dtype is), stored."""
+def _epilogue(acc, rows, cols, n_rows, n_out, s_ptr, b_ptr, res_ptr, stride_res, out_ptr, stride_out,
+              SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """acc [ROWS, BLOCK_O] float32 -> times the int8 weights' scales, + bias, rounded to the output's
+    dtype, + residual (rounded again, as `x + linear(h)` in that dtype is), stored."""
     ok = (rows < n_rows)[:, None] & (cols < n_out)[None, :]
+    if SCALED:
+        acc *= tl.load(s_ptr + cols, mask=cols < n_out, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cols < n_out, other=0.0).to(tl.float32)[None, :]
     y = acc.to(out_ptr.dtype.element_ty)
@@ -103,16 +169,17 @@ def _epilogue(acc, rows, cols, n_rows, n_out, b_ptr, res_ptr, stride_res, out_pt
 
 # A row count of 1 (or one divisible by 16) must not compile another kernel than other counts do.
 @triton.jit(do_not_specialize=["n_rows"])
-def _linear_kernel(x_ptr, stride_x, w_ptr, stride_w, nw_ptr, b_ptr, res_ptr, stride_res, out_ptr, stride_out,
+def _linear_kernel(x_ptr, stride_x, w_ptr, stride_w, s_ptr, nw_ptr, b_ptr, res_ptr, stride_res, out_ptr, stride_out,
                    part_ptr, n_rows, n_out, n_in, eps,
-                   NORM: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                   SPLITS: tl.constexpr, K_PART: tl.constexpr, UPCAST: tl.constexpr,
-                   ROWS_: tl.constexpr, BLOCK_O_: tl.constexpr, BLOCK_K_: tl.constexpr):
+                   NORM: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_RES: tl.constexpr, SPLITS: tl.constexpr, K_PART: tl.constexpr, UPCAST: tl.constexpr,
+                   GDC: tl.constexpr, ROWS_: tl.constexpr, BLOCK_O_: tl.constexpr, BLOCK_K_: tl.constexpr):
     pid_o, pid_r, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_r * ROWS_ + tl.arange(0, ROWS_)
     cols = pid_o * BLOCK_O_ + tl.arange(0, BLOCK_O_)
     row_ok, col_ok = rows < n_rows, cols < n_out
-    dtype = w_ptr.dtype.element_ty
+    dtype = x_ptr.dtype.element_ty  # the activations' (int8 weights are widened to it, exactly)
+    _after_previous(GDC)
     if NORM:  # transformers' RMS norm: mean of squares in float32 over the whole row, then scale
         squares = tl.zeros([ROWS_], dtype=tl.float32)
         for k0 in range(0, n_in, BLOCK_K_):
@@ -140,39 +207,47 @@ def _linear_kernel(x_ptr, stride_x, w_ptr, stride_w, nw_ptr, b_ptr, res_ptr, str
             nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0)
             x = (normed.to(tl.float32) * nw.to(tl.float32)[None, :]).to(dtype)
         w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if SCALED and not UPCAST:  # int8 -> the activations' dtype, exactly (UPCAST: to float32 in `_dot`)
+            w = w.to(dtype)
         acc += _dot(x.to(dtype), tl.trans(w), UPCAST)
     if SPLITS == 1:
-        _epilogue(acc, rows, cols, n_rows, n_out, b_ptr, res_ptr, stride_res, out_ptr, stride_out, HAS_BIAS, HAS_RES)
+        _epilogue(acc, rows, cols, n_rows, n_out, s_ptr, b_ptr, res_ptr, stride_res, out_ptr, stride_out,
+                  SCALED, HAS_BIAS, HAS_RES)
     else:
         ok = row_ok[:, None] & col_ok[None, :]
         tl.store(part_ptr + (pid_s * n_rows + rows[:, None]) * n_out + cols[None, :], acc, mask=ok)
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _sum_parts_kernel(part_ptr, b_ptr, res_ptr, stride_res, out_ptr, stride_out, n_rows, n_out,
-                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLITS: tl.constexpr,
-                      ROWS_: tl.constexpr, BLOCK_O_: tl.constexpr):
+def _sum_parts_kernel(part_ptr, s_ptr, b_ptr, res_ptr, stride_res, out_ptr, stride_out, n_rows, n_out,
+                      SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLITS: tl.constexpr,
+                      GDC: tl.constexpr, ROWS_: tl.constexpr, BLOCK_O_: tl.constexpr):
     pid_o, pid_r = tl.program_id(0), tl.program_id(1)
+    _after_previous(GDC)
     rows = pid_r * ROWS_ + tl.arange(0, ROWS_)
     cols = pid_o * BLOCK_O_ + tl.arange(0, BLOCK_O_)
     ok = (rows < n_rows)[:, None] & (cols < n_out)[None, :]
     acc = tl.zeros([ROWS_, BLOCK_O_], dtype=tl.float32)
     for s in tl.static_range(SPLITS):  # in order: the same sum for every pass
         acc += tl.load(part_ptr + (s * n_rows + rows[:, None]) * n_out + cols[None, :], mask=ok, other=0.0)
-    _epilogue(acc, rows, cols, n_rows, n_out, b_ptr, res_ptr, stride_res, out_ptr, stride_out, HAS_BIAS, HAS_RES)
+    _epilogue(acc, rows, cols, n_rows, n_out, s_ptr, b_ptr, res_ptr, stride_res, out_ptr, stride_out,
+              SCALED, HAS_BIAS, HAS_RES)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            norm: tuple[torch.Tensor, float] | None = None, act: bool = False, residual: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, tiled: Tiling | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, scales: torch.Tensor | None = None, tiled: Tiling | None = None,
+           pdl: bool = False) -> torch.Tensor:
     """x [N, in] (with `act`: [N, 2 in], gate then up) times weight [out, in]: [N, out] in `out_dtype`
-    (default the weight's). norm: (weight [in], eps), the input rows' RMS norm first; residual [N, out]
-    added to the rounded product; tiled: the weight's tiling (default `tiling` of its shape)."""
+    (default x's). norm: (weight [in], eps), the input rows' RMS norm first; residual [N, out] added to
+    the rounded product; scales [out]: int8 weights' per-output scales (the sums times them); tiled:
+    the weight's tiling (default `tiling` of its shape); pdl: launch programmatically dependent."""
     n_rows = x.shape[0]
     n_out, n_in = weight.shape
     assert x.shape[1] == (2 * n_in if act else n_in), (x.shape, weight.shape, act)
     assert x.stride(1) == 1 and weight.stride(1) == 1
-    out = torch.empty((n_rows, n_out), dtype=out_dtype or weight.dtype, device=x.device)
+    assert (scales is not None) == (weight.dtype == torch.int8), "int8 weights, and only they, come with scales"
+    out = torch.empty((n_rows, n_out), dtype=out_dtype or x.dtype, device=x.device)
     if n_rows == 0:
         return out
     t = tiled or tiling(n_out, n_in)
@@ -180,16 +255,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     parts = (torch.empty((splits, n_rows, n_out), dtype=torch.float32, device=x.device) if splits > 1 else out)
     res = residual if residual is not None else out
     grid = (triton.cdiv(n_out, t.block_o), triton.cdiv(n_rows, ROWS), splits)
-    nw, eps = norm if norm is not None else (weight, 0.0)
-    _linear_kernel[grid](x, x.stride(0), weight, weight.stride(0), nw, bias if bias is not None else weight, res,
-                         res.stride(0), out, out.stride(0), parts, n_rows, n_out, n_in, float(eps),
-                         NORM=norm is not None, ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                         SPLITS=splits, K_PART=t.part(n_in), UPCAST=_upcast(weight.dtype),
-                         ROWS_=ROWS, BLOCK_O_=t.block_o, BLOCK_K_=t.block_k, num_warps=t.warps, num_stages=t.stages)
+    nw, eps = norm if norm is not None else (x, 0.0)
+    s, b = (scales if scales is not None else x), (bias if bias is not None else x)
+    flags = dict(SCALED=scales is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None, GDC=pdl)
+    _linear_kernel[grid](x, x.stride(0), weight, weight.stride(0), s, nw, b, res, res.stride(0), out, out.stride(0),
+                         parts, n_rows, n_out, n_in, float(eps), NORM=norm is not None, ACT=act, SPLITS=splits,
+                         K_PART=t.part(n_in), UPCAST=_upcast(x.dtype), ROWS_=ROWS, BLOCK_O_=t.block_o,
+                         BLOCK_K_=t.block_k, num_warps=t.warps, num_stages=t.stages, **flags, **_launch(pdl))
     if splits > 1:
-        _sum_parts_kernel[grid[:2]](parts, bias if bias is not None else weight, res, res.stride(0), out, out.stride(0),
-                                    n_rows, n_out, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                                    SPLITS=splits, ROWS_=ROWS, BLOCK_O_=t.block_o, num_warps=4)
+        _sum_parts_kernel[grid[:2]](parts, s, b, res, res.stride(0), out, out.stride(0), n_rows, n_out,
+                                    SPLITS=splits, ROWS_=ROWS, BLOCK_O_=t.block_o, num_warps=4, **flags,
+                                    **_launch(pdl))
     return out
 
 
@@ -210,8 +286,9 @@ def _rotate_half(x_ptr, c1, c2, s1, s2, heads, d, HALF: tl.constexpr, ok):
 def _rope_write_kernel(qkv_ptr, stride_qkv, cos_ptr, sin_ptr, stride_cs, slot_ptr, pos_ptr, q_ptr,
                        k_cache, v_cache, stride_cb, stride_ch, stride_cp,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       HEADS_PAD: tl.constexpr, KV_PAD: tl.constexpr):
+                       HEADS_PAD: tl.constexpr, KV_PAD: tl.constexpr, GDC: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
+    _after_previous(GDC)
     HALF: tl.constexpr = HEAD_DIM // 2
     d = tl.arange(0, HALF)
     slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -240,7 +317,8 @@ def _rope_write_kernel(qkv_ptr, stride_qkv, cos_ptr, sin_ptr, stride_cs, slot_pt
 
 
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-               keys: torch.Tensor, values: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+               keys: torch.Tensor, values: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
+               pdl: bool = False) -> torch.Tensor:
     """qkv [N, (heads + 2 kv_heads) head_dim] (a joined projection's output), cos/sin [N, head_dim]:
     write each token's rotated k and its v into keys/values [rows, kv_heads, capacity, head_dim] at
     (slots[n], positions[n]); return the rotated q [N, heads * head_dim]."""
@@ -252,7 +330,7 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
                                  keys.stride(0), keys.stride(1), keys.stride(2),
                                  HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim,
                                  HEADS_PAD=triton.next_power_of_2(heads), KV_PAD=triton.next_power_of_2(kv_heads),
-                                 num_warps=4)
+                                 GDC=pdl, num_warps=4, **_launch(pdl))
     return q
 
 
@@ -260,8 +338,10 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
 def _attention_chunk_kernel(q_ptr, k_cache, v_cache, stride_cb, stride_ch, stride_cp, slot_ptr, pos_ptr,
                             m_ptr, l_ptr, acc_ptr, n_chunks, scale,
                             HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                            HEAD_DIM: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_KV_: tl.constexpr, UPCAST: tl.constexpr):
+                            HEAD_DIM: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_KV_: tl.constexpr, UPCAST: tl.constexpr,
+                            GDC: tl.constexpr):
     n, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _after_previous(GDC)
     pos = tl.load(pos_ptr + n)
     start = c * CHUNK_
     if start <= pos:
@@ -300,8 +380,9 @@ def _attention_chunk_kernel(q_ptr, k_cache, v_cache, stride_cb, stride_ch, strid
 
 @triton.jit
 def _attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, out_ptr, n_chunks,
-                            HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK_: tl.constexpr):
+                            HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK_: tl.constexpr, GDC: tl.constexpr):
     n, h = tl.program_id(0), tl.program_id(1)
+    _after_previous(GDC)
     used = tl.load(pos_ptr + n) // CHUNK_ + 1
     d = tl.arange(0, HEAD_DIM)
     base = (n.to(tl.int64) * HEADS + h) * n_chunks
@@ -326,7 +407,7 @@ def chunk_for(max_context: int) -> int:
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-              heads: int, kv_heads: int, head_dim: int, chunk: int = CHUNK) -> torch.Tensor:
+              heads: int, kv_heads: int, head_dim: int, chunk: int = CHUNK, pdl: bool = False) -> torch.Tensor:
     """Causal attention of each token's q [N, heads * head_dim] over its row's keys and values
     [rows, kv_heads, capacity, head_dim] at positions 0..positions[n] of slot slots[n] (written
     already), the keys split in chunks of `chunk` at offsets 0, chunk, 2 chunk, ...: [N, heads *
@@ -343,7 +424,8 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: 
     _attention_chunk_kernel[(n, kv_heads, n_chunks)](
         q, keys, values, keys.stride(0), keys.stride(1), keys.stride(2), slots, positions, m, l, acc, n_chunks,
         head_dim ** -0.5, HEADS=heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, CHUNK_=chunk, BLOCK_KV_=BLOCK_KV, UPCAST=_upcast(keys.dtype), num_warps=4)
+        HEAD_DIM=head_dim, CHUNK_=chunk, BLOCK_KV_=BLOCK_KV, UPCAST=_upcast(keys.dtype), GDC=pdl, num_warps=4,
+        **_launch(pdl))
     _attention_merge_kernel[(n, heads)](m, l, acc, positions, out, n_chunks, HEADS=heads, HEAD_DIM=head_dim,
-                                        CHUNK_=chunk, num_warps=1)
+                                        CHUNK_=chunk, GDC=pdl, num_warps=1, **_launch(pdl))
     return out

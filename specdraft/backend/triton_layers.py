@@ -10,6 +10,11 @@ input norm fused in, rotary embedding + the cache write, attention (chunks, then
 output projection with the residual, gate/up with the norm fused in, down with SiLU(gate) * up
 fused in and the residual. Attention reads each token's position from the device and ignores the
 pass's mask, so captured graphs need not vary with the KV length (`reads_lengths`).
+
+Projections may be float (the activations' dtype) or int8 with per-output scales (the draft copy's
+`WeightOnlyInt8Linear`: half the bytes of bf16 a step reads). How the kernels launch (the linear's
+tiles, programmatic dependent launch) is fixed at load from `triton_kernels.CHOICE`, and each weight's
+tiling computed once from its shape.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from specdraft.backend.family import Family
 from specdraft.backend.layers import Pass
-from specdraft.backend.weights import float_linear, joined_projection, layer_linears, model_device, silu_mlp
+from specdraft.backend.weights import joined_projection, layer_linears, model_device, plain_linear, silu_mlp
 
 
 def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype,
@@ -44,8 +50,8 @@ def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype
     if not all(silu_mlp(layer.mlp) for layer in layers):
         return "the MLPs must be SiLU-gated"
     linears = [m for m in layer_linears(model, layers) if m is not None]
-    if any(not float_linear(m) or m.weight.dtype != dtype for m in linears):
-        return f"every projection must be a float linear layer with {dtype} weights"
+    if any(not plain_linear(m) or m.weight.dtype not in (dtype, torch.int8) for m in linears):
+        return f"every projection must be a linear layer with {dtype} or int8 weights"
     return _kernels_fail(device, dtype)
 
 
@@ -75,32 +81,53 @@ def _kernels_fail(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Projection:
+    """A (joined) linear as the kernels take it: its weight, bias and int8 scales, and its tiling."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    scales: torch.Tensor | None
+    tiled: object  # triton_kernels.Tiling
+
+
 class TritonLayers:
     """The decoder layers and head of a model (described by `family`) on `triton_kernels`, q/k/v and
-    gate/up joined with their biases; activations in the weights' dtype."""
+    gate/up joined with their biases; activations in `dtype`; `choice`: how the kernels launch
+    (default `triton_kernels.CHOICE`; programmatic dependent launch only where the device has it)."""
 
     max_tokens = None
     reads_lengths = True
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype: torch.dtype,
-                 family: Family) -> None:
+                 family: Family, choice=None) -> None:
         from specdraft.backend import triton_kernels
 
         self.kernels = triton_kernels
+        self.choice = choice or triton_kernels.CHOICE
+        self.pdl = self.choice.pdl and triton_kernels.pdl_available(model_device(model))
         self.dtype, self.shape, eps = dtype, family.shape, family.norm_eps
         self._layers = []
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
-            qkv_weight, qkv_bias, _ = joined_projection([a.q_proj, a.k_proj, a.v_proj])
-            gate_up, gate_up_bias, _ = joined_projection([mlp.gate_proj, mlp.up_proj])
             self._layers.append(dict(
-                input_norm=(layer.input_layernorm.weight, eps), qkv=(qkv_weight, qkv_bias),
-                o=(a.o_proj.weight, a.o_proj.bias),
-                post_norm=(layer.post_attention_layernorm.weight, eps),
-                gate_up=(gate_up, gate_up_bias), down=(mlp.down_proj.weight, mlp.down_proj.bias)))
+                input_norm=(layer.input_layernorm.weight, eps), qkv=self._projection([a.q_proj, a.k_proj, a.v_proj]),
+                o=self._projection([a.o_proj]), post_norm=(layer.post_attention_layernorm.weight, eps),
+                gate_up=self._projection([mlp.gate_proj, mlp.up_proj]), down=self._projection([mlp.down_proj])))
         self.chunk = triton_kernels.chunk_for(model.config.max_position_embeddings)
         norm = model.model.norm
-        self._head = ((norm.weight, eps), (model.lm_head.weight, getattr(model.lm_head, "bias", None)))
+        self._head = ((norm.weight, eps), self._projection([model.lm_head]))
+
+    def _projection(self, modules: list[torch.nn.Module]) -> _Projection:
+        if len(modules) == 1:
+            m = modules[0]
+            weight, bias, scales = m.weight, getattr(m, "bias", None), getattr(m, "scales", None)
+        else:
+            weight, bias, scales = joined_projection(modules)
+        return _Projection(weight, bias, scales, self.choice.tiling(*weight.shape))
+
+    def _linear(self, x: torch.Tensor, p: _Projection, **options) -> torch.Tensor:
+        return self.kernels.linear(x, p.weight, p.bias, scales=p.scales, tiled=p.tiled, pdl=self.pdl, **options)
 
     def takes(self, tokens: int) -> bool:
         return True
@@ -115,15 +142,16 @@ class TritonLayers:
         keys, values = p.cache.window_buffers()
         x = p.x.contiguous()
         for i, w in enumerate(self._layers):
-            qkv = k.linear(x, *w["qkv"], norm=w["input_norm"])
-            q = k.rope_write(qkv, cos, sin, slots, positions, keys[i], values[i], heads, kv_heads, head_dim)
-            attended = k.attention(q, keys[i], values[i], slots, positions, heads, kv_heads, head_dim, self.chunk)
-            x = k.linear(attended, *w["o"], residual=x)
-            gate_up = k.linear(x, *w["gate_up"], norm=w["post_norm"])
-            x = k.linear(gate_up, *w["down"], act=True, residual=x)
+            qkv = self._linear(x, w["qkv"], norm=w["input_norm"])
+            q = k.rope_write(qkv, cos, sin, slots, positions, keys[i], values[i], heads, kv_heads, head_dim, pdl=self.pdl)
+            attended = k.attention(q, keys[i], values[i], slots, positions, heads, kv_heads, head_dim, self.chunk,
+                                   pdl=self.pdl)
+            x = self._linear(attended, w["o"], residual=x)
+            gate_up = self._linear(x, w["gate_up"], norm=w["post_norm"])
+            x = self._linear(gate_up, w["down"], act=True, residual=x)
         return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> float32 logits [N, vocab]: the final norm fused into the output layer."""
-        norm, (weight, bias) = self._head
-        return self.kernels.linear(x.contiguous(), weight, bias, norm=norm, out_dtype=torch.float32)
+        norm, projection = self._head
+        return self._linear(x.contiguous(), projection, norm=norm, out_dtype=torch.float32)

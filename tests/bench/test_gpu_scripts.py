@@ -193,11 +193,18 @@ def test_a_part_that_overruns_is_killed_and_reported_so(tmp_path):
 def test_the_rehearsal_runs_the_same_parts_at_tiny_sizes(tmp_path):
     real, rehearsed = run.parts(False, tmp_path), run.parts(True, tmp_path)
     assert [p.name for p in real] == [p.name for p in rehearsed] == list(run.BUDGETS)
-    assert sum(p.budget for p in real) <= 450 - 10 and sum(p.budget for p in rehearsed) <= 180
-    assert ("SPECDRAFT_TEST_DEVICE", "cuda") in real[0].env and rehearsed[0].env == ()
-    step = dict(zip(real[3].command, real[3].command[1:]))
-    assert step["--shapes"] == "1b,3b" and step["--batches"] == "1,4,16" and step["--ks"] == "0,1,3,5"
-    assert "tiny" in dict(zip(rehearsed[3].command, rehearsed[3].command[1:]))["--shapes"]
+    assert sum(p.budget for p in real) <= 470 and sum(p.budget for p in rehearsed) <= 400
+    assert ("SPECDRAFT_TEST_DEVICE", "cuda") in real[1].env and rehearsed[1].env == ()
+    choices = dict(zip(real[0].command, real[0].command[1:]))
+    assert choices["--choose"] == str(tmp_path / run.CHOICE_FILE) and "--shapes" not in choices  # the GPU's defaults
+    assert "tiny" in dict(zip(rehearsed[0].command, rehearsed[0].command[1:]))["--shapes"]
+    assert ("TRITON_INTERPRET", "1") in rehearsed[0].env
+
+
+def test_the_parts_after_the_choice_run_under_it(tmp_path):
+    assert run.chosen(tmp_path) == ()
+    (tmp_path / run.CHOICE_FILE).write_text("block_o=64,block_k=128,warps=4,stages=4,target=256,pdl=1\n")
+    assert run.chosen(tmp_path) == (("SPECDRAFT_TRITON_CHOICE", "block_o=64,block_k=128,warps=4,stages=4,target=256,pdl=1"),)
 
 
 def test_outputs_are_compared_with_nones_token_by_token():
@@ -229,30 +236,53 @@ def test_the_domain_summary_gives_medians_of_per_prompt_ratios_and_where_outputs
     assert summary["none (default)"]["equal_to_none"] == 2 and summary["none (default)"]["ratio_to_none"] == 1
 
 
+def fake_choices() -> dict:
+    cells = {"1,0": {"step_ms": 1.5, "replay_ms": 1.2}, "1,5": {"step_ms": 1.8, "replay_ms": 1.5}}
+    return {"machine": "a GPU", "best": "pdl", "models": {"1b": {"choices": {"kept": cells, "pdl": cells}}}}
+
+
 def test_one_report_holds_every_part_failures_included(tmp_path):
     (tmp_path / "domains.json").write_text(json.dumps(fake_domains()))
-    (tmp_path / "gpu_step_cuda.json").write_text(json.dumps({"machine": "a GPU", "cost_ratio_c": 0.4}))
-    (tmp_path / "gpu_step_cuda.md").write_text("# Verify step on cuda\n\n## 1b\n\n| batch | k |\n")
-    # a file another run left there, sorting after gpu_step_cuda: not this run's step (it was read once)
-    (tmp_path / "gpu_step_tiling_tried.json").write_text(json.dumps({"machine": "another GPU", "cost_ratio_c": 0.9}))
-    (tmp_path / "gpu_step_tiling_tried.md").write_text("# A tiling tried\n\n## stale\n")
+    (tmp_path / "gpu_choices_cuda.json").write_text(json.dumps(fake_choices()))
+    (tmp_path / "gpu_choices_cuda.md").write_text("# Kernel launch choices\n\n## 1b\n\n| choice | batch, k |\n")
     results = [run.PartResult("invariance", "pytest tests/backend/test_invariance.py", 12.0, 70.0, 1, "E   assert 1 == 2\n",
                               {"passed": 20, "failed": 3}),
                run.PartResult("domains", "gpu_run.py --part domains", 50.0, 100.0, 0, "", {}),
-               run.PartResult("cuda-tests-slow", "pytest ...", 90.0, 90.0, None, "tests/x.py::t PASSED",
+               run.PartResult("cuda-tests", "pytest ...", 90.0, 90.0, None, "tests/x.py::t PASSED",
                               {"incomplete": 1, "passed": 1})]
     report = run.collect(tmp_path, results, "2026-11-27T00:00:00+00:00", 450.0, 152.0, rehearse=False)
     run.write_report(tmp_path, report)
     saved = json.loads((tmp_path / "report.json").read_text())
     assert [p["status"] for p in saved["parts"]] == ["failed (exit 1)", "ok", "timed out"]
-    assert saved["gpu_step"]["cost_ratio_c"] == 0.4 and saved["machine"] == "a GPU"
+    assert saved["choices"]["best"] == "pdl" and saved["machine"] == "a GPU"
     markdown = (tmp_path / "report.md").read_text()
     assert "| invariance | failed (exit 1) | 12 (70) | 20 passed, 3 failed |" in markdown
-    assert "| cuda-tests-slow | timed out | 90 (90) | 1 passed so far (killed before its summary) |" in markdown
+    assert "| cuda-tests | timed out | 90 (90) | 1 passed so far (killed before its summary) |" in markdown
     assert "E   assert 1 == 2" in markdown  # a failing part's tail
     assert "| code | ngram (fixed) | 140.0 | 1.40x | 18 → 8 | 1/2 | p2: 2 |" in markdown
-    assert "\n### 1b\n\n| batch | k |" in markdown  # under the report's own heading
+    assert "\n### 1b\n\n| choice | batch, k |" in markdown  # under the report's own heading
     assert "ngram (fixed): 140 tok/s, 1.40x, equal 1/2" in run.summary(report)
+
+
+def test_the_report_compares_this_run_with_the_committed_one(tmp_path):
+    """`previous` reads the committed figures before the run overwrites them; the report sets each beside this run's."""
+    (tmp_path / "domains.json").write_text(json.dumps(fake_domains()))
+    (tmp_path / "gpu_step_cuda.json").write_text(json.dumps({"models": {"1b": {"cells": [
+        {"batch": 1, "k": 0, "ours_triton_graphs_on_ms": 1.83}, {"batch": 4, "k": 5, "ours_triton_graphs_on_ms": 2.5}]}}}))
+    before = run.previous(tmp_path)
+    assert before == {"domains": {"code | none (default)": 100.0, "code | ngram (fixed)": 140.0},
+                      "steps": {"1b | 1,0": 1.83}}
+    (tmp_path / "gpu_choices_cuda.json").write_text(json.dumps(fake_choices()))
+    (tmp_path / "gpu_choices_cuda.md").write_text("# x\n")
+    faster = fake_domains()
+    for row in faster["rows"]:
+        row["tokens_per_second"] *= 2
+    (tmp_path / "domains.json").write_text(json.dumps(faster))
+    report = run.collect(tmp_path, [], "now", 450.0, 100.0, rehearse=False) | {"previous": before}
+    lines = run.render_previous(report)
+    assert "| code | ngram (fixed) | 140 | 280 | 2.00x |" in lines
+    assert "| 1b | 1,0 | 1.83 | 1.50 |" in lines
+    assert run.render_previous({"previous": {}})[-1] == "No committed run to compare with."
 
 
 def test_a_report_without_the_benchmarks_says_they_were_not_measured(tmp_path):
