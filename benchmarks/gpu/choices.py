@@ -37,7 +37,7 @@ from benchmarks.gpu.step import SHAPES, build, copy_bandwidth, hf_static, implie
 from specdraft.backend import triton_kernels as tk
 
 CHOICES = ("kept=;pdl=pdl=1;pdl+wide=pdl=1,block_k=128,stages=4,target=256;"
-           "pdl+more=pdl=1,target=256,stages=4")
+           "pdl+more=pdl=1,target=256,stages=4;pdl+narrow=pdl=1,block_o=32,target=256,stages=4")
 CELLS = ((1, 0), (1, 5), (16, 5))  # (batch, k) timed for every choice
 ACCEPTANCE = (0.6, 0.7, 0.8)
 
@@ -180,7 +180,7 @@ def model_for(shape: str, device, dtype) -> torch.nn.Module:
 
 def arguments() -> argparse.Namespace:
     parser = cli(__doc__)
-    parser.add_argument("--shapes", default="1b,3b,qwen0.5b,qwen1.5b,1b-int8",
+    parser.add_argument("--shapes", default="1b,1b-int8,qwen1.5b,qwen0.5b,3b",
                         help=f"of {', '.join(SHAPES)}, or <shape>-int8 (its int8 copy); the first picks the choice")
     parser.add_argument("--choices", default=CHOICES, help="NAME=FIELDS;... (fields as SPECDRAFT_TRITON_CHOICE)")
     parser.add_argument("--batches", default="1,16", help="batch sizes of `CELLS` to time")
