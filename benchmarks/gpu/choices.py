@@ -36,8 +36,8 @@ from benchmarks.common import cli, machine, verify_step_times, write_results
 from benchmarks.gpu.step import SHAPES, build, copy_bandwidth, hf_static, implied_speedup, weight_bytes
 from specdraft.backend import triton_kernels as tk
 
-CHOICES = ("kept=;pdl=pdl=1;pdl+wide=pdl=1,block_k=128,stages=4,target=256;"
-           "pdl+more=pdl=1,target=256,stages=4;pdl+narrow=pdl=1,block_o=32,target=256,stages=4")
+CHOICES = ("kept=;pdl=pdl=1;more=target=256,stages=4;pdl+more=pdl=1,target=256,stages=4;"
+           "most=target=512,stages=4;pdl+most=pdl=1,target=512,stages=4")
 CELLS = ((1, 0), (1, 5), (16, 5))  # (batch, k) timed for every choice
 ACCEPTANCE = (0.6, 0.7, 0.8)
 
@@ -69,12 +69,13 @@ def int8_copy(model: torch.nn.Module) -> torch.nn.Module:
     return draft
 
 
-def verifier_for(model, choice: tk.Choice, device, context: int, rng):
+def verifier_for(model, choice: tk.Choice, device, batch: int, context: int, rng):
+    """A verifier of `batch` rows of `context` random tokens whose layers take `choice` (every row
+    takes part in every step, so each batch size gets its own)."""
     from specdraft.backend.rowmodel import StaticShapes
     from specdraft.params import SamplingParams
     from specdraft.verifier import Verifier
 
-    batch = max(b for b, _ in CELLS)
     static = StaticShapes(max_rows=batch, max_context=context + max(k for _, k in CELLS) + 16,
                           graphs=device.type == "cuda")
     with chosen(choice):
@@ -84,10 +85,10 @@ def verifier_for(model, choice: tk.Choice, device, context: int, rng):
     return verifier
 
 
-def replay_ms(verifier, batch: int, k: int, replays: int = 50) -> float | None:
-    """ms of one replay of the captured graph of a (batch, k + 1)-token pass, alone (None: not captured)."""
-    graphs = [s.graph for key, s in verifier.rows._shapes.items()
-              if key[0] == verifier.rows.static.batch_bucket(batch) and key[1] == k + 1 and s.graph is not None]
+def replay_ms(verifier, k: int, replays: int = 50) -> float | None:
+    """ms of one replay of the captured graph of the verifier's (k + 1)-token pass over all its rows,
+    alone (None: not captured)."""
+    graphs = [s.graph for key, s in verifier.rows._shapes.items() if key[1] == k + 1 and s.graph is not None]
     if not graphs:
         return None
     graph = graphs[0]
@@ -101,38 +102,60 @@ def replay_ms(verifier, batch: int, k: int, replays: int = 50) -> float | None:
     return start.elapsed_time(end) / replays
 
 
-def time_cells(verifier, batches: list[int], rng, repeats: int) -> dict:
-    """(batch, k) -> {"step_ms", "replay_ms"} for `CELLS` of the given batches (rows dropped as batches shrink)."""
+def time_cells(verifiers: dict, rng, repeats: int) -> dict:
+    """(batch, k) -> {"step_ms", "replay_ms"} for `CELLS`, each batch on its own verifier."""
     out = {}
-    for batch in sorted({b for b, _ in CELLS if b in batches}, reverse=True):
+    for batch, verifier in verifiers.items():
         ks = [k for b, k in CELLS if b == batch]
-        rows = verifier.row_ids[:batch]
-        for cell in verify_step_times(verifier, batch, ks, repeats, rng) if len(rows) == batch else []:
-            replay = replay_ms(verifier, batch, cell["k"]) if verifier.device.type == "cuda" else None
+        for cell in verify_step_times(verifier, batch, ks, repeats, rng):
+            replay = replay_ms(verifier, cell["k"]) if verifier.device.type == "cuda" else None
             out[(batch, cell["k"])] = {"step_ms": cell["step_ms"], "replay_ms": replay}
     return out
 
 
 def measure_shape(model, choices: dict[str, tk.Choice], device, args, rng) -> dict:
     """Every choice on one model: name -> "batch,k" -> medians over `args.rounds` interleaved rounds
-    (a choice that fails is kept with its error)."""
-    verifiers, errors = {}, {}
+    (a choice that fails is kept with its error), and, with `args.profile`, where the batch-1 k = 0
+    step's GPU time goes for each choice."""
+    verifiers, errors, profiles = {}, {}, {}
     for name, choice in choices.items():
         try:
-            verifiers[name] = verifier_for(model, choice, device, args.context, rng)
-            time_cells(verifiers[name], args.batches, rng, 3)  # warm up: compile, capture
+            verifiers[name] = {b: verifier_for(model, choice, device, b, args.context, rng)
+                               for b in sorted({b for b, _ in CELLS if b in args.batches})}
+            time_cells(verifiers[name], rng, 3)  # warm up: compile, capture
         except Exception as exc:  # one lent call: a choice that fails is reported, the others measured
             errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
             print(f"choice {name}: {errors[name]}", flush=True)
+            verifiers.pop(name, None)
     samples: dict = {name: {} for name in verifiers}
     for _ in range(args.rounds):
-        for name, verifier in verifiers.items():
-            for cell, times in time_cells(verifier, args.batches, rng, args.repeats).items():
+        for name, by_batch in verifiers.items():
+            for cell, times in time_cells(by_batch, rng, args.repeats).items():
                 for key, value in times.items():
                     samples[name].setdefault(f"{cell[0]},{cell[1]}", {}).setdefault(key, []).append(value)
     out = {name: {cell: {key: (statistics.median(v) if None not in v else None) for key, v in by_key.items()}
                   for cell, by_key in cells.items()} for name, cells in samples.items()}
-    return {"choices": out, "errors": errors}
+    if args.profile and device.type == "cuda" and 1 in args.batches:
+        for name, by_batch in verifiers.items():
+            try:
+                profiles[name] = profile_step(by_batch[1])
+            except Exception as exc:  # reported, not fatal
+                errors[f"{name} profile"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return {"choices": out, "errors": errors, "profiles": profiles}
+
+
+def profile_step(verifier, steps: int = 10) -> dict:
+    """A batch-1 k = 0 step under torch's profiler: its wall ms, the GPU ms of its kernels, how many
+    kernels, and the costliest five (ms a step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    verify_step_times(verifier, 1, [0], 2, np.random.default_rng(1))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = verify_step_times(verifier, 1, [0], steps, np.random.default_rng(2))[0]["step_ms"]
+    timed = sorted(((e.key, getattr(e, "self_device_time_total", 0) / 1000 / (steps + 1), e.count / (steps + 1))
+                    for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0), key=lambda t: -t[1])
+    return {"wall_ms": wall, "gpu_ms": sum(t[1] for t in timed), "kernels": sum(t[2] for t in timed),
+            "top": [{"kernel": name[:80], "ms": ms, "calls": calls} for name, ms, calls in timed[:5]]}
 
 
 def best_choice(figures: dict) -> str | None:
@@ -190,6 +213,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--hf", default="1b", help="shapes to time Hugging Face's static-cache forward on")
     parser.add_argument("--choose", type=Path, default=None, help="write the fastest choice's fields here")
+    parser.add_argument("--profile", action="store_true", help="profile each choice's batch-1 step (CUDA)")
     args = parser.parse_args()
     args.shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
     for shape in args.shapes:
@@ -263,6 +287,10 @@ def write(result: dict, out: Path) -> None:
                 lines.append(f"| `{name}` | {cell} | {fmt(v['step_ms'])} | {fmt(v['replay_ms'])} | {fmt(host)} | "
                              f"{v['step_ms'] / m['floor_ms']:.2f}x | {fmt(hf)} |")
         lines += [f"- `{name}` failed: {error}" for name, error in m["errors"].items()] + [""]
+        for name, p in m.get("profiles", {}).items():
+            lines += [f"Profile of `{name}`, batch 1, k = 0: wall {p['wall_ms']:.2f} ms, GPU {p['gpu_ms']:.2f} ms in "
+                      f"{p['kernels']:.0f} kernels; costliest: " + "; ".join(
+                          f"`{t['kernel']}` {t['ms']:.3f} ms ({t['calls']:.0f} calls)" for t in p["top"]), ""]
     for pair in result.get("pairs", []):
         lines.append(f"- {pair['draft']} drafting for {pair['target']}: c = {pair['c']:.3f}; implied speed-up "
                      + ", ".join(f"{r['speedup']:.2f}x at acceptance {r['acceptance']} (k = {r['k']})"
