@@ -96,7 +96,7 @@ def parts(rehearse: bool, out: Path) -> list[Part]:
     device = () if rehearse else (("SPECDRAFT_TEST_DEVICE", "cuda"),)
     pytest = (python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", *(("-m", "not slow") if rehearse else ()))
     choices = (("--shapes", "tiny-small,tiny-small-int8", "--pairs", "tiny-small-int8:tiny-small", "--hf", "tiny-small",
-                "--batches", "1", "--choices", "kept=;pdl=pdl=1", "--rounds", "1", "--repeats", "1", "--context", "8")
+                "--batches", "1", "--choices", "default=;before=pdl=0,stages=3,target=128", "--rounds", "1", "--repeats", "1", "--context", "8")
                if rehearse else ())
     choices_env = (("TRITON_INTERPRET", "1"),) if rehearse else ()
     budget = dict(zip(BUDGETS, BUDGETS_REHEARSED if rehearse else BUDGETS.values()))

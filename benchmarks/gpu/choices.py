@@ -36,8 +36,8 @@ from benchmarks.common import cli, machine, verify_step_times, write_results
 from benchmarks.gpu.step import SHAPES, build, copy_bandwidth, hf_static, implied_speedup, weight_bytes
 from specdraft.backend import triton_kernels as tk
 
-CHOICES = ("kept=;pdl=pdl=1;more=target=256,stages=4;pdl+more=pdl=1,target=256,stages=4;"
-           "most=target=512,stages=4;pdl+most=pdl=1,target=512,stages=4")
+# The first is the default (`triton_kernels.Choice()`); "before" what the kernels launched with until issue 55.
+CHOICES = "default=;before=pdl=0,stages=3,target=128;no-pdl=pdl=0;programs-256=target=256"
 CELLS = ((1, 0), (1, 5), (16, 5))  # (batch, k) timed for every choice
 ACCEPTANCE = (0.6, 0.7, 0.8)
 

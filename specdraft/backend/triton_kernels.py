@@ -40,7 +40,8 @@ ROWS = 16  # a linear's row tile (the smallest tensor-core tile), whatever the p
 CHUNK = 256  # the fewest keys an attention program covers (`chunk_for`)
 MAX_CHUNKS = 32  # chunks a row's longest context spans at most
 BLOCK_KV = 64  # keys an attention program reads per iteration
-TARGET_PROGRAMS = 128  # a linear splits its in-features until its grid has about this many programs
+TARGET_PROGRAMS = 512  # a linear splits its in-features until its grid has about this many programs
+STAGES = 4  # a linear's pipeline stages (`Choice`: 512 programs of 4 stages was the fastest step on an H200)
 MIN_SPLIT_WEIGHTS = 4 << 20  # a smaller weight is read fast enough unsplit (a split costs a launch)
 # Triton's interpreter multiplies bf16 tiles wrongly: there every product runs on float32 tiles (the
 # same values: a bf16 product is exact in float32), as float32 inputs do everywhere.
@@ -62,7 +63,7 @@ class Tiling:
     block_k: int = 64
     splits: int = 1
     warps: int = 4
-    stages: int = 3
+    stages: int = STAGES
 
     def part(self, in_features: int) -> int:
         """In-features each part sums (a whole number of blocks)."""
@@ -70,11 +71,11 @@ class Tiling:
 
 
 def tiling(out_features: int, in_features: int, target: int = TARGET_PROGRAMS, block_o: int = 64,
-           block_k: int = 64, warps: int = 4, stages: int = 3) -> Tiling:
+           block_k: int = 64, warps: int = 4, stages: int = STAGES) -> Tiling:
     """The tiling of a weight of this shape: unsplit below `MIN_SPLIT_WEIGHTS`, else split in two
     until the grid has about `target` programs (more parts fill the device for narrow weights), each
-    part at least 4 blocks. Of the tilings `benchmarks/gpu/kernels.py` times alone, others are faster
-    there (weights in the L2 cache), but not inside a step (`benchmarks/gpu/step.py`): these are."""
+    part at least 4 blocks. Which tiling is fastest is measured inside whole steps
+    (`benchmarks/gpu/choices.py`): a linear timed alone (`benchmarks/gpu/kernels.py`) is no guide."""
     splits = 1
     if out_features * in_features >= MIN_SPLIT_WEIGHTS:
         tiles, blocks = triton.cdiv(out_features, block_o), triton.cdiv(in_features, block_k)
@@ -92,9 +93,9 @@ class Choice:
     block_o: int = 64
     block_k: int = 64
     warps: int = 4
-    stages: int = 3
+    stages: int = STAGES
     target: int = TARGET_PROGRAMS
-    pdl: bool = False
+    pdl: bool = True
 
     def tiling(self, out_features: int, in_features: int) -> Tiling:
         return tiling(out_features, in_features, self.target, self.block_o, self.block_k, self.warps, self.stages)
