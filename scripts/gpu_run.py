@@ -201,7 +201,9 @@ def domain_benchmark(out: Path, rehearse: bool) -> None:
         m = done.metrics
         return {"token_ids": done.token_ids, "tokens": len(done.token_ids), "seconds": seconds,
                 "tokens_per_second": len(done.token_ids) / seconds, "steps": m.steps, "draft_tokens": m.draft_tokens,
-                "accepted_tokens": m.accepted_tokens, "finish_reason": done.finish_reason, "error": done.error}
+                "accepted_tokens": m.accepted_tokens, "finish_reason": done.finish_reason, "error": done.error,
+                "first_token_ms": None if m.first_token is None else 1000 * (m.first_token - m.started),
+                "draft_seconds": m.draft_seconds}
 
     warm = encode_prompt(loaded.tokenizer, "Say hello.")
     for drafter, policy in methods:  # first calls pay one-off allocation, compilation and capture
@@ -380,6 +382,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=None, help="seconds for every part, shared in proportion to "
                         f"their budgets (default {sum(BUDGETS.values())}; --rehearse: {sum(BUDGETS_REHEARSED)})")
     parser.add_argument("--archive", type=Path, default=None, help="also write the whole output folder here (.tar.gz)")
+    parser.add_argument("--parts", default=",".join(BUDGETS), help=f"which parts to run, of {', '.join(BUDGETS)} "
+                        "(without `choices`, the later parts run under the default choice)")
     parser.add_argument("--part", choices=["domains"], help=argparse.SUPPRESS)  # one part, in its own process
     args = parser.parse_args()
     out = args.out or (Path(tempfile.mkdtemp(prefix="specdraft-gpu-run-")) if args.rehearse else OUT)
@@ -387,7 +391,10 @@ def main() -> int:
     if args.part == "domains":
         domain_benchmark(out, args.rehearse)
         return 0
-    plan = parts(args.rehearse, out)
+    wanted = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if unknown := sorted(set(wanted) - set(BUDGETS)):
+        parser.error(f"unknown parts {unknown}: of {', '.join(BUDGETS)}")
+    plan = [p for p in parts(args.rehearse, out) if p.name in wanted]
     budget = args.budget or sum(p.budget for p in plan)
     scale = budget / sum(p.budget for p in plan)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
