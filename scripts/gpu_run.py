@@ -321,14 +321,19 @@ def render_previous(report: dict) -> list[str]:
 
 def previous(out: Path) -> dict:
     """The last committed run's figures in `out`, read before this run overwrites them: per-domain
-    tok/s by "domain | method", and our step's ms by "shape | batch,k" (Triton kernels, graphs on)."""
+    tok/s by "domain | method", and our step's ms by "shape | batch,k" (the fastest launch choice's, or
+    before issue 55 the Triton kernels' with graphs on)."""
     found: dict = {}
     domains = out / "domains.json"
     if domains.is_file():
         summary_rows = summarise_domains(json.loads(domains.read_text()))
         found["domains"] = {f"{c['domain']} | {c['method']}": c["tokens_per_second"] for c in summary_rows}
-    step = out / "gpu_step_cuda.json"
-    if step.is_file():
+    choices, step = out / "gpu_choices_cuda.json", out / "gpu_step_cuda.json"
+    if choices.is_file():  # this script's own step figures: the fastest choice's
+        raw = json.loads(choices.read_text())
+        found["steps"] = {f"{shape} | {cell}": v["step_ms"] for shape, m in raw["models"].items()
+                          for cell, v in m["choices"].get(raw.get("best"), {}).items()}
+    elif step.is_file():  # before issue 55: benchmarks.gpu.step's
         models = json.loads(step.read_text())["models"]
         found["steps"] = {f"{shape} | {c['batch']},{c['k']}": c["ours_triton_graphs_on_ms"]
                           for shape, m in models.items() for c in m["cells"]

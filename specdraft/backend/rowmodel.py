@@ -29,6 +29,8 @@ from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
 
+MIN_PREFILL_WIDTH = 16  # the narrowest padded prefill pass (`RowModel._static_width`)
+
 
 @dataclass(frozen=True)
 class StaticShapes:
@@ -280,12 +282,13 @@ class RowModel:
         where the forward reads each row's length on the device, over the whole cache (one shape per
         batch bucket and width, whatever the rows' lengths)."""
         input_ids = np.asarray(input_ids if not torch.is_tensor(input_ids) else input_ids.cpu(), dtype=np.int64)
-        batch, steps = input_ids.shape
+        batch, real = input_ids.shape
         static = self.static
         bucket = static.batch_bucket(batch)
         lengths = np.zeros(bucket, dtype=np.int64)
         known = min(bucket, self.cache.rows)
         lengths[:known] = self.cache.lengths[:known]
+        steps = self._static_width(real, int(lengths.max()), logits_at)
         kv = self.cache.capacity if self._own.reads_lengths else static.kv_bucket(int(lengths[:batch].max()) + steps)
         assert int(lengths.max()) + steps <= self.cache.capacity, "a static cache never grows"
         key = (bucket, steps, kv, logits_at is None)
@@ -296,7 +299,7 @@ class RowModel:
                 torch.zeros(bucket, dtype=torch.int64, device=self.device),
                 None if logits_at is None else torch.zeros(bucket, dtype=torch.int64, device=self.device))
         ids = np.zeros((bucket, steps), dtype=np.int64)
-        ids[:batch] = input_ids
+        ids[:batch, :real] = input_ids
         shape.input_ids.copy_(torch.from_numpy(ids), non_blocking=True)  # inputs only: no read-back
         shape.lengths.copy_(torch.from_numpy(lengths), non_blocking=True)
         if logits_at is not None:
@@ -308,6 +311,39 @@ class RowModel:
             out = self._replay(shape, kv)
         self.forward_seconds += time.perf_counter() - start
         return Forwarded(out.logits[:batch], out.steady)
+
+    def _static_width(self, steps: int, longest: int, logits_at: np.ndarray | None) -> int:
+        """The width a static pass of `steps` tokens runs at. A prefill pass (logits at one position a
+        row) on the batch-invariant kernels runs padded to the next power of two, at least
+        `MIN_PREFILL_WIDTH`: prompts of any length then share a few captured shapes (`warm_prefill`), and
+        a token's logits and entries are the same in any pass. The padding writes past the rows' tokens
+        and is never committed; where it would pass the cache's end, the pass runs unpadded. Verify
+        passes, and passes on other layers, run at their own width."""
+        if logits_at is None or not self._own.reads_lengths:
+            return steps
+        padded = max(MIN_PREFILL_WIDTH, 1 << (steps - 1).bit_length())
+        return padded if padded <= max(steps, self.prefill_chunk) and longest + padded <= self.cache.capacity else steps
+
+    def prefill_widths(self) -> list[int]:
+        """The widths prefill passes run at here (`_static_width`): none apart where passes are not static."""
+        if self.static is None or not self._own.reads_lengths:
+            return []
+        widths, width = [], MIN_PREFILL_WIDTH
+        while width < self.prefill_chunk:
+            widths.append(width)
+            width *= 2
+        return widths + [self.prefill_chunk]
+
+    def warm_prefill(self, row_id: str) -> None:
+        """Run each prefill width (`prefill_widths`) in the slot of `row_id` (slot 0: a static pass)
+        until its shape runs steady (captured, under CUDA graphs), committing nothing, so that no
+        request's prefill pays for a shape's warm-up and capture."""
+        window = self.window_of(row_id)
+        room = self.cache.capacity - self.length(row_id)
+        for width in (w for w in self.prefill_widths() if w <= room):
+            for _ in range(3):  # eager, eager, captured (`_replay`)
+                if self.forward_pass(window, np.zeros((1, width), dtype=np.int64), logits_at=np.array([width - 1])).steady:
+                    break
 
     def _replay(self, shape: _Shape, kv: int) -> Forwarded:
         """Run the shape's pass: eagerly without graphs (steady), else eagerly on its first two calls

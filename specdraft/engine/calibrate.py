@@ -2,7 +2,8 @@
 drafts only when asked, timed on throwaway rows and reported to the policy, so that its first
 choices rest on this machine's costs rather than on guesses. Only steady passes are timed (a static
 shape's warm-up and capture are not its cost), and where passes warm up, every width the policy may
-choose at the batches calibrated is warmed up here, so that no decode step pays for it."""
+choose at the batches calibrated is warmed up here, so that no decode step pays for it; so is every
+width a prefill pass runs at (`RowModel.prefill_widths`), so that no request's first token does."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def calibrate(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mappin
         ids = [f"__calibrate-{i}" for i in range(batch)]
         for row_id in ids:
             verifier.admit(row_id, prompt, greedy)
-        if batch == 1:  # one row at several lengths
+        if batch == 1:  # one row at several lengths; and every prefill width captured now, not in a request
+            verifier.warm_prefill(ids[0])
             cases = [[n] for n in draft_lengths(k, verifier.compiled_tokens)]
         else:  # how many rows draft k
             drafting = {0, batch} if k else {0}

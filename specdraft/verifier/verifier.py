@@ -140,6 +140,10 @@ class Verifier:
         """Roll a row back to its first `length` cached tokens."""
         self.rows.truncate(row_id, length)
 
+    def warm_prefill(self, row_id: str) -> None:
+        """Warm up (capture) every width a prefill pass runs at, in this row's slot (`RowModel.warm_prefill`)."""
+        self.rows.warm_prefill(row_id)
+
     def length(self, row_id: str) -> int:
         """Tokens of the row held in the KV cache."""
         return self.rows.length(row_id)

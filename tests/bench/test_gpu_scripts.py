@@ -283,6 +283,7 @@ def test_the_report_compares_this_run_with_the_committed_one(tmp_path):
     assert "| code | ngram (fixed) | 140 | 280 | 2.00x |" in lines
     assert "| 1b | 1,0 | 1.83 | 1.50 |" in lines
     assert run.render_previous({"previous": {}})[-1] == "No committed run to compare with."
+    assert run.previous(tmp_path)["steps"] == {"1b | 1,0": 1.5, "1b | 1,5": 1.8}  # a choices report wins
 
 
 def test_a_report_without_the_benchmarks_says_they_were_not_measured(tmp_path):
