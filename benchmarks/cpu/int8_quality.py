@@ -1,6 +1,7 @@
-"""The int8 arithmetic's quality against the float32 arithmetic on the embedded model (SmolLM2-135M-
-Instruct, its Q4_1/Q8_0 GGUF read natively), which decides whether `--arithmetic auto` takes int8
-(`specdraft.models.INT8_BY_DEFAULT`: perplexity within 1% of float32's):
+"""The int8 arithmetic's quality against the float32 arithmetic on a model read natively from its GGUF
+(`--model`: the embedded SmolLM2-135M-Instruct, Q4_1/Q8_0, by default; or a catalogue name, such as
+`qwen2.5-coder-1.5b-instruct`, Q4_K_M), which decides whether `--arithmetic auto` takes int8
+(perplexity within 1% of float32's):
 
 - perplexity on a fixed public text of at least 20k tokens: the Lee background corpus (300 news
   articles, as gensim's wheel ships it: `benchmarks.domains.pinned.LEE`), in windows of `--window` tokens,
@@ -9,7 +10,7 @@ Instruct, its Q4_1/Q8_0 GGUF read natively), which decides whether `--arithmetic
 - per domain (code, JSON, prose: `benchmarks.domains.datasets`, a seed the other benchmarks do not use),
   the share of prompts whose first 64 greedy tokens equal float32's, and where they part.
 
-    python -m benchmarks.cpu.int8_quality [--tokens 24576] [--prompts 10] [--out benchmarks/results/int8]
+    python -m benchmarks.cpu.int8_quality [--model NAME] [--tokens 24576] [--prompts 10] [--out benchmarks/results/int8]
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24576, help="tokens of the corpus scored (at least 20k)")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--prompts", type=int, default=10, help="prompts per domain for the greedy agreement")
+    parser.add_argument("--model", default=None, help="a model `load_model` takes (default: the embedded one)")
     args = parser.parse_args()
 
     load = os.getloadavg()[0]
-    models = {a: load_model(None, device="cpu", dtype="float32", arithmetic=a) for a in ARITHMETICS}
+    models = {a: load_model(args.model, device="cpu", dtype="float32", arithmetic=a) for a in ARITHMETICS}
     for arithmetic, loaded in models.items():
         assert loaded.arithmetic == arithmetic, f"{arithmetic} asked, {loaded.arithmetic} loaded"
     tokenizer = models["float32"].tokenizer
@@ -99,7 +101,7 @@ def main() -> None:
               f"{GREEDY_TOKENS} greedy tokens")
 
     ratio = scores["int8"]["perplexity"] / scores["float32"]["perplexity"]
-    result = {"machine": machine(), "load_at_start": load, "corpus": f"{LEE.package}=={LEE.version}:{LEE.member}",
+    result = {"machine": machine(), "model": models["float32"].name, "load_at_start": load, "corpus": f"{LEE.package}=={LEE.version}:{LEE.member}",
               "tokens": len(ids), "window": args.window, "perplexity": scores, "int8_over_float32": ratio,
               "within_one_percent": abs(ratio - 1) <= 0.01, "greedy_tokens": GREEDY_TOKENS,
               "held_out_seed": HELD_OUT_SEED, "agreement": agreement}
@@ -109,8 +111,8 @@ def main() -> None:
 def report(result: dict) -> str:
     p = result["perplexity"]
     lines = [f"# int8 arithmetic: quality against float32 ({result['machine']})", "",
-             "`python -m benchmarks.cpu.int8_quality`: the embedded SmolLM2-135M-Instruct (Q4_1/Q8_0 GGUF, native "
-             "weights), both arithmetics through the compiled CPU step.", "",
+             f"`python -m benchmarks.cpu.int8_quality`: {result.get('model', 'the embedded model')} (its GGUF read "
+             "natively), both arithmetics through the compiled CPU step.", "",
              f"Perplexity on the Lee background corpus ({result['corpus']}), {result['tokens']} tokens in windows "
              f"of {result['window']}:", "",
              "| arithmetic | perplexity | tokens scored |", "| --- | --- | --- |"]
