@@ -51,7 +51,7 @@ def build() -> tuple[dict, dict, object]:
     them with the kernel that reads them, and the compiled kernel."""
     from benchmarks.cpu.floor import built_as, step_models
     from specdraft.backend import native as blocks
-    from specdraft.backend.numba_layers import NO_KERNEL, step_weights
+    from specdraft.backend.numba_layers import NO_KERNEL, read_parts, step_weights
     from specdraft.models import load_model
     from specdraft.verifier import Verifier
 
@@ -63,7 +63,8 @@ def build() -> tuple[dict, dict, object]:
         with built_as(name):
             verifiers[name] = Verifier(model, compiled=True)  # places the weights as a step reads them
         layers = list(model.model.layers)
-        sets[name] = (step_weights(model, layers, native=name != "numba"), NO_KERNEL if name == "numba" else kernel.calls())
+        sets[name] = (read_parts(step_weights(model, layers, native=name != "numba")),
+                      NO_KERNEL if name == "numba" else kernel.calls())
     return verifiers, sets, kernel
 
 

@@ -107,7 +107,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from specdraft.backend import RowModel
-    from specdraft.backend.numba_layers import NumbaLayers, step_weights
+    from specdraft.backend.numba_layers import NumbaLayers, read_parts, step_weights
     from specdraft.models import load_model
 
     load_before = os.getloadavg()[0]
@@ -116,7 +116,7 @@ def main() -> None:
     NumbaLayers.use_torch_threads()
     result = {"date": dt.date.today().isoformat(), "machine": machine(), "load_before": load_before,
               "threads": torch.get_num_threads(), "model": loaded.name, "rounds": args.rounds,
-              **measure(step_weights(loaded.model, list(loaded.model.model.layers)), args.rounds)}
+              **measure(read_parts(step_weights(loaded.model, list(loaded.model.model.layers))), args.rounds)}
     write(result, args.out)
 
 

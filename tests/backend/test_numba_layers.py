@@ -27,7 +27,7 @@ from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.cache import SPAN
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear, use_weight_only_int8
-from specdraft.backend.numba_layers import MAX_TOKENS, NO_KERNEL, NO_RESIDUAL, NumbaLayers, attend, project, step_weights
+from specdraft.backend.numba_layers import MAX_TOKENS, NO_KERNEL, NO_RESIDUAL, NumbaLayers, attend, project, read_parts, step_weights
 from tests.conftest import TINY_VOCAB, make_tiny_model, row_passes
 
 ATOL = 2e-5  # the same sums in another order
@@ -308,7 +308,7 @@ def test_building_moves_the_weights_once_keeping_values_and_ties():
 def test_projections_are_each_layers_joined_weights_in_step_order_then_the_output_layer():
     model = make_tiny_model(seed=18, dtype=torch.float32, layers=2)
     RowModel(model, compiled=True)
-    weights = step_weights(model, list(model.model.layers))
+    weights = read_parts(step_weights(model, list(model.model.layers)))
     assert len(weights) == 4 * 2 + 1
     for i, layer in enumerate(model.model.layers):
         a, mlp = layer.self_attn, layer.mlp

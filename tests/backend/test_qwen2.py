@@ -200,6 +200,20 @@ def test_a_tiny_qwen2_gguf_reads_its_blocks_with_their_biases(qwen_pair):
     assert attention.q_proj.bias is not None and native.model.layers[0].self_attn.o_proj.bias is None
 
 
+def test_a_q_k_v_group_of_two_kinds_is_read_as_blocks_of_each(qwen_pair):
+    """q and k Q4_1, v Q8_0: the step reads two parts of blocks, side by side, never float32 rows."""
+    from specdraft.backend.numba_layers import read_parts, step_weights
+
+    _, native = qwen_pair
+    weights = step_weights(native, list(native.model.layers), native=True)
+    attention = native.model.layers[0].self_attn
+    first, second = weights[0]
+    assert (first[3], second[3]) == (blocks.Q4_1, blocks.Q8_0)
+    assert first[2].shape[0] == attention.q_proj.out_features + attention.k_proj.out_features
+    assert second[2].shape[0] == attention.v_proj.out_features
+    assert all(part[3] != blocks.F32 for part in read_parts(weights))
+
+
 def test_a_tiny_qwen2_gguf_gives_the_dense_logits_bitwise_in_float32(qwen_pair):
     from tests.backend.test_blocks import _logits
 

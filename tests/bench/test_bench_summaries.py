@@ -70,13 +70,13 @@ def test_projections_report_every_kernel_and_token_count(tmp_path, monkeypatch):
     import torch
 
     from specdraft.backend import RowModel
-    from specdraft.backend.numba_layers import step_weights
+    from specdraft.backend.numba_layers import read_parts, step_weights
     from tests.conftest import make_tiny_model
 
     monkeypatch.setattr(projections, "TOKENS", (1, 3))
     model = make_tiny_model(seed=3, dtype=torch.float32)
     RowModel(model, compiled=True)
-    weights = step_weights(model, list(model.model.layers))
+    weights = read_parts(step_weights(model, list(model.model.layers)))
     result = projections.measure(weights, rounds=1)
     assert result["weight_bytes"] == sum(w[0].nbytes for w in weights)
     assert "ours (numba)" in result["kernels"] and "F.linear (MKL)" in result["kernels"]

@@ -94,7 +94,8 @@ def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compi
     w, _, b, kind = weights
     address, quantize = kernel
     out, n, width = w.shape[0], x.shape[0], x.shape[1]
-    r, rs = (residual.ctypes.data, residual.shape[1]) if residual.shape[0] > 0 else (0, 0)
+    # Row strides in floats, not widths: y (and a residual) may be a block of another array's columns.
+    r, rs = (residual.ctypes.data, residual.strides[0] // 4) if residual.shape[0] > 0 else (0, 0)
     int8 = quantize != 0 and kind != F32
     q = np.empty((n if int8 else 0, width), np.int8)
     d = np.empty((n if int8 else 0, width // BLOCK), np.float32)
@@ -111,6 +112,6 @@ def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compi
     for block in prange((out + _ROWS - 1) // _ROWS):  # the Projection made here: a parallel loop takes none in
         qx, xd, xsum, xtotal = (q.ctypes.data, d.ctypes.data, s.ctypes.data, totals.ctypes.data) if int8 else (0, 0, 0, 0)
         projection = Projection(kind=kind, w=w.ctypes.data, rows=out, row_bytes=w.shape[1], width=width,
-                                x=x.ctypes.data, n=n, xs=x.shape[1], y=y.ctypes.data, ys=y.shape[1],
+                                x=x.ctypes.data, n=n, xs=x.shape[1], y=y.ctypes.data, ys=y.strides[0] // 4,
                                 bias=b.ctypes.data, residual=r, rs=rs, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal)
         call(address, projection, block * _ROWS, min(out, block * _ROWS + _ROWS))

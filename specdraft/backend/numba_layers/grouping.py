@@ -1,6 +1,8 @@
 """A model's linears grouped as a step reads them (`step_weights`: q/k/v joined, output, gate/up
 joined, down; per layer, then the output layer), each group as `project` takes it, and the
-compiled kernel where it reads them (`native_kernel`)."""
+compiled kernel where it reads them (`native_kernel`). A q/k/v group is a pair of parts (`_parts`),
+so that blocks of two kinds (q and k of one, v of another, as GGUF's mixed files hold them) are
+read as blocks, each part in its kind, not expanded to float32."""
 
 from __future__ import annotations
 
@@ -51,12 +53,39 @@ def _group_weights(group: list[torch.nn.Module], native: bool) -> tuple:
 
 
 
+def _parts(group: list[torch.nn.Module], native: bool) -> tuple[tuple, tuple]:
+    """A group as two parts, each `project`'s weights, whose outputs lie side by side: where the
+    compiled kernel reads blocks and the group's kinds change once (q and k of one kind, v of
+    another), the linears before the change and those after, each read as blocks of its kind;
+    otherwise the whole group and an empty part (no rows)."""
+    kinds = [m.kind if isinstance(m, BlockLinear) else None for m in group]
+    split = next((i for i in range(1, len(group)) if kinds[i] != kinds[i - 1]), len(group))
+    if native and None not in kinds and split < len(group) and len(set(kinds[split:])) == 1:
+        return _group_weights(group[:split], native), _group_weights(group[split:], native)
+    whole = _group_weights(group, native)
+    w, scales, b, kind = whole
+    return whole, (w[:0], scales[:0], b[:0], kind)
+
+
 def step_weights(model: torch.nn.Module, layers: list[torch.nn.Module], native: bool = False) -> list[tuple]:
     """`project`'s weights of every projection of `layers` and of the output layer, in the order a
-    step reads them (q/k/v joined, output, gate/up joined, down; per layer). `native`: as the
-    compiled kernel reads them (bytes of float32 rows or GGUF blocks), else as numba's loops do."""
-    return [_group_weights(g, native) for layer in layers for g in projections(layer)] + \
-        [_group_weights([model.lm_head], native)]
+    step reads them (q/k/v joined, as a pair of parts (`_parts`); output; gate/up joined; down; per
+    layer). `native`: as the compiled kernel reads them (bytes of float32 rows or GGUF blocks), else
+    as numba's loops do."""
+    out = []
+    for layer in layers:
+        qkv, *rest = projections(layer)
+        out += [_parts(qkv, native)] + [_group_weights(g, native) for g in rest]
+    return out + [_group_weights([model.lm_head], native)]
+
+
+def read_parts(weights: list[tuple]) -> list[tuple]:
+    """`step_weights`' projections, each q/k/v pair as its parts (those with rows): every projection
+    call a step makes, in its order."""
+    flat = []
+    for entry in weights:
+        flat += [p for p in entry if p[2].shape[0]] if isinstance(entry[0], tuple) else [entry]
+    return flat
 
 
 def native_kernel(model: torch.nn.Module, layers: list[torch.nn.Module]) -> Kernel | None:

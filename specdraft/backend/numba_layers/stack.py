@@ -36,11 +36,16 @@ LONG_PASSES = os.environ.get("SPECDRAFT_INVARIANT_PREFILL") == "1"
 
 @njit(cache=True)
 def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim, kernel):  # pragma: no cover
-    """x [N, hidden] -> the joined q/k/v rows [N, (heads + 2 kv_heads) * head_dim], q and k rotated."""
+    """x [N, hidden] -> the joined q/k/v rows [N, (heads + 2 kv_heads) * head_dim], q and k rotated.
+    qkv_weights: two parts (`grouping._parts`), whose outputs lie side by side."""
     h = np.empty_like(x)
     rms_norm(x, norm, eps, h)
-    qkv = np.empty((x.shape[0], qkv_weights[0].shape[0]), np.float32)
-    project(qkv_weights, h, qkv, NO_RESIDUAL, kernel)
+    first, second = qkv_weights
+    split = first[2].shape[0]
+    qkv = np.empty((x.shape[0], split + second[2].shape[0]), np.float32)
+    project(first, h, qkv[:, :split], NO_RESIDUAL, kernel)
+    if second[2].shape[0]:
+        project(second, h, qkv[:, split:], NO_RESIDUAL, kernel)
     rotate(qkv, 0, heads, head_dim, cos, sin)
     rotate(qkv, heads * head_dim, kv_heads, head_dim, cos, sin)
     return qkv
