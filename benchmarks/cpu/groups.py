@@ -64,9 +64,13 @@ def time_groups(groups: list, calls, in_width: dict, rounds: int, rng) -> dict:
 
 
 def input_widths(loaded, groups: list) -> dict:
-    """Each group's input width: the hidden size, or the MLP's for the down projections."""
+    """Each group's input width: the MLP's for the down projections, the attention's for its output, else the hidden size."""
+    from specdraft.backend.family import family_of
+
     config = loaded.model.config
-    return {i: config.intermediate_size if role == "down" else config.hidden_size for i, (role, _) in enumerate(groups)}
+    heads, _, head_dim = family_of(config).shape
+    widths = {"down": config.intermediate_size, "attention output": heads * head_dim}
+    return {i: widths.get(role, config.hidden_size) for i, (role, _) in enumerate(groups)}
 
 
 def summarise(groups: list, times: dict) -> list[dict]:

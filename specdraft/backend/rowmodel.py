@@ -314,18 +314,18 @@ class RowModel:
 
     def _static_width(self, steps: int, longest: int, logits_at: np.ndarray | None) -> int:
         """The width a static pass of `steps` tokens runs at. A prefill pass (logits at one position a
-        row) on the batch-invariant kernels runs padded to the next power of two, at least
-        `MIN_PREFILL_WIDTH`: prompts of any length then share a few captured shapes (`warm_prefill`), and
-        a token's logits and entries are the same in any pass. The padding writes past the rows' tokens
-        and is never committed; where it would pass the cache's end, the pass runs unpadded. Verify
-        passes, and passes on other layers, run at their own width."""
-        if logits_at is None or not self._own.reads_lengths:
+        row) on the batch-invariant kernels runs padded to the narrowest of `prefill_widths` that holds
+        it: prompts of any length then share a few captured shapes (`warm_prefill`), and a token's
+        logits and entries are the same in any pass. The padding writes past the rows' tokens and is
+        never committed; where it would pass the cache's end, the pass runs unpadded. Verify passes,
+        and passes on other layers, run at their own width."""
+        if logits_at is None:
             return steps
-        padded = max(MIN_PREFILL_WIDTH, 1 << (steps - 1).bit_length())
-        return padded if padded <= max(steps, self.prefill_chunk) and longest + padded <= self.cache.capacity else steps
+        return next((w for w in self.prefill_widths() if w >= steps and longest + w <= self.cache.capacity), steps)
 
     def prefill_widths(self) -> list[int]:
-        """The widths prefill passes run at here (`_static_width`): none apart where passes are not static."""
+        """The widths prefill passes run at here (`_static_width`), narrowest first: powers of two from
+        `MIN_PREFILL_WIDTH`, then the chunk; none where passes are not static or not on the invariant kernels."""
         if self.static is None or not self._own.reads_lengths:
             return []
         widths, width = [], MIN_PREFILL_WIDTH
