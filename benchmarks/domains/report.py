@@ -25,7 +25,13 @@ from matplotlib.figure import Figure
 
 BASELINE = "specdraft-none"
 HF_PLAIN = "hf-generate"
+PEERS = ("hf-", "llama.cpp-")  # the peers' methods begin so; every other method is ours
+LLAMA_CPP = "llama.cpp-"
 DASH = "—"
+
+
+def is_peer(method: str) -> bool:
+    return method.startswith(PEERS)
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,8 @@ def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None,
     return CellSummary(
         domain=cell["domain"],
         method=cell["method"],
-        family=cell.get("family", "hf" if cell["method"].startswith("hf-") else "specdraft"),
+        family=cell.get("family", "hf" if cell["method"].startswith("hf-") else "llama.cpp"
+                        if cell["method"].startswith(LLAMA_CPP) else "specdraft"),
         prompts=len(rows),
         median_tokens_per_second=tps,
         speedup_vs_none=tps / baseline_tps if baseline_tps else None,
@@ -112,13 +119,14 @@ def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None,
 
 
 def method_order(methods: list[str]) -> list[str]:
-    """Ours first (none leading), then Hugging Face (plain generate leading); otherwise first-seen order."""
+    """Ours first (none leading), then Hugging Face (plain generate leading), then llama.cpp (its plain
+    decoding leading); otherwise first-seen order."""
     seen = list(dict.fromkeys(methods))
 
     def key(method: str) -> tuple:
-        hf = method.startswith("hf-")
-        lead = method in (BASELINE, HF_PLAIN)
-        return (hf, not lead, seen.index(method))
+        peer = next((i + 1 for i, prefix in enumerate(PEERS) if method.startswith(prefix)), 0)
+        lead = method in (BASELINE, HF_PLAIN, LLAMA_CPP + "plain")
+        return (peer, not lead, seen.index(method))
 
     return sorted(seen, key=key)
 
@@ -212,7 +220,7 @@ def _divergences(results: dict) -> list[str]:
     if not rows:
         return []
     return [
-        "## Outputs that differ from their reference (hf-generate's, or specdraft-none's in int8)",
+        "## Outputs that differ from their reference (hf-generate's, specdraft-none's in int8, llama.cpp-plain's)",
         "",
         "First token index where the output leaves its reference's, and the stock model's top-2 logit margin "
         "there (a margin near 0 is a near-tie: float rounding in a differently shaped forward can flip it).",
@@ -229,9 +237,12 @@ def _preamble(results: dict) -> list[str]:
         f"- Model: {results.get('model', DASH)}",
         *([f"- Setup: {results['setup']}"] if results.get("setup") else []),
         f"- Date: {results.get('started', DASH)}",
-        f"- Max new tokens: {results.get('max_tokens', DASH)}; our draft length k = {results.get('k', DASH)}; greedy",
+        f"- Max new tokens: {results.get('max_tokens', DASH)}; our draft length k = {results.get('k', DASH)}; "
+        + (f"sampling at temperature {results['temperature']}, every request with seed {results['seed']} (each method "
+           "draws the same numbers, so its output must equal specdraft-none's)" if results.get("temperature")
+           else "greedy"),
         "",
-        "**How to read.** Every method decodes the same prompts greedily with the same token budget. "
+        "**How to read.** Every method decodes the same prompts the same way with the same token budget. "
         "*tok/s* is the median over prompts of generated tokens per wall second (prefill included)"
         + (f"; each specdraft method ran {results['runs_per_prompt']} times per prompt, interleaved, and a "
            "prompt's figure is its run of median speed. " if results.get("runs_per_prompt", 1) > 1 else ". ") +
@@ -243,7 +254,7 @@ def _preamble(results: dict) -> list[str]:
         "among steps whose draft reached that position. *Drafting share* is the share of wall time spent in "
         "the drafter. *Lossless* is the share of prompts whose output equals plain decoding's in the same "
         "arithmetic token for token: `hf-generate`'s for float32, `specdraft-none`'s for int8 (the JSON's "
-        "`lossless_reference`). "
+        "`lossless_reference`); llama.cpp's methods are held to its own plain decoding's. "
         "A dash means the value does not apply (no drafts, or a Hugging Face method that does not report it).",
         "",
     ]
@@ -259,6 +270,24 @@ def _summary(summaries: list[CellSummary], domains: list[str]) -> list[str]:
                if (d, m) in by_key else DASH for d in domains]
         for m in methods
     ]) + [""]
+
+
+def _against_llama_cpp(summaries: list[CellSummary], domains: list[str]) -> list[str]:
+    """Per domain, our fastest method against llama.cpp's fastest (median tok/s), where llama.cpp ran."""
+    rows = []
+    for d in domains:
+        here = [s for s in summaries if s.domain == d]
+        ours = max((s for s in here if not is_peer(s.method)), key=lambda s: s.median_tokens_per_second, default=None)
+        theirs = max((s for s in here if s.method.startswith(LLAMA_CPP)), key=lambda s: s.median_tokens_per_second,
+                     default=None)
+        if ours and theirs:
+            rows.append([d, f"{ours.method} ({ours.median_tokens_per_second:.1f})",
+                         f"{theirs.method} ({theirs.median_tokens_per_second:.1f})",
+                         _x(ours.median_tokens_per_second / theirs.median_tokens_per_second)])
+    if not rows:
+        return []
+    return ["## Against llama.cpp: the fastest method of each (median tok/s)", ""] + _table(
+        ["domain", "ours", "llama.cpp's", "ours over llama.cpp's"], rows) + [""]
 
 
 def _paired_ratios(results: dict, domains: list[str]) -> list[str]:
@@ -308,6 +337,7 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
     domains = list(dict.fromkeys(s.domain for s in summaries))
     lines = _preamble(results)
     lines += _summary(summaries, domains)
+    lines += _against_llama_cpp(summaries, domains)
     lines += _paired_ratios(results, domains)
     lines += _domain_tables(summaries, domains)
     lines += _by_source(results)
@@ -353,12 +383,12 @@ def _per_prompt(results: dict, method: str = "specdraft-ngram", threshold: float
 
 def grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str,
                  baseline: float | None = 1.0) -> None:
-    """One bar per series in each group, labelled with its value (Hugging Face peers hatched)."""
+    """One bar per series in each group, labelled with its value (the peers hatched)."""
     width = 0.8 / max(1, len(series))
     for j, (name, values) in enumerate(series.items()):
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
         bars = ax.bar(xs, [v or 0.0 for v in values], width, label=name,
-                      hatch="//" if name.startswith("hf-") else None, edgecolor="black", linewidth=0.4)
+                      hatch="//" if is_peer(name) else None, edgecolor="black", linewidth=0.4)
         ax.bar_label(bars, [f"{v:.2f}" if v is not None else "" for v in values], fontsize=6, rotation=90, padding=2)
     if baseline is not None:
         ax.axhline(baseline, color="black", linewidth=0.8, linestyle="--")
@@ -423,7 +453,7 @@ def write_report(results: dict, out_dir: Path) -> None:
     if summaries:
         _plot_speedup(summaries, out_dir / "speedup.png")
         plots.append("speedup.png")
-    ours = [m for m in method_order([c["method"] for c in results["cells"]]) if not m.startswith("hf-")]
+    ours = [m for m in method_order([c["method"] for c in results["cells"]]) if not is_peer(m)]
     for method in ours:
         name = f"accepted_length_{method}.png"
         if _plot_accepted(results, method, out_dir / name):

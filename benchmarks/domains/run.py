@@ -2,10 +2,13 @@
 
 For every domain (code, JSON, prose) and prompt, greedy with a fixed token budget, in one run:
 specdraft with every registered drafter, Hugging Face `generate` (plain), its prompt lookup (at its
-default of 10 tokens and at our k), and its assisted generation when a draft model is given.
+default of 10 tokens and at our k), and its assisted generation when a draft model is given; with
+`--llama-cpp DIR`, llama.cpp on the same GGUF files too (plain, prompt lookup, and draft-model
+speculation with `--draft-model`: `benchmarks.peers.llama_cpp`), each held to its own plain output.
 Methods run interleaved prompt by prompt, so slow drift of the machine hits all of them alike.
 
     python -m benchmarks.domains.run [--prompts 12] [--max-tokens 128] [--k 5] [--repeats 3] [--out benchmarks/results]
+        [--llama-cpp path/to/llama.cpp/build/bin]
 """
 
 from __future__ import annotations
@@ -15,16 +18,18 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from benchmarks.peers import hf as peers
+from benchmarks.peers import llama_cpp
 from benchmarks.common import cli, machine
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from benchmarks.domains.report import write_report
 from specdraft import LLM, SamplingParams, SpeculationParams
-from specdraft.models import LoadedModel, load_model
+from specdraft.models import LoadedModel, load_model, resolve
 from specdraft.runtime import encode_prompt
 
 HF_PROMPT_LOOKUP_DEFAULT = 10
@@ -52,9 +57,9 @@ def specdraft_llm(loaded: LoadedModel, k: int, names: list[str], draft_model: st
                prefix_cache_mb=0)
 
 
-def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], max_tokens: int) -> dict:
+def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], params: SamplingParams) -> dict:
     start = time.perf_counter()
-    [done] = llm.generate(prompt_ids, SamplingParams(max_tokens=max_tokens), SpeculationParams(drafter))
+    [done] = llm.generate(prompt_ids, params, SpeculationParams(drafter))
     seconds = time.perf_counter() - start
     m = done.metrics
     return {
@@ -156,10 +161,29 @@ def arguments():
     parser.add_argument("--no-peers", action="store_true",
                         help="leave the Hugging Face peers out (for a model whose stock float32 copy is slow or "
                              "large): every specdraft method is then held to specdraft-none's output")
+    parser.add_argument("--llama-cpp", type=Path, default=None,
+                        help="a folder holding llama.cpp's llama-lookup and llama-speculative (a benchmark-only "
+                             "build): run llama.cpp on the same GGUF files too")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature (specdraft's methods alone: --no-peers), every request "
+                             "with the same --seed, so that every method draws the same numbers and its output "
+                             "must equal specdraft-none's")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--float32", action="store_true",
                         help="also run each specdraft drafter in the float32 arithmetic (methods "
                              "`specdraft-<name>-float32`), interleaved, beside the int8 one")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.temperature and (not args.no_peers or args.llama_cpp):
+        parser.error("--temperature above 0 runs specdraft alone (add --no-peers, leave out --llama-cpp): "
+                     "the peers here decode greedily")
+    return args
+
+
+def sampling(args) -> SamplingParams:
+    """Every specdraft request's parameters: greedy, or at --temperature with --seed."""
+    if not args.temperature:
+        return SamplingParams(max_tokens=args.max_tokens)
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
 
 
 def our_methods(args, loaded: LoadedModel, names: list[str]) -> tuple[list[str], dict, list, dict]:
@@ -170,14 +194,15 @@ def our_methods(args, loaded: LoadedModel, names: list[str]) -> tuple[list[str],
     for name, why in llm.runtime.skipped.items():  # a plugin that failed to build: the others run
         print(f"benchmark: drafter {name!r} is left out: {why}", file=sys.stderr)
     names = [n for n in names if n not in llm.runtime.skipped]
-    ours = {f"specdraft-{n}": (lambda ids, n=n: run_specdraft(llm, n, ids, args.max_tokens)) for n in names}
+    params = sampling(args)
+    ours = {f"specdraft-{n}": (lambda ids, n=n: run_specdraft(llm, n, ids, params)) for n in names}
     llms = [llm]
     variants = [("dense", {"weights": "dense"})] * args.dense + [("float32", {"arithmetic": "float32"})] * args.float32
     for suffix, options in variants:  # each drafter again on another load of the model, beside the first
         other = specdraft_llm(load_model(args.model, device=loaded.model.device, dtype="auto", **options), args.k,
                               names, args.draft_model, args.drafter_options)
         llms.append(other)
-        ours.update({f"specdraft-{n}-{suffix}": (lambda ids, n=n, e=other: run_specdraft(e, n, ids, args.max_tokens))
+        ours.update({f"specdraft-{n}-{suffix}": (lambda ids, n=n, e=other: run_specdraft(e, n, ids, params))
                      for n in names})
     int8_reference = "specdraft-none" if loaded.arithmetic == "int8" and "none" in names else "hf-generate"
     reference_of = {m: int8_reference if m.startswith("specdraft-") and not m.endswith(("-dense", "-float32"))
@@ -202,6 +227,22 @@ def hf_methods(args, stock: LoadedModel) -> dict:
     return methods
 
 
+def llama_cpp_methods(args, loaded: LoadedModel) -> dict:
+    """llama.cpp's methods by name on the model's GGUF file (and `--draft-model`'s), on our threads."""
+    target = resolve(args.model)[1]
+    draft = resolve(args.draft_model)[1] if args.draft_model else None
+    for path in (target, draft):
+        if path is not None and Path(path).suffix != ".gguf":
+            raise SystemExit(f"--llama-cpp needs GGUF files, got {path}")
+    threads = torch.get_num_threads()
+
+    def prompt(ids: list[int]) -> str:
+        return loaded.tokenizer.decode(ids, skip_special_tokens=False)
+
+    return {name: (lambda ids, argv=argv: llama_cpp.run(argv, prompt(ids), args.max_tokens, threads, loaded.tokenizer))
+            for name, argv in llama_cpp.methods(args.llama_cpp, Path(target), draft and Path(draft), args.k).items()}
+
+
 def run_prompts(prompts: dict, ours: dict, theirs: dict, reference_of: dict, loaded: LoadedModel,
                 stock: LoadedModel, repeats: int) -> dict[tuple[str, str], list[dict]]:
     """Every method on every prompt, interleaved prompt by prompt: (domain, method) -> per-prompt rows,
@@ -220,7 +261,7 @@ def run_prompts(prompts: dict, ours: dict, theirs: dict, reference_of: dict, loa
                     outputs[method] = row["token_ids"]
                     reference = outputs[reference_of.get(method, "hf-generate")]
                     row["lossless"] = row["token_ids"] == reference and row.get("same_tokens_every_run", True)
-                    if not row["lossless"]:
+                    if not row["lossless"] and not method.startswith(llama_cpp.PREFIX):  # its logits are not ours
                         row["divergence"] = near_tie(stock.model, ids, reference, row["token_ids"])
                     row["id"] = prompt.id
                     row["source"] = prompt.source
@@ -241,12 +282,16 @@ def main() -> None:
     theirs = {} if args.no_peers else hf_methods(args, stock)
     if args.no_peers:  # no hf-generate to hold float32 outputs to: plain decoding is every method's reference
         reference_of = {method: "specdraft-none" for method in reference_of}
+    if args.llama_cpp:  # each held to llama.cpp's own plain decoding
+        found = llama_cpp_methods(args, loaded)
+        theirs.update(found)
+        reference_of.update({name: llama_cpp.PLAIN for name in found})
 
     # Warm-up: first calls pay one-off allocation and kernel selection costs.
     warm = encode_prompt(loaded.tokenizer, "Say hello.")
     for name in names:
         for engine in llms:
-            run_specdraft(engine, name, warm, 8)
+            run_specdraft(engine, name, warm, SamplingParams(max_tokens=8))
     for fn in theirs.values():
         fn(warm)
 
@@ -268,12 +313,15 @@ def main() -> None:
                   "Hugging Face's methods run the stock model" if loaded.few_rows_linears
                   else "specdraft and Hugging Face run the same stock model"),
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed if args.temperature else None,
         "k": args.k,
         "runs_per_prompt": args.repeats,  # specdraft's methods; each prompt's row is its run of median speed
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "prompts_per_domain": args.prompts,
         "cells": [
-            {"domain": d, "method": m, "family": "hf" if m.startswith("hf-") else "specdraft", "prompts": rows}
+            {"domain": d, "method": m, "family": "hf" if m.startswith("hf-") else "llama.cpp"
+             if m.startswith(llama_cpp.PREFIX) else "specdraft", "prompts": rows}
             for (d, m), rows in cells.items()
         ],
     }

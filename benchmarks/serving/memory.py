@@ -2,8 +2,10 @@
 
 For each `--weights` setting, a server as a user starts it (`specdraft serve --weights W`), its
 resident set (VmRSS) read from /proc once it answers /health, and again after one short chat
-request (what the first request adds: its buffers, the compiled step's scratch); the settings
-alternate over `--rounds` rounds, medians reported.
+request (what the first request adds: its buffers, the compiled step's scratch), with what the
+resident set holds after it: anonymous memory (the weights' tiles, the caches, the heap), the GGUF
+files' pages mapped in, and other files' (shared libraries); the settings alternate over `--rounds`
+rounds, medians reported.
 
     python -m benchmarks.serving.memory [--rounds 2] [--out benchmarks/results]
 """
@@ -29,6 +31,19 @@ def resident_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def resident_parts(pid: int) -> dict:
+    """What the resident set holds: anonymous bytes, the GGUF files' mapped pages, other files' pages."""
+    parts, path = {"anonymous": 0, "gguf": 0, "other_files": 0}, ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header: its path, if any, last
+            path = fields[5] if len(fields) > 5 else ""
+        elif fields[0] == "Rss:":
+            part = "gguf" if path.endswith(".gguf") else "other_files" if path.startswith("/") else "anonymous"
+            parts[part] += int(fields[1]) * 1024
+    return parts
+
+
 def measure(weights: str, extra: list[str]) -> dict:
     import httpx
 
@@ -39,7 +54,7 @@ def measure(weights: str, extra: list[str]) -> dict:
         reply = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
             "model": model, "max_tokens": 32, "messages": [{"role": "user", "content": "Name three rivers."}]})
         reply.raise_for_status()
-        return {"after_start": started, "after_a_request": resident_bytes(pid)}
+        return {"after_start": started, "after_a_request": resident_bytes(pid), **resident_parts(pid)}
 
 
 def main() -> None:
@@ -73,9 +88,11 @@ def report(result: dict) -> str:
         f"cache on, empty); VmRSS, medians of {result['rounds']} alternating rounds. Run with "
         f"`python -m benchmarks.serving.memory`.",
         "",
-        "| weights | after start | after one request |",
-        "| --- | --- | --- |",
-        *(f"| {w} | {m['after_start'] / 1e6:.0f} MB | {m['after_a_request'] / 1e6:.0f} MB |" for w, m in medians.items()),
+        "| weights | after start | after one request | of which anonymous | GGUF files' pages | other files' |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *(f"| {w} | {m['after_start'] / 1e6:.0f} MB | {m['after_a_request'] / 1e6:.0f} MB | "
+          + " | ".join(f"{m[k] / 1e6:.0f} MB" if k in m else "—" for k in ("anonymous", "gguf", "other_files")) + " |"
+          for w, m in medians.items()),
     ]
     if {"native", "dense"} <= set(medians):
         lines += ["", f"Native over dense after start: {medians['native']['after_start'] / medians['dense']['after_start']:.2f}x."]

@@ -115,3 +115,19 @@ def test_write_report_writes_every_file(results, tmp_path):
     order = [line.split("|")[1].strip() for line in md.split("## code (3 prompts)")[1].split("##")[0].splitlines()
              if line.startswith("| ") and not line.startswith("| method") and not line.startswith("| ---")]
     assert order == ["specdraft-none", "specdraft-ngram", "hf-generate", "hf-prompt-lookup-k10", "hf-prompt-lookup-k3"]
+
+
+def test_llama_cpp_methods_are_peers_and_our_fastest_is_set_against_theirs(results, tmp_path):
+    results["cells"] += [
+        {"domain": "code", "method": "llama.cpp-lookup-k3", "family": "llama.cpp",
+         "prompts": [hf_row("p1", 60.0), hf_row("p2", 70.0, lossless=False), hf_row("p3", 20.0, source="set-b")]},
+        {"domain": "code", "method": "llama.cpp-plain", "family": "llama.cpp",
+         "prompts": [hf_row("p1", 25.0), hf_row("p2", 25.0), hf_row("p3", 25.0, source="set-b")]},
+    ]
+    order = [s.method for s in summarize(results) if s.domain == "code"]
+    assert order[:2] == ["specdraft-none", "specdraft-ngram"] and order[-2:] == ["llama.cpp-plain", "llama.cpp-lookup-k3"]
+    write_report(results, tmp_path / "out")
+    md = (tmp_path / "out" / "results.md").read_text()
+    # ours: ngram's median 50; theirs: lookup's median 60 beats plain's 25
+    assert "| code | specdraft-ngram (50.0) | llama.cpp-lookup-k3 (60.0) | 0.83x |" in md
+    assert not (tmp_path / "out" / "accepted_length_llama.cpp-lookup-k3.png").exists()  # a peer: no plot of its own

@@ -22,8 +22,8 @@ each), every one an integer (pointers as integers, 0 for none). kind: F32 or a b
 [rows, row_bytes] float32 rows or blocks; width: weights in a row; x [n, xs]; y [n, ys]; bias [out];
 residual [n, rs] or 0; qx [n, width] int8, xd, xsum (float32), xtotal (int32) [n, width / 32]: the
 tokens quantised for the int8 arithmetic, per 32 (a K kind's per 256: xd its super-block's scale for
-each of its 32s; `specdraft_quantize` writes them; w is then tiles, `Kernel.tile`), or 0: float32
-arithmetic."""
+each of its 32s; Q6_K's xtotal the sums of each 32's two 16s, as int16 halves; `specdraft_quantize`
+writes them; w is then tiles, `Kernel.tile`), or 0: float32 arithmetic."""
 
 
 Attention = namedtuple("Attention", ["qkv", "qkv_stride", "rows", "visible", "kv", "keys", "values", "capacity",

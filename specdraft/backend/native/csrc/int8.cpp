@@ -16,10 +16,10 @@
 // and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K per super-block
 //   i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)        (s: 8 sub-blocks of 32)
 //   acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
-// (int8_k.cpp's `q4_k_half`, `q4_k_tile`), and Q6_K per super-block
+// (int8_k.cpp's `q4_k_rows`), and Q6_K per super-block
 //   i = sum_s scale_s (sum_j (q_sj - 32) x_sj)                              (s: 16 sub-blocks of 16)
 //   acc = fma(d * d_x, float(i), acc)
-// (`q6_k_half`, `q6_k_tile`; |i| < 2^31, float(i) rounding the same everywhere).
+// (`q6_k_rows`, as q . x - 32 (sum of x); |i| < 2^31, float(i) rounding the same everywhere).
 //
 // The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
 // same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
@@ -59,22 +59,24 @@ float top_of(const float* x, int64_t n) {  // max |x_j| of n (a multiple of 8) a
     return _mm_cvtss_f32(_mm_max_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
 }
 
-// 32 activations quantised with scale d into q; returns the sum of q.
-int32_t quantize_with(const float* x, float scale, int8_t* q) {
+// 32 activations quantised with scale d into q; the sums of q's first 16 and last 16 into sums.
+void quantize_with(const float* x, float scale, int8_t* q, int32_t sums[2]) {
     const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
     const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
-    __m256i n[4], total = _mm256_setzero_si256();
+    __m256i n[4];
     for (int i = 0; i < 4; ++i) {
         __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         n[i] = _mm256_cvtps_epi32(_mm256_min_ps(high, _mm256_max_ps(low, r)));
-        total = _mm256_add_epi32(total, n[i]);
     }
     // 32 -> 16 -> 8 bits, then the 4-byte groups back in element order
     __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
     _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-    t = _mm_hadd_epi32(t, t);
-    return _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
+    for (int half = 0; half < 2; ++half) {
+        const __m256i total = _mm256_add_epi32(n[2 * half], n[2 * half + 1]);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t = _mm_hadd_epi32(t, t);
+        sums[half] = _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
+    }
 }
 #else
 float top_of(const float* x, int64_t n) {
@@ -83,42 +85,46 @@ float top_of(const float* x, int64_t n) {
     return top;
 }
 
-int32_t quantize_with(const float* x, float scale, int8_t* q) {
+void quantize_with(const float* x, float scale, int8_t* q, int32_t sums[2]) {
     const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-    int32_t sum = 0;
+    sums[0] = sums[1] = 0;
     for (int j = 0; j < kBlock; ++j) {
         float v = std::nearbyint(x[j] * inverse);  // the default rounding: to nearest, ties to even
         v = std::fmin(127.0f, std::fmax(-127.0f, v));
         q[j] = int8_t(v);
-        sum += int32_t(v);
+        sums[j / 16] += int32_t(v);
     }
-    return sum;
 }
 #endif
 
 int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
     const float scale = top_of(x, kBlock) / 127.0f;
-    const int32_t sum = quantize_with(x, scale, q);
+    int32_t sums[2];
+    quantize_with(x, scale, q, sums);
     d = scale;
-    s = scale * float(sum);
-    return sum;
+    s = scale * float(sums[0] + sums[1]);
+    return sums[0] + sums[1];
 }
 
 // A K kind's super-block of 256 activations: d = max |x| / 127 over the 256, each of its 32s quantised
-// with it as `quantize_block` quantises a block (d, s and the sum per 32, d the same for the 8).
-void quantize_super(const float* x, int8_t* q, float* d, float* s, int32_t* total) {
+// with it as `quantize_block` quantises a block (d, s and the sum per 32, d the same for the 8). Q6_K's
+// scales are per 16, so its `total` holds each 32's two sums of 16 instead, as int16 halves of the
+// int32 (the first 16's the low half; each at most 16 * 127 in magnitude).
+void quantize_super(int64_t kind, const float* x, int8_t* q, float* d, float* s, int32_t* total) {
     const float scale = top_of(x, kSuper) / 127.0f;
     for (int c = 0; c < kSuper / kBlock; ++c) {
-        total[c] = quantize_with(x + kBlock * c, scale, q + kBlock * c);
+        int32_t sums[2];
+        quantize_with(x + kBlock * c, scale, q + kBlock * c, sums);
+        total[c] = kind == Q6_K ? int32_t(uint32_t(uint16_t(sums[0])) | uint32_t(sums[1]) << 16) : sums[0] + sums[1];
         d[c] = scale;
-        s[c] = scale * float(total[c]);
+        s[c] = scale * float(sums[0] + sums[1]);
     }
 }
 
 void quantize_token(int64_t kind, const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
     if (k_kind(kind)) {
         for (int64_t b = 0; b < width / kBlock; b += kSuper / kBlock)
-            quantize_super(x + b * kBlock, q + b * kBlock, d + b, s + b, total + b);
+            quantize_super(kind, x + b * kBlock, q + b * kBlock, d + b, s + b, total + b);
         return;
     }
     for (int64_t b = 0; b < width / kBlock; ++b) total[b] = quantize_block(x + b * kBlock, q + b * kBlock, d[b], s[b]);
@@ -193,7 +199,7 @@ template <int64_t KIND, int H, int T>
         for (int t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t at = b * half[0].stride;
-        if (T > 1) ask_ahead(half[0].d + at, half[0].stride);
+        if (asks_ahead(KIND, T)) ask_ahead(half[0].d + at, half[0].stride);
         const int8_t* x = qx + b * kBlock;
         __m256i sums[H][T];
 #ifdef SPECDRAFT_VNNI  // Q8_0: (w + 128) . x = w . x + 128 * (sum of x); Q5_0: (w + 16) . x likewise
@@ -312,7 +318,7 @@ template <int64_t KIND, int T>
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, tile += stride) {
-        if (T > 1) ask_ahead(tile, stride);
+        if (asks_ahead(KIND, T)) ask_ahead(tile, stride);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
         __m512 mw = _mm512_setzero_ps();
         __m512i w[8];

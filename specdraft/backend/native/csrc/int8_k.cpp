@@ -52,236 +52,193 @@ void k_untile(int64_t kind, const Half& half, int64_t at, int r, uint8_t* block)
 
 #ifdef SPECDRAFT_AVX2
 
-constexpr int64_t kQ4KTokens = 4;  // tokens a Q4_K tile's sums (acc, and per super-block i and n) are held for
-
-// Rows 8g .. 8g + 7 (half tile g) of Q4_K tiles against tokens [t0, t0 + T): per super-block, each row's
-// scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`, lane by lane), then per
-// sub-block the rows' integer sums (group_dot) times their scales into i, and mins times the token's
-// sums into n; then int8_rows.cpp's float operations.
-template <int T>
-[[gnu::noinline]] void q4_k_half(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q4_K, p.w, p.rows, p.row_bytes, g);
-    const __m256i six = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f), top2 = _mm256_set1_epi32(0x03030303);
-    __m256 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b) {
-        const int64_t at = b * half.stride;
-        if (T > 1) ask_ahead(half.d + at, half.stride);
-        const uint8_t* q = half.q + at;
-        const __m256i a = _mm256_loadu_si256((const __m256i*)q), m = _mm256_loadu_si256((const __m256i*)(q + half.vector)),
-                      c = _mm256_loadu_si256((const __m256i*)(q + 2 * half.vector));
-        const __m256i words[4] = {  // bytes: scales 0-3, 4-7, mins 0-3, 4-7
-            _mm256_and_si256(a, six),
-            _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 6), top2), 4)),
-            _mm256_and_si256(m, six),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(m, 6), top2), 4))};
-        __m256i i[T], n[T];
-        for (int t = 0; t < T; ++t) i[t] = n[t] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; ++s) {
-            const __m256i scale = _mm256_and_si256(_mm256_srli_epi32(words[s / 4], 8 * (s % 4)), _mm256_set1_epi32(255));
-            const __m256i min = _mm256_and_si256(_mm256_srli_epi32(words[2 + s / 4], 8 * (s % 4)), _mm256_set1_epi32(255));
-            __m256i w[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + half.vector * (3 + 8 * (s / 2) + G)));
-                w[G] = _mm256_and_si256(_mm256_srli_epi16(raw, 4 * (s % 2)), _mm256_set1_epi8(15));
-            }
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m256i dot = _mm256_setzero_si256();
-                for (int G = 0; G < 8; ++G) dot = group_dot(dot, w[G], broadcast4(x + 4 * G));
-                i[t] = _mm256_add_epi32(i[t], _mm256_mullo_epi32(dot, scale));
-                n[t] = _mm256_add_epi32(n[t], _mm256_mullo_epi32(min, _mm256_set1_epi32(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
-            }
-        }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.m + at)));
-        for (int t = 0; t < T; ++t) {
-            const __m256 dx = _mm256_set1_ps(p.xd[(t0 + t) * blocks + 8 * b]);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(n[t]), acc[t]);
-        }
-    }
-    for (int t = 0; t < T; ++t) {
-        alignas(32) float sums[kTileRows];
-        _mm256_store_ps(sums, acc[t]);
-        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
-    }
-}
-
-// Signed weights w (|w| <= 32) of 8 rows' groups times a token's 4 activations x, added to each row's
-// sum: |w| times x with w's sign.
-inline __m256i signed_group_dot(__m256i acc, __m256i magnitude, __m256i w, __m256i x) {
-    return group_dot(acc, magnitude, _mm256_sign_epi8(x, w));
-}
-
-// Piece s's scale j (0, 1: its first or second 16 weights) of 8 rows, sign-extended, from the scale words.
-inline __m256i q6_k_scale(const __m256i words[4], int s, int j) {
-    const int index = 2 * s + j;
-    return _mm256_srai_epi32(_mm256_slli_epi32(words[index / 4], 24 - 8 * (index % 4)), 24);
-}
-
-// Rows 8g .. 8g + 7 (half tile g) of Q6_K tiles against tokens [t0, t0 + T): per piece its groups'
-// weights q - 32 from ql and qh, the rows' integer sums per 16 weights times their scales into i; then
-// int8_rows.cpp's float operation, fma(d * d_x, float(i), acc).
-template <int T>
-[[gnu::noinline]] void q6_k_half(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q6_K, p.w, p.rows, p.row_bytes, g);
-    __m256 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b) {
-        const int64_t at = b * half.stride;
-        if (T > 1) ask_ahead(half.d + at, half.stride);
-        const uint8_t* q = half.q + at;
-        __m256i words[4];
-        for (int v = 0; v < 4; ++v) words[v] = _mm256_loadu_si256((const __m256i*)(q + half.vector * v));
-        __m256i i[T];
-        for (int t = 0; t < T; ++t) i[t] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; ++s) {
-            const int h = s / 4, k = s % 4;
-            __m256i w[8], magnitude[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m256i ql = _mm256_loadu_si256((const __m256i*)(q + half.vector * (4 + 8 * (2 * h + k % 2) + G)));
-                const __m256i qh = _mm256_loadu_si256((const __m256i*)(q + half.vector * (36 + 8 * h + G)));
-                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (k / 2)), _mm256_set1_epi8(15));
-                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
-                w[G] = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
-                magnitude[G] = _mm256_abs_epi8(w[G]);
-            }
-            const __m256i first = q6_k_scale(words, s, 0), second = q6_k_scale(words, s, 1);
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                for (int G = 0; G < 8; ++G) dot[G / 4] = signed_group_dot(dot[G / 4], magnitude[G], w[G], broadcast4(x + 4 * G));
-                i[t] = _mm256_add_epi32(i[t], _mm256_add_epi32(_mm256_mullo_epi32(dot[0], first), _mm256_mullo_epi32(dot[1], second)));
-            }
-        }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half.d + at)));
-        for (int t = 0; t < T; ++t)
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(p.xd[(t0 + t) * blocks + 8 * b])), _mm256_cvtepi32_ps(i[t]), acc[t]);
-    }
-    for (int t = 0; t < T; ++t) {
-        alignas(32) float sums[kTileRows];
-        _mm256_store_ps(sums, acc[t]);
-        for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
-    }
-}
+// The vector operations of the K kinds' dot products on the rows one register holds: 8 (a half tile) in
+// 256-bit registers (`Ymm`), or 16 (a whole tile) in 512-bit ones (`Zmm`), so that one template of each
+// kind's arithmetic (`q4_k_rows`, `q6_k_rows`) serves both. `Tokens`: how many tokens' sums the
+// registers hold at once (AVX2 has 16 of them, AVX-512 32).
+struct Ymm {
+    using I = __m256i;
+    using F = __m256;
+    static constexpr int64_t kRows = kTileRows, kTokens = 4;
+    static I load(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+    static I zero() { return _mm256_setzero_si256(); }
+    static I bytes(int v) { return _mm256_set1_epi8(char(v)); }
+    static I words(int32_t v) { return _mm256_set1_epi32(v); }
+    static I all(I a, I b) { return _mm256_and_si256(a, b); }
+    static I either(I a, I b) { return _mm256_or_si256(a, b); }
+    static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+    static I times(I a, I b) { return _mm256_mullo_epi32(a, b); }
+    static I times16(I a, I b) { return _mm256_madd_epi16(a, b); }  // 16-bit halves' products, pairs summed
+    static I down16(I a, int n) { return _mm256_srli_epi16(a, n); }
+    static I up16(I a, int n) { return _mm256_slli_epi16(a, n); }
+    static I down32(I a, int n) { return _mm256_srli_epi32(a, n); }
+    static I up32(I a, int n) { return _mm256_slli_epi32(a, n); }
+    static I signed_down32(I a, int n) { return _mm256_srai_epi32(a, n); }
+    static I dot(I acc, I w, const int8_t* x) { return group_dot(acc, w, broadcast4(x)); }
+    static F halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+    static F each(float v) { return _mm256_set1_ps(v); }
+    static F zeros() { return _mm256_setzero_ps(); }
+    static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+    static F real(I a) { return _mm256_cvtepi32_ps(a); }
+    static void store(float* p, F a) { _mm256_store_ps(p, a); }
+};
 
 #ifdef SPECDRAFT_ZMM
-
-// Rows 8g .. 8g + 15 (a whole tile, g even) of Q4_K against tokens [t0, t0 + T): `q4_k_half`'s operations
-// on both halves at once in 512-bit registers.
-template <int T>
-[[gnu::noinline]] void q4_k_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(Q4_K), vector = 4 * kTile;
-    const __m512i six = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f), top2 = _mm512_set1_epi32(0x03030303);
-    const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes;
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b, tile += stride) {
-        if (T > 1) ask_ahead(tile, stride);
-        const uint8_t* q = tile + 4 * kTile;
-        const __m512i a = _mm512_loadu_si512((const void*)q), m = _mm512_loadu_si512((const void*)(q + vector)),
-                      c = _mm512_loadu_si512((const void*)(q + 2 * vector));
-        const __m512i words[4] = {
-            _mm512_and_si512(a, six),
-            _mm512_or_si512(_mm512_and_si512(c, low4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), top2), 4)),
-            _mm512_and_si512(m, six),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), low4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(m, 6), top2), 4))};
-        __m512i i[T], n[T];
-        for (int t = 0; t < T; ++t) i[t] = n[t] = _mm512_setzero_si512();
-        for (int s = 0; s < 8; ++s) {
-            const __m512i scale = _mm512_and_si512(_mm512_srli_epi32(words[s / 4], 8 * (s % 4)), _mm512_set1_epi32(255));
-            const __m512i min = _mm512_and_si512(_mm512_srli_epi32(words[2 + s / 4], 8 * (s % 4)), _mm512_set1_epi32(255));
-            __m512i w[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m512i raw = _mm512_loadu_si512((const void*)(q + vector * (3 + 8 * (s / 2) + G)));
-                w[G] = _mm512_and_si512(_mm512_srli_epi16(raw, 4 * (s % 2)), _mm512_set1_epi8(15));
-            }
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m512i chain[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                for (int G = 0; G < 8; ++G) {
-                    int32_t group;
-                    std::memcpy(&group, x + 4 * G, 4);
-                    chain[G % 2] = _mm512_dpbusd_epi32(chain[G % 2], w[G], _mm512_set1_epi32(group));
-                }
-                i[t] = _mm512_add_epi32(i[t], _mm512_mullo_epi32(_mm512_add_epi32(chain[0], chain[1]), scale));
-                n[t] = _mm512_add_epi32(n[t], _mm512_mullo_epi32(min, _mm512_set1_epi32(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
-        for (int t = 0; t < T; ++t) {
-            const __m512 dx = _mm512_set1_ps(p.xd[(t0 + t) * blocks + 8 * b]);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(i[t]), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(n[t]), acc[t]);
-        }
+struct Zmm {
+    using I = __m512i;
+    using F = __m512;
+    static constexpr int64_t kRows = kTile, kTokens = 6;
+    static I load(const uint8_t* p) { return _mm512_loadu_si512((const void*)p); }
+    static I zero() { return _mm512_setzero_si512(); }
+    static I bytes(int v) { return _mm512_set1_epi8(char(v)); }
+    static I words(int32_t v) { return _mm512_set1_epi32(v); }
+    static I all(I a, I b) { return _mm512_and_si512(a, b); }
+    static I either(I a, I b) { return _mm512_or_si512(a, b); }
+    static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+    static I times(I a, I b) { return _mm512_mullo_epi32(a, b); }
+    static I times16(I a, I b) { return _mm512_madd_epi16(a, b); }
+    static I down16(I a, int n) { return _mm512_srli_epi16(a, n); }
+    static I up16(I a, int n) { return _mm512_slli_epi16(a, n); }
+    static I down32(I a, int n) { return _mm512_srli_epi32(a, n); }
+    static I up32(I a, int n) { return _mm512_slli_epi32(a, n); }
+    static I signed_down32(I a, int n) { return _mm512_srai_epi32(a, n); }
+    // The token's group broadcast by the instruction itself, from memory ({1to16}): compilers emit a
+    // separate broadcast for _mm512_set1_epi32, one more instruction per product.
+    static I dot(I acc, I w, const int8_t* x) {
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
+        return acc;
     }
+    static F halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+    static F each(float v) { return _mm512_set1_ps(v); }
+    static F zeros() { return _mm512_setzero_ps(); }
+    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+    static F real(I a) { return _mm512_cvtepi32_ps(a); }
+    static void store(float* p, F a) { _mm512_store_ps(p, a); }
+};
+#endif
+
+// Each row's sums of tokens [t0, t0 + T) (acc[t], V::kRows rows from row0) into out.
+template <typename V, int T>
+inline void put_rows(const typename V::F acc[T], int64_t row0, int64_t t0, const Out& out) {
     for (int t = 0; t < T; ++t) {
-        alignas(64) float sums[2 * kTileRows];
-        _mm512_store_ps(sums, acc[t]);
-        for (int r = 0; r < 2 * kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
+        alignas(64) float sums[V::kRows];
+        V::store(sums, acc[t]);
+        for (int r = 0; r < V::kRows; ++r) out.put(t0 + t, row0 + r, sums[r]);
     }
 }
 
-// Rows 8g .. 8g + 15 (a whole tile, g even) of Q6_K against tokens [t0, t0 + T): `q6_k_half`'s operations
-// on both halves at once in 512-bit registers (x negated where w is negative by a mask).
-template <int T>
-[[gnu::noinline]] void q6_k_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
-    const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(Q6_K), vector = 4 * kTile;
-    const uint8_t* tile = p.w + (g / 2) * kTile * p.row_bytes;
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < p.width / kSuper; ++b, tile += stride) {
-        if (T > 1) ask_ahead(tile, stride);
-        const uint8_t* q = tile + 2 * kTile;
-        __m512i words[4];
-        for (int v = 0; v < 4; ++v) words[v] = _mm512_loadu_si512((const void*)(q + vector * v));
-        __m512i i[T];
-        for (int t = 0; t < T; ++t) i[t] = _mm512_setzero_si512();
+// The V::kRows rows of Q4_K tiles at `rows` (from row0) against tokens [t0, t0 + T): per super-block,
+// each row's scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`, lane by
+// lane), then per sub-block the rows' integer sums (V::dot) times their scales into i, and mins times
+// the token's sums into n (16-bit products: a min is below 64, a sum of 32 activations below 2^12 in
+// magnitude); then int8.cpp's float operations.
+template <typename V, int64_t VECTOR, int T>
+[[gnu::noinline]] void q4_k_rows(const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
+    using I = typename V::I;
+    const int64_t blocks = p.width / kBlock;
+    const I six = V::bytes(0x3f), low4 = V::bytes(0x0f), top2 = V::bytes(0x03), byte = V::words(255);
+    typename V::F acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = V::zeros();
+    for (int64_t b = 0; b < p.width / kSuper; ++b) {
+        const int64_t at = b * rows.stride;
+        ask_ahead(rows.d + at, rows.stride);  // every pass (`asks_ahead`)
+        const uint8_t* q = rows.q + at;
+        const I a = V::load(q), m = V::load(q + VECTOR), c = V::load(q + 2 * VECTOR);
+        const I words[4] = {  // bytes: scales 0-3, 4-7, mins 0-3, 4-7
+            V::all(a, six), V::either(V::all(c, low4), V::up32(V::all(V::down32(a, 6), top2), 4)), V::all(m, six),
+            V::either(V::all(V::down32(c, 4), low4), V::up32(V::all(V::down32(m, 6), top2), 4))};
+        I i[T], n[T];
+        for (int t = 0; t < T; ++t) i[t] = n[t] = V::zero();
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+            const I scale = V::all(V::down32(words[s / 4], 8 * (s % 4)), byte);
+            const I min = V::all(V::down32(words[2 + s / 4], 8 * (s % 4)), byte);
+            I dot[T];
+            for (int t = 0; t < T; ++t) dot[t] = V::zero();
+            for (int G = 0; G < 8; ++G) {
+                const I w = V::all(V::down16(V::load(q + VECTOR * (3 + 8 * (s / 2) + G)), 4 * (s % 2)), low4);
+                for (int t = 0; t < T; ++t) dot[t] = V::dot(dot[t], w, p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G);
+            }
+            for (int t = 0; t < T; ++t) {
+                i[t] = V::add(i[t], V::times(dot[t], scale));
+                n[t] = V::add(n[t], V::times16(min, V::words(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
+            }
+        }
+        const typename V::F d = V::halves(rows.d + at), dmin = V::halves(rows.m + at);
+        for (int t = 0; t < T; ++t) {
+            const typename V::F dx = V::each(p.xd[(t0 + t) * blocks + 8 * b]);
+            acc[t] = V::fma(V::mul(d, dx), V::real(i[t]), acc[t]);
+            acc[t] = V::fnma(V::mul(dmin, dx), V::real(n[t]), acc[t]);
+        }
+    }
+    put_rows<V, T>(acc, row0, t0, out);
+}
+
+// The V::kRows rows of Q6_K tiles at `rows` (from row0) against tokens [t0, t0 + T): per sub-block of
+// 16, the rows' weights q (0..63: ql's nibble, qh's 2 bits) times the token's activations, less 32
+// times their sum (the token's sums per 16: `quantize_super`), times the rows' scales into i; then
+// int8.cpp's float operation, fma(d * d_x, float(i), acc). q . x - 32 (sum of x) is (q - 32) . x
+// exactly: the integers are those of the definition.
+template <typename V, int64_t VECTOR, int T>
+[[gnu::noinline]] void q6_k_rows(const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
+    using I = typename V::I;
+    const int64_t blocks = p.width / kBlock;
+    const I low4 = V::bytes(0x0f), top2 = V::bytes(0x30);
+    typename V::F acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = V::zeros();
+    for (int64_t b = 0; b < p.width / kSuper; ++b) {
+        const int64_t at = b * rows.stride;
+        ask_ahead(rows.d + at, rows.stride);  // every pass (`asks_ahead`)
+        const uint8_t* q = rows.q + at;
+        I words[4];
+        for (int v = 0; v < 4; ++v) words[v] = V::load(q + VECTOR * v);
+        I i[T];
+        for (int t = 0; t < T; ++t) i[t] = V::zero();
+#pragma GCC unroll 8
         for (int s = 0; s < 8; ++s) {
             const int h = s / 4, k = s % 4;
-            __m512i magnitude[8], weights[8];
-            for (int G = 0; G < 8; ++G) {
-                const __m512i ql = _mm512_loadu_si512((const void*)(q + vector * (4 + 8 * (2 * h + k % 2) + G)));
-                const __m512i qh = _mm512_loadu_si512((const void*)(q + vector * (36 + 8 * h + G)));
-                const __m512i low = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * (k / 2)), _mm512_set1_epi8(15));
-                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * k), _mm512_set1_epi8(3));
-                const __m512i w = _mm512_sub_epi8(_mm512_or_si512(low, _mm512_slli_epi16(high, 4)), _mm512_set1_epi8(32));
-                magnitude[G] = _mm512_abs_epi8(w);
-                weights[G] = w;
-            }
-            __m512i scale[2];
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < 2; ++j) {  // the piece's 16s: scale 2s + j (int8, sign-extended)
                 const int index = 2 * s + j;
-                scale[j] = _mm512_srai_epi32(_mm512_slli_epi32(words[index / 4], 24 - 8 * (index % 4)), 24);
-            }
-            for (int t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s;
-                __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                for (int G = 0; G < 8; ++G) {
-                    int32_t group;
-                    std::memcpy(&group, x + 4 * G, 4);
-                    const __m512i bx = _mm512_set1_epi32(group);
-                    dot[G / 4] = _mm512_dpbusd_epi32(dot[G / 4], magnitude[G], _mm512_mask_sub_epi8(bx, _mm512_movepi8_mask(weights[G]), _mm512_setzero_si512(), bx));
+                const I scale = V::signed_down32(V::up32(words[index / 4], 24 - 8 * (index % 4)), 24);
+                I dot[T];
+                for (int t = 0; t < T; ++t) {
+                    const int32_t sums = p.xtotal[(t0 + t) * blocks + 8 * b + s];  // this 32's two 16s
+                    dot[t] = V::words(-32 * int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16)));
                 }
-                i[t] = _mm512_add_epi32(i[t], _mm512_add_epi32(_mm512_mullo_epi32(dot[0], scale[0]), _mm512_mullo_epi32(dot[1], scale[1])));
+                for (int e = 0; e < 4; ++e) {
+                    const int G = 4 * j + e;
+                    const I ql = V::load(q + VECTOR * (4 + 8 * (2 * h + k % 2) + G));
+                    const I qh = V::load(q + VECTOR * (36 + 8 * h + G));
+                    const I high = k < 2 ? V::up16(qh, 4 - 2 * k) : V::down16(qh, 2 * k - 4);  // bits 2k, 2k + 1 to 4, 5
+                    const I w = V::either(V::all(V::down16(ql, 4 * (k / 2)), low4), V::all(high, top2));
+                    for (int t = 0; t < T; ++t) dot[t] = V::dot(dot[t], w, p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G);
+                }
+                for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
             }
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
-        for (int t = 0; t < T; ++t)
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(p.xd[(t0 + t) * blocks + 8 * b])), _mm512_cvtepi32_ps(i[t]), acc[t]);
+        const typename V::F d = V::halves(rows.d + at);
+        for (int t = 0; t < T; ++t) acc[t] = V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), acc[t]);
     }
-    for (int t = 0; t < T; ++t) {
-        alignas(64) float sums[2 * kTileRows];
-        _mm512_store_ps(sums, acc[t]);
-        for (int r = 0; r < 2 * kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, sums[r]);
-    }
+    put_rows<V, T>(acc, row0, t0, out);
 }
 
-#endif
+// The V::kRows rows at `rows` (from row0) against every token of the pass, V::kTokens at a time. The
+// vectors' length is compiled in (VECTOR: 64 bytes, or 32 in a last tile of 8 rows), so that each of a
+// block's vectors is read at a constant offset.
+template <typename V>
+void k_rows(const Projection& p, const Half& rows, int64_t row0, const Out& out) {
+    for (int64_t t = 0; t < p.n; t += V::kTokens)
+        for_count<V::kTokens>(p.n - t, [&](auto T) {
+            if (rows.vector == 4 * kTile)
+                p.kind == Q4_K ? q4_k_rows<V, 4 * kTile, T>(p, rows, row0, t, out) : q6_k_rows<V, 4 * kTile, T>(p, rows, row0, t, out);
+            else if constexpr (V::kRows == kTileRows)
+                p.kind == Q4_K ? q4_k_rows<V, 4 * kTileRows, T>(p, rows, row0, t, out) : q6_k_rows<V, 4 * kTileRows, T>(p, rows, row0, t, out);
+        });
+}
 
 #else  // portable loops
 
@@ -300,7 +257,8 @@ void q4_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
                 const int64_t token = t0 + t;
                 const int8_t* x = p.qx + token * p.width + b * kSuper;
                 int32_t i = 0, n = 0;
-                for (int s = 0; s < 8; ++s) {
+        #pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
                     int scale, min, dot = 0;
                     q4_k_scale(block + 4, s, scale, min);
                     for (int e = 0; e < kBlock; ++e) dot += ((block[16 + 32 * (s / 2) + e] >> (4 * (s % 2))) & 15) * x[kBlock * s + e];
@@ -352,10 +310,7 @@ void q6_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
 void specdraft::k_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
 #ifdef SPECDRAFT_AVX2
     for (int64_t h = 0; h < halves; ++h)
-        for (int64_t t = 0; t < p.n; t += kQ4KTokens)
-            for_count<kQ4KTokens>(p.n - t, [&](auto T) {
-                p.kind == Q4_K ? q4_k_half<T>(p, g + h, t, out) : q6_k_half<T>(p, g + h, t, out);
-            });
+        k_rows<Ymm>(p, half_tile(p.kind, p.w, p.rows, p.row_bytes, g + h), (g + h) * kTileRows, out);
 #else
     for (int64_t t = 0; t < p.n; t += kInt8Tokens)
         for (int64_t h = 0; h < halves; ++h) {
@@ -367,10 +322,8 @@ void specdraft::k_group(const Projection& p, int64_t g, int64_t halves, const Ou
 
 #ifdef SPECDRAFT_ZMM
 void specdraft::k_whole_tile(const Projection& p, int64_t g, const Out& out) {
-    for (int64_t t = 0; t < p.n; t += kQ4KTokens)
-        for_count<kQ4KTokens>(p.n - t, [&](auto T) {
-            p.kind == Q4_K ? q4_k_tile<T>(p, g, t, out) : q6_k_tile<T>(p, g, t, out);
-        });
+    // a whole tile's first half: its d, m and vectors begin where the tile's do, 4 * 16 bytes a vector
+    k_rows<Zmm>(p, half_tile(p.kind, p.w, p.rows, p.row_bytes, g), g * kTileRows, out);
 }
 #endif
 

@@ -28,8 +28,7 @@ using specdraft::Out;
 
 // Into the L2 cache only: the int8 arithmetic's tiles, asked for far ahead where a pass has several
 // tokens (it computes long between asks, and the L1's few outstanding misses would hold the stream
-// back). A decode token's stream the hardware's prefetcher keeps up with alone: asking too only
-// slowed its step (benchmarks/results/HISTORY.md).
+// back). Most decode tokens' streams the hardware's prefetcher keeps up with alone (`asks_ahead`).
 inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 constexpr int64_t kTileRows = 8;     // rows a half tile interleaves (a 256-bit vector's lanes)
@@ -37,13 +36,18 @@ constexpr int64_t kTile = 16;        // rows a whole tile interleaves
 constexpr int64_t kInt8Tokens = 16;  // tokens the portable loops hold a half tile's sums for at once
 constexpr int64_t kInt8Ahead = 8192;  // bytes of tiles asked for ahead of the block computed (memory's latency)
 
-// A tile's block of `bytes` at `block`, in a pass of several tokens: its lines kInt8Ahead on asked for,
-// into L2 (`prefetch_far`); a decode token asks for nothing. The callers decide by the token count their
-// code is compiled for: a test of the pass's width inside their loop let the compiler make a second
-// copy of the loop, its sums in memory and two blocks at a time, and take it (a slower one).
+// A tile's block of `bytes` at `block`: its lines kInt8Ahead on asked for, into L2 (`prefetch_far`),
+// where `asks_ahead` says so. The callers decide by the kind and token count their code is compiled
+// for: a test of the pass's width inside their loop let the compiler make a second copy of the loop,
+// its sums in memory and two blocks at a time, and take it (a slower one).
 inline void ask_ahead(const uint8_t* block, int64_t bytes) {
     for (int64_t line = 0; line < bytes; line += 64) prefetch_far(block + kInt8Ahead + line);
 }
+
+// Whether a pass of `tokens` over tiles of `kind` asks for them ahead: a pass of several tokens always;
+// a decode token only where the hardware's prefetcher alone fell behind: the K kinds (each block's
+// vectors read out of order) and Q5_0 (benchmarks/results/HISTORY.md).
+constexpr bool asks_ahead(int64_t kind, int tokens) { return tokens > 1 || kind == Q5_0 || kind == Q4_K || kind == Q6_K; }
 
 // Where half h of a tile keeps block 0's scales (d; Q4_1's m) and integers (vector v at q + v * vector),
 // and how far on block b + 1's are (stride). Byte: const uint8_t to read tiles, uint8_t to write them.
