@@ -19,7 +19,8 @@ Each draft token comes from q = the draft's distribution after the request's tem
 top-p (the transforms the verifier applies to p): greedy requests draft argmax (no q); unseeded
 sampled requests draw from q and return it (full rejection sampling); seeded ones draw with the
 request's keyed uniforms and return no q (the verifier's coupled test keeps their output exactly
-plain sampling's with that seed, whatever the batch).
+plain sampling's with that seed, whatever the batch). With a draft vocabulary (`vocabulary`) q is the
+draft's distribution over the ids below it.
 """
 
 from __future__ import annotations
@@ -61,10 +62,24 @@ class ModelDrafter:
 
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
                  layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-                 static: StaticShapes | None = None, compiled: bool = False, target_copy: bool = False) -> None:
+                 static: StaticShapes | None = None, compiled: bool = False, target_copy: bool = False,
+                 vocabulary: int | None = None) -> None:
         """target_copy: `model` is built from the target's own layers (`LoadedModel.target_copy`), so
-        it may take the target's keys and values (`share_target`)."""
+        it may take the target's keys and values (`share_target`). vocabulary: draft among the ids
+        below it only (a multiple of 16; None: every id), their q renormalised over them: where the
+        compiled CPU step runs the draft, its output layer's other rows are never read (`NumbaLayers.
+        keep_vocabulary`). Byte-pair vocabularies number their tokens roughly by how often they merge,
+        so the first ids are the common ones (as FR-Spec's frequency-ranked draft vocabularies); the
+        verifier is unchanged, so the output is too."""
         self.rows = RowModel(model, layers=layers, dtype=dtype, static=static, compiled=compiled)
+        self.vocabulary = vocabulary
+        if vocabulary is not None:
+            size = model.config.vocab_size
+            if vocabulary % 16 or not 0 < vocabulary <= size:
+                raise ValueError(f"the model drafter's vocabulary must be a multiple of 16 up to the model's "
+                                 f"{size} tokens, got {vocabulary}")
+            if hasattr(self.rows.compiled_layers, "keep_vocabulary"):
+                self.rows.compiled_layers.keep_vocabulary(vocabulary)
         self.k = k
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.device = self.rows.device
@@ -204,6 +219,9 @@ class ModelDrafter:
 
     def _choose(self, logits: torch.Tensor, rows: dict[str, int], tokens: dict[str, list[int]]):
         """The next draft token of each row (and q where the verifier needs it), as the request samples."""
+        if self.vocabulary is not None:  # whichever layers ran the pass (`keep_vocabulary` did so already)
+            with torch.inference_mode():  # the pass's logits are inference tensors
+                logits[:, self.vocabulary :] = float("-inf")
         out: dict[str, tuple[int, torch.Tensor | None]] = {}
         greedy = [r for r in rows if self._requests[r].params.greedy]
         if greedy:
@@ -231,13 +249,14 @@ class ModelDrafter:
 
 @register("model")
 def _create(k: int, target: Any, resources: Resources | None = None, draft_model: str | LoadedModel | None = None,
-            dtype: str = "auto") -> ModelDrafter:
+            dtype: str = "auto", vocabulary: int | None = None) -> ModelDrafter:
     """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target), loaded once per
     runtime whichever drafters draft with it (`resources`, which also says how models run there);
-    `dtype` for loading it (auto: the target's device default)."""
+    `dtype` for loading it (auto: the target's device default); `vocabulary`: draft among the ids below
+    it only (`ModelDrafter`)."""
     resources = resources if resources is not None else Resources()
     key = ("draft model", draft_model if draft_model is None or isinstance(draft_model, str) else id(draft_model), dtype)
     draft = resources.shared(key, lambda: load_draft_model(draft_model, target, dtype))
     return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
                         static=resources.static_shapes, compiled=resources.compiled and worth_compiling(draft.model),
-                        target_copy=draft.target_copy)
+                        target_copy=draft.target_copy, vocabulary=vocabulary)

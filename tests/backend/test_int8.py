@@ -195,6 +195,20 @@ def test_a_tokens_logits_are_bitwise_the_same_in_every_pass(tiny):
     torch.testing.assert_close(want, floats, rtol=0, atol=0.05 * float(floats.abs().max()))
 
 
+def test_a_kept_vocabulary_reads_the_output_layers_first_rows_and_gives_their_logits_bitwise(tiny):
+    ids = [3, 95, 0, 3, 17, 42]
+    for model in tiny:  # float32 on the blocks, int8 on the tiles
+        want = logits_by_passes(model, ids, [6])
+        rows = RowModel(model, compiled=True)
+        rows._own.compiled.keep_vocabulary(48)
+        rows.add("r", active=True)
+        got = rows.forward(rows.active_window, [ids])[0]
+        assert torch.equal(got[:, :48], want[:, :48]) and bool((got[:, 48:] == float("-inf")).all())
+        for tokens in (40, 0, TINY_VOCAB + 16):
+            with pytest.raises(ValueError, match="multiple of 16"):
+                rows._own.compiled.keep_vocabulary(tokens)
+
+
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
 def test_a_projection_is_bitwise_the_same_on_any_calling_thread(kind):
     """The server steps on a thread of its own. Each call quantises its tokens into arrays the

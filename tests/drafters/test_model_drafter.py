@@ -213,6 +213,35 @@ def test_seeded_rows_reproduce_plain_sampling_with_model_drafts(pair):
     assert len(set(plain)) > 5
 
 
+def test_a_draft_vocabulary_drafts_its_ids_only_and_leaves_the_output_as_it_was(pair, monkeypatch):
+    target, draft = pair
+    engine = engine_for(target, draft, max_batch=2)
+    vocabulary = 48
+    for name in ("model", "hybrid"):
+        drafter = engine.drafters[name]
+        (drafter.model if name == "hybrid" else drafter).vocabulary = vocabulary
+    drafted, qs, real_propose = [], [], ModelDrafter.propose_costly
+
+    def propose(self, *args):
+        out = real_propose(self, *args)
+        drafted.extend(t for d in out.drafts for t in d.token_ids.tolist())
+        qs.extend(d.probs for d in out.drafts if d.probs is not None)
+        return out
+
+    monkeypatch.setattr(ModelDrafter, "propose_costly", propose)
+    greedy, sampled = SamplingParams(max_tokens=30), SamplingParams(max_tokens=30, temperature=0.9)
+    outputs = []
+    for prompt in PROMPTS:
+        [done] = engine.run([(prompt, greedy, SpeculationParams("model"))])
+        assert done.token_ids == hf_greedy(target, prompt, 30)
+        outputs += done.token_ids
+        engine.run([(prompt, sampled, SpeculationParams("hybrid"))])  # drafts with q over the kept ids
+    assert drafted and max(drafted) < vocabulary <= max(outputs)  # the target wrote ids the drafter could not
+    assert qs and all(bool((q[:, vocabulary:] == 0).all()) and torch.allclose(q.sum(-1), torch.ones(len(q))) for q in qs)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        ModelDrafter(draft, k=K, vocabulary=50)
+
+
 def test_seeded_model_draws_are_coupled_with_the_verifiers():
     """A seeded row's draft token at position t is drawn from q with the verifier's uniform for t."""
     target = make_tiny_model(seed=4, layers=2, sharpen=4.0)

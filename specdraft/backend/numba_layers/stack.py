@@ -124,6 +124,7 @@ class NumbaLayers:
             after.append((out, host_array(layer.post_attention_layernorm.weight), gate_up, down))
         self._before, self._after, self._eps = before, after, family.norm_eps
         self._head = (host_array(model.model.norm.weight), family.norm_eps, weights[-1], self._kernel)
+        self._vocabulary = weights[-1][0].shape[0]  # the output layer's rows: the logits `head` computes
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
 
@@ -212,7 +213,22 @@ class NumbaLayers:
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, hidden] -> float32 logits [N, vocab]."""
+        """x [N, hidden] -> float32 logits [N, vocab] (-inf past the ids `keep_vocabulary` keeps)."""
         self.use_torch_threads()
         with _named("specdraft::numba_head"):
-            return torch.from_numpy(_head(host_array(x), *self._head))
+            logits = _head(host_array(x), *self._head)
+        if logits.shape[1] < self._vocabulary:
+            full = np.full((logits.shape[0], self._vocabulary), -np.inf, np.float32)
+            full[:, : logits.shape[1]] = logits
+            logits = full
+        return torch.from_numpy(logits)
+
+    def keep_vocabulary(self, tokens: int) -> None:
+        """Compute the logits of ids below `tokens` only (a multiple of 16: the int8 arithmetic's whole
+        tiles), the output layer's first rows read in place; `head` gives the others -inf. A drafter's
+        choice (`drafters.model`): each of those logits is the one the whole layer gives, bitwise."""
+        if tokens % 16 or not 0 < tokens <= self._vocabulary:
+            raise ValueError(f"a vocabulary of {tokens} ids: it must be a multiple of 16 up to {self._vocabulary}")
+        w, scales, bias, kind = self._head[2]  # scales: per row, or none ([0])
+        rows = (w[:tokens], scales[:tokens] if scales.shape[0] else scales, bias[:tokens], kind)
+        self._head = (*self._head[:2], rows, self._head[3])
