@@ -54,6 +54,13 @@ def test_a_run_reads_back_the_text_after_the_prompt_and_the_reported_speed(tmp_p
     assert args[args.index("--temp") + 1] == "0" and args[args.index("--spec-draft-n-max") + 1] == "5"
 
 
+def test_an_output_past_the_budget_is_compared_within_it(tmp_path):
+    """A drafting tool stops after the step that passes the budget: its extra tokens are not its output's."""
+    fake_tool(tmp_path, "llama-lookup", "one three fives sevennn", REPORT)
+    [_, lookup] = llama_cpp.methods(tmp_path, tmp_path / "t.gguf", None, 3).values()
+    assert llama_cpp.run(lookup, PROMPT, 3, 2, Words())["token_ids"] == [3, 5, 5]
+
+
 def test_no_draft_model_no_speculation_and_a_missing_binary_is_named(tmp_path):
     fake_tool(tmp_path, "llama-lookup", "x", REPORT)
     assert list(llama_cpp.methods(tmp_path, tmp_path / "t.gguf", None, 3)) == ["llama.cpp-plain", "llama.cpp-lookup-k3"]

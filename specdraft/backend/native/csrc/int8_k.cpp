@@ -54,7 +54,7 @@ void k_untile(int64_t kind, const Half& half, int64_t at, int r, uint8_t* block)
 
 // The vector operations of the K kinds' dot products on the rows one register holds: 8 (a half tile) in
 // 256-bit registers (`Ymm`), or 16 (a whole tile) in 512-bit ones (`Zmm`), so that one template of each
-// kind's arithmetic (`q4_k_rows`, `q6_k_rows`) serves both. `Tokens`: how many tokens' sums the
+// kind's arithmetic (`q4_k_rows`, `q6_k_rows`) serves both. `kTokens`: how many tokens' sums the
 // registers hold at once (AVX2 has 16 of them, AVX-512 32).
 struct Ymm {
     using I = __m256i;
