@@ -5,7 +5,8 @@ resident set (VmRSS) read from /proc once it answers /health, and again after on
 request (what the first request adds: its buffers, the compiled step's scratch), with what the
 resident set holds after it: anonymous memory (the weights' tiles, the caches, the heap), the GGUF
 files' pages mapped in, and other files' (shared libraries); the settings alternate over `--rounds`
-rounds, medians reported.
+rounds, medians reported; and the seconds from starting the process to its first answer on /health
+(start-up, with every cache warm: files fetched, kernels compiled).
 
     python -m benchmarks.serving.memory [--rounds 2] [--out benchmarks/results]
 """
@@ -16,6 +17,7 @@ import datetime as dt
 import os
 import shlex
 import statistics
+import time
 from pathlib import Path
 
 from benchmarks.common import cli, live_server, machine, write_results
@@ -47,14 +49,17 @@ def resident_parts(pid: int) -> dict:
 def measure(weights: str, extra: list[str]) -> dict:
     import httpx
 
+    start = time.monotonic()
     with live_server("--weights", weights, *extra) as url:
+        ready = time.monotonic() - start
         pid = server_pid(url)
         started = resident_bytes(pid)
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         reply = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
             "model": model, "max_tokens": 32, "messages": [{"role": "user", "content": "Name three rivers."}]})
         reply.raise_for_status()
-        return {"after_start": started, "after_a_request": resident_bytes(pid), **resident_parts(pid)}
+        return {"after_start": started, "after_a_request": resident_bytes(pid), **resident_parts(pid),
+                "start_seconds": ready}
 
 
 def main() -> None:
@@ -88,10 +93,11 @@ def report(result: dict) -> str:
         f"cache on, empty); VmRSS, medians of {result['rounds']} alternating rounds. Run with "
         f"`python -m benchmarks.serving.memory`.",
         "",
-        "| weights | after start | after one request | of which anonymous | GGUF files' pages | other files' |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| weights | after start | after one request | of which anonymous | GGUF files' pages | other files' | start-up |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *(f"| {w} | {m['after_start'] / 1e6:.0f} MB | {m['after_a_request'] / 1e6:.0f} MB | "
-          + " | ".join(f"{m[k] / 1e6:.0f} MB" if k in m else "—" for k in ("anonymous", "gguf", "other_files")) + " |"
+          + " | ".join(f"{m[k] / 1e6:.0f} MB" if k in m else "—" for k in ("anonymous", "gguf", "other_files"))
+          + (f" | {m['start_seconds']:.1f} s |" if "start_seconds" in m else " | — |")
           for w, m in medians.items()),
     ]
     if {"native", "dense"} <= set(medians):
