@@ -4,7 +4,7 @@ Every aggregate is computed here from the per-prompt rows, so the JSON holds the
 the markdown can be recomputed from it. Schema of `results` (extra keys are kept as they are):
 
     {"machine", "model", "max_tokens", "k", "started",
-     "cells": [{"domain", "method", "family": "specdraft" | "hf",
+     "cells": [{"domain", "method", "family": "specdraft" | "hf" | "llama.cpp",
                 "prompts": [{"id", "tokens", "seconds", "tokens_per_second", "lossless", "steps",
                              "draft_tokens", "accepted_tokens", "accepted_per_step",
                              "per_position_acceptance", "draft_seconds"}]}]}
@@ -23,15 +23,21 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from benchmarks.peers.llama_cpp import PLAIN as LLAMA_CPP_PLAIN, PREFIX as LLAMA_CPP
+
 BASELINE = "specdraft-none"
 HF_PLAIN = "hf-generate"
-PEERS = ("hf-", "llama.cpp-")  # the peers' methods begin so; every other method is ours
-LLAMA_CPP = "llama.cpp-"
+PEERS = ("hf-", LLAMA_CPP)  # the peers' methods begin so; every other method is ours
 DASH = "—"
 
 
 def is_peer(method: str) -> bool:
     return method.startswith(PEERS)
+
+
+def family(method: str) -> str:
+    """Whose method it is: "hf", "llama.cpp" or "specdraft"."""
+    return "hf" if method.startswith("hf-") else "llama.cpp" if method.startswith(LLAMA_CPP) else "specdraft"
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,7 @@ def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None,
     return CellSummary(
         domain=cell["domain"],
         method=cell["method"],
-        family=cell.get("family", "hf" if cell["method"].startswith("hf-") else "llama.cpp"
-                        if cell["method"].startswith(LLAMA_CPP) else "specdraft"),
+        family=cell.get("family", family(cell["method"])),
         prompts=len(rows),
         median_tokens_per_second=tps,
         speedup_vs_none=tps / baseline_tps if baseline_tps else None,
@@ -125,7 +130,7 @@ def method_order(methods: list[str]) -> list[str]:
 
     def key(method: str) -> tuple:
         peer = next((i + 1 for i, prefix in enumerate(PEERS) if method.startswith(prefix)), 0)
-        lead = method in (BASELINE, HF_PLAIN, LLAMA_CPP + "plain")
+        lead = method in (BASELINE, HF_PLAIN, LLAMA_CPP_PLAIN)
         return (peer, not lead, seen.index(method))
 
     return sorted(seen, key=key)

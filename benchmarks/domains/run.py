@@ -27,7 +27,7 @@ from benchmarks.peers import hf as peers
 from benchmarks.peers import llama_cpp
 from benchmarks.common import cli, machine
 from benchmarks.domains.datasets import DOMAINS, load_domain
-from benchmarks.domains.report import write_report
+from benchmarks.domains.report import family, write_report
 from specdraft import LLM, SamplingParams, SpeculationParams
 from specdraft.models import LoadedModel, load_model, resolve
 from specdraft.runtime import encode_prompt
@@ -320,8 +320,7 @@ def main() -> None:
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "prompts_per_domain": args.prompts,
         "cells": [
-            {"domain": d, "method": m, "family": "hf" if m.startswith("hf-") else "llama.cpp"
-             if m.startswith(llama_cpp.PREFIX) else "specdraft", "prompts": rows}
+            {"domain": d, "method": m, "family": family(m), "prompts": rows}
             for (d, m), rows in cells.items()
         ],
     }
