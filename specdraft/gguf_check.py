@@ -171,10 +171,23 @@ def _skip_array(cur: _Cursor, key: str) -> None:
         cur.take(count * struct.calcsize(_SCALARS[GGUFValueType(kind)]))
     elif kind == GGUFValueType.STRING:
         cur.need(count * 8)  # each at least its length
-        for _ in range(count):
-            cur.take(cur.value("<Q"))
+        cur.pos = _after_strings(cur, count)
     else:  # arrays of arrays: no model file has them, and gguf's own reader does not read them
         raise _bad(cur.path, f"metadata key {key!r} is an array of value type {kind}, which is not read")
+
+
+def _after_strings(cur: _Cursor, count: int) -> int:
+    """Where `count` strings from the cursor end (a tokenizer's 150,000 of them: one tight loop, not
+    a call per string), each checked to start inside the file (`_Cursor.need`: a truncation)."""
+    buf, pos, end, length = cur.buf, cur.pos, len(cur.buf) - 8, struct.Struct("<Q").unpack_from
+    for _ in range(count):
+        if pos > end:
+            cur.pos = pos
+            cur.need(8)  # raises: the file ends inside a string's length
+        pos += 8 + length(buf, pos)[0]
+    cur.pos = pos
+    cur.need(0)  # raises where the last string runs past the end
+    return pos
 
 
 def _architecture(path: Path, architecture: object) -> str:

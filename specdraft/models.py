@@ -12,15 +12,11 @@ there, and later loads read that.
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
 import logging
 import os
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -32,8 +28,9 @@ from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
+from specdraft.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer
 from specdraft.gguf_check import GgufLayout, check_gguf
-from specdraft.params import ARITHMETIC, WEIGHTS, cache_dir
+from specdraft.params import ARITHMETIC, WEIGHTS
 
 log = logging.getLogger("specdraft")
 
@@ -110,90 +107,6 @@ def resolve(spec: str | None) -> tuple[str, Path | str]:
     return spec, spec  # a hub id, looked up in the local Hugging Face cache
 
 
-def _gguf_key(gguf: Path) -> str:
-    """A cache directory's name for a GGUF: its stem and a hash of its path, size and modification time."""
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return f"{gguf.stem}-{key}"
-
-
-def gguf_cache_path(gguf: Path) -> Path:
-    """Where a GGUF's dense conversion is cached (`convert_gguf`)."""
-    return cache_dir() / "models" / _gguf_key(gguf)
-
-
-def gguf_config_path(gguf: Path) -> Path:
-    """Where a GGUF's config, generation config and tokenizer are cached for a native load (`cache_gguf_config`)."""
-    return cache_dir() / "gguf-configs" / _gguf_key(gguf)
-
-
-def _write_once(target: Path, write: Callable[[Path], None]) -> Path:
-    """Make the cache directory `target` atomically: `write` fills a temporary directory beside it,
-    which is then renamed to it, unless another process finished first."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        staged = Path(tmp) / "done"
-        staged.mkdir()
-        write(staged)
-        try:
-            staged.rename(target)
-        except OSError:
-            if not target.is_dir():
-                raise
-    return target
-
-
-def cache_gguf_config(gguf: Path) -> Path:
-    """Read a GGUF's config, generation config and tokenizer once (transformers parses its metadata)
-    into a small cached Hugging Face directory, without weights; return that directory."""
-    target = gguf_config_path(gguf)
-    if (target / "config.json").is_file():
-        return target
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    def write(into: Path) -> None:
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        if hasattr(config, "quantization_config"):  # the weights load as float32; no GGUF quantizer
-            del config.quantization_config
-        config.save_pretrained(into)
-        GenerationConfig.from_model_config(config).save_pretrained(into)  # as transformers makes a GGUF model's
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
-
-    print(f"Reading {gguf.name}'s config and tokenizer once into {target}", file=sys.stderr)
-    return _write_once(target, write)
-
-
-def convert_gguf(gguf: Path) -> Path:
-    """Dequantise a GGUF once into a cached Hugging Face directory; return that directory."""
-    target = gguf_cache_path(gguf)
-    if (target / "model.safetensors").is_file():
-        return target
-    from safetensors.torch import save_model
-    from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    def write(into: Path) -> None:
-        with tqdm(total=3, desc="convert GGUF", unit="step") as bar:
-            bar.set_postfix_str("tokenizer")
-            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
-            bar.update()
-            bar.set_postfix_str("weights")
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            bar.update()
-            bar.set_postfix_str("save")
-            # The weights are dequantised already; drop the GGUF quantizer so the config reloads as plain fp32.
-            config = copy.deepcopy(model.config)
-            if hasattr(config, "quantization_config"):
-                del config.quantization_config
-            config.save_pretrained(into)
-            model.generation_config.save_pretrained(into)
-            save_model(model, str(into / "model.safetensors"))
-            bar.update()
-
-    print(f"Converting {gguf.name} once into {target} (later loads take seconds)", file=sys.stderr)
-    return _write_once(target, write)
-
-
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
@@ -213,7 +126,7 @@ def _native_from_gguf(gguf: Path, layout: GgufLayout):
     read dense from the file (`_left_over`). None where the model is not of a family our forward runs,
     or the file lacks a tensor it needs."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     source = cache_gguf_config(gguf)
     config = AutoConfig.from_pretrained(source, local_files_only=True)
@@ -231,7 +144,7 @@ def _native_from_gguf(gguf: Path, layout: GgufLayout):
         return None
     model.load_state_dict(state, strict=False, assign=True)
     model.generation_config = GenerationConfig.from_pretrained(source, local_files_only=True)
-    return AutoTokenizer.from_pretrained(source, local_files_only=True), model
+    return gguf_tokenizer(source), model
 
 
 def _left_over(model: torch.nn.Module, tensors: dict[str, GgufTensor], family: Family) -> dict | None:

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import platform
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import torch
 
 from specdraft.backend import StaticShapes, llama, worth_compiling
 from specdraft.drafters import Drafter, Resources, create_drafter, is_builtin
 from specdraft.engine import Engine, RequestError
+from specdraft.engine.calibrate import KeptCalibration
 from specdraft.grammar import GrammarCompiler
 from specdraft.models import LoadedModel, load, release_freed_memory
-from specdraft.settings import Settings
+from specdraft.params import cache_dir
+from specdraft.settings import Resolved, Settings
 from specdraft.text import check_text
 from specdraft.verifier import Verifier
 
@@ -60,9 +69,90 @@ def build_runtime(model: str | LoadedModel | None = None, settings: Settings | N
     grammar = GrammarCompiler(target.tokenizer, verifier.vocab_size, target.eos_token_ids)
     engine = Engine(verifier, built, target.tokenizer, target.eos_token_ids, context, k=plan.k,
                     max_batch=plan.max_batch, default_drafter=plan.default_drafter, policy=plan.policy,
-                    calibrate=plan.calibrate, grammar=grammar)
+                    calibrate=plan.calibrate, grammar=grammar, calibration=kept_calibration(plan))
     release_freed_memory()  # what building freed (draft copies' float32 transients) leaves the process
     return Runtime(engine, target, plan.default_drafter, skipped, resources)
+
+
+def kept_calibration(plan: Resolved) -> KeptCalibration | None:
+    """Where this start's calibration is kept (`engine.calibrate`): a file named by the hash of what the
+    costs depend on (`calibration_key`), under `SPECDRAFT_CALIBRATION_DIR` (default the cache dir's
+    `calibration/`); None where the target came loaded (nothing says which file it is) or the
+    settings ask to measure afresh (`recalibrate`: measured, and kept for the next start)."""
+    if plan.loading is None:
+        return None
+    key = calibration_key(plan)
+    folder = Path(os.environ.get("SPECDRAFT_CALIBRATION_DIR", cache_dir() / "calibration"))
+    name = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return KeptCalibration(folder / f"{name}.json", key, afresh=plan.recalibrate)
+
+
+def calibration_key(plan: Resolved) -> dict[str, Any]:
+    """Everything a calibration's timings depend on: the machine (its processor, threads, device), the
+    code (ours, by content; torch's and numba's versions), the models (their files, by size and
+    time of change) and how they load, the drafters and their options, k, the batch, the policy."""
+    loading = plan.loading
+    return {"machine": _processor(), "threads": torch.get_num_threads(), "device": _device_name(loading.device),
+            "code": _code_hash(), "torch": torch.__version__, "python": platform.python_version(),
+            "numba": _version("numba"),
+            "target": {"name": loading.name, "file": _file(loading.source), "weights": loading.weights,
+                       "arithmetic": loading.arithmetic, "dtype": str(loading.dtype)},
+            "drafters": list(plan.drafters), "options": _with_files(plan.drafter_options), "k": plan.k,
+            "max_batch": plan.max_batch, "policy": plan.policy, "compiled": plan.compiled}
+
+
+def _processor() -> str:
+    """The processor's model name and how many this machine has (Linux's /proc/cpuinfo; else platform's)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
+        if names:
+            return f"{names[0]} x{len(names)}"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def _code_hash() -> str:
+    """Our sources' content (Python, the compiled kernels' C++), hashed."""
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".cpp", ".h"):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _file(source: Path | str) -> Any:
+    """A model's source: a file or directory as its path, size and time of change; a name as it is."""
+    path = Path(source)
+    if not path.exists():
+        return str(source)
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _with_files(options: Mapping[str, Any]) -> Any:
+    """Drafter options with every string that names a file (a draft model's) as `_file` gives it."""
+    if isinstance(options, Mapping):
+        return {name: _with_files(value) for name, value in options.items()}
+    if isinstance(options, str) and os.path.exists(options):
+        return _file(options)
+    return options
 
 
 def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: bool = True) -> StaticShapes | None:

@@ -68,8 +68,11 @@ class Settings:
     arithmetic: str = "auto"
     # Steps run eagerly: no CUDA graphs on CUDA, no compiled step on CPU.
     enforce_eager: bool = False
-    # Measure the drafters' and the target's costs at start, for the `auto` policy.
+    # Measure the drafters' and the target's costs at start, for the `auto` policy. What was measured is
+    # kept (the cache dir's `calibration/`, under a key naming the machine, the models, these settings
+    # and the code) and replayed at the next start with the same key, unless `recalibrate`.
     calibrate: bool = True
+    recalibrate: bool = False
     # MiB of earlier requests' keys and values kept for later prompts that start alike (0: none).
     prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
 
@@ -97,7 +100,7 @@ class Settings:
         if self.arithmetic == "int8" and (self.weights == "dense" or self.enforce_eager):
             raise ValueError("arithmetic int8 computes on native weights in the compiled CPU step, not with "
                              + ("weights dense" if self.weights == "dense" else "enforce_eager"))
-        for name in ("enforce_eager", "calibrate"):
+        for name in ("enforce_eager", "calibrate", "recalibrate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.prefix_cache_mb, bool) or not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
@@ -136,7 +139,7 @@ class Settings:
             model, self.device, self.dtype, self.weights, self.arithmetic, eager=self.enforce_eager)
         return Resolved(drafters=tuple(self.served), drafter_options=self.resolve_drafter_options(), k=self.k,
                         max_batch=self.max_batch, max_context=self.max_context, policy=self.policy,
-                        compiled=not self.enforce_eager, calibrate=self.calibrate,
+                        compiled=not self.enforce_eager, calibrate=self.calibrate, recalibrate=self.recalibrate,
                         prefix_cache_bytes=self.prefix_cache_mb << 20, loading=loading)
 
     def resolve_drafter_options(self) -> dict[str, dict[str, Any]]:
@@ -174,6 +177,7 @@ class Resolved:
     policy: Policy
     compiled: bool  # steps compiled (CUDA graphs on CUDA, the compiled step on CPU): not enforce_eager
     calibrate: bool
+    recalibrate: bool  # measure the costs at start even where a calibration is kept for them
     prefix_cache_bytes: int
     loading: Loading | None  # how the target loads (`models.plan_load`); None: it came loaded
 

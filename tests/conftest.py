@@ -4,6 +4,7 @@ and the embedded SmolLM2 model for end-to-end checks."""
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Callable, Sequence
 
 # On CPU the Triton kernels' tests run them under Triton's interpreter, which must be chosen before
@@ -19,6 +20,8 @@ from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.params import SamplingParams
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# Calibrations kept by one test session are not replayed by the next: each session measures afresh.
+os.environ.setdefault("SPECDRAFT_CALIBRATION_DIR", tempfile.mkdtemp(prefix="specdraft-calibration-"))
 TINY_VOCAB = 96
 # The tiny-model tests run on CPU (CI); SPECDRAFT_TEST_DEVICE=cuda runs the same tests on a GPU.
 TEST_DEVICE = torch.device(os.environ.get("SPECDRAFT_TEST_DEVICE", "cpu"))

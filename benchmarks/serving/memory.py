@@ -6,7 +6,8 @@ request (what the first request adds: its buffers, the compiled step's scratch),
 resident set holds after it: anonymous memory (the weights' tiles, the caches, the heap), the GGUF
 files' pages mapped in, and other files' (shared libraries); the settings alternate over `--rounds`
 rounds, medians reported; and the seconds from starting the process to its first answer on /health
-(start-up, with every cache warm: files fetched, kernels compiled).
+(start-up, with every cache warm: files fetched, kernels compiled, and, after a first start, the
+calibration kept), and the seconds the first request took (32 tokens: what a start leaves to it).
 
     python -m benchmarks.serving.memory [--rounds 2] [--out benchmarks/results]
 """
@@ -55,11 +56,13 @@ def measure(weights: str, extra: list[str]) -> dict:
         pid = server_pid(url)
         started = resident_bytes(pid)
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        asked = time.monotonic()
         reply = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
             "model": model, "max_tokens": 32, "messages": [{"role": "user", "content": "Name three rivers."}]})
         reply.raise_for_status()
+        answered = time.monotonic() - asked
         return {"after_start": started, "after_a_request": resident_bytes(pid), **resident_parts(pid),
-                "start_seconds": ready}
+                "start_seconds": ready, "first_request_seconds": answered}
 
 
 def main() -> None:
@@ -93,13 +96,17 @@ def report(result: dict) -> str:
         f"cache on, empty); VmRSS, medians of {result['rounds']} alternating rounds. Run with "
         f"`python -m benchmarks.serving.memory`.",
         "",
-        "| weights | after start | after one request | of which anonymous | GGUF files' pages | other files' | start-up |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| weights | after start | after one request | of which anonymous | GGUF files' pages | other files' | start-up | "
+        "first request |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
         *(f"| {w} | {m['after_start'] / 1e6:.0f} MB | {m['after_a_request'] / 1e6:.0f} MB | "
           + " | ".join(f"{m[k] / 1e6:.0f} MB" if k in m else "—" for k in ("anonymous", "gguf", "other_files"))
-          + (f" | {m['start_seconds']:.1f} s |" if "start_seconds" in m else " | — |")
+          + "".join(f" | {m[k]:.1f} s" if k in m else " | —" for k in ("start_seconds", "first_request_seconds")) + " |"
           for w, m in medians.items()),
     ]
+    lines += ["", "Start-up by round (s): " + "; ".join(
+        f"{w} " + ", ".join(f"{run['start_seconds']:.1f}" for run in rows) for w, rows in result["runs"].items()
+        if all("start_seconds" in run for run in rows))]
     if {"native", "dense"} <= set(medians):
         lines += ["", f"Native over dense after start: {medians['native']['after_start'] / medians['dense']['after_start']:.2f}x."]
     return "\n".join(lines)

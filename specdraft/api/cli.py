@@ -109,6 +109,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                              "where native weights load. Speculation is lossless in either")
     parser.add_argument("--enforce-eager", action="store_true", default=argparse.SUPPRESS,
                         help="run steps eagerly: no CUDA graphs on CUDA, no compiled step on CPU")
+    parser.add_argument("--recalibrate", action="store_true", default=argparse.SUPPRESS,
+                        help="measure this machine's costs at start even where a calibration is kept for the same "
+                             "machine, models and settings (it is kept again)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,9 +275,16 @@ def _serve(args: argparse.Namespace) -> int:
                      model_name=args.served_model_name)
     print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "
           f"(drafters: {', '.join(sorted(runtime.engine.drafters))}; default {runtime.drafter_name}, "
-          f"k <= {settings.k}, policy {settings.policy})", file=sys.stderr, flush=True)
+          f"k <= {settings.k}, policy {settings.policy}; costs {_calibration(runtime.engine.calibration)})",
+          file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _calibration(how: str) -> str:
+    """How the engine learnt this machine's costs at start, for the start-up line."""
+    return {"measured": "measured at start", "kept": "as measured before (--recalibrate measures again)",
+            "none": "not measured"}[how]
 
 
 def _drafters(args: argparse.Namespace) -> int:

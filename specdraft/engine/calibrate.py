@@ -3,11 +3,21 @@ drafts only when asked, timed on throwaway rows and reported to the policy, so t
 choices rest on this machine's costs rather than on guesses. Only steady passes are timed (a static
 shape's warm-up and capture are not its cost), and where passes warm up, every width the policy may
 choose at the batches calibrated is warmed up here, so that no decode step pays for it; so is every
-width a prefill pass runs at (`RowModel.prefill_widths`), so that no request's first token does."""
+width a prefill pass runs at (`RowModel.prefill_widths`), so that no request's first token does.
+
+What was measured is kept (`KeptCalibration`: a file under a key naming everything the costs depend
+on, this machine, its threads, the models, the settings and the code) and replayed to the policy at
+the next start with the same key, where measuring warms nothing up (no static shapes): those passes
+cost the same again, and measuring them took most of a start-up."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -16,6 +26,8 @@ from specdraft.drafters.base import Draft, Drafter, Parts
 from specdraft.params import SamplingParams
 from specdraft.policy import DraftingTiming, DraftPolicy, StepReport, VerifyTiming
 from specdraft.verifier import Verifier
+
+log = logging.getLogger("specdraft")
 
 PASSES = (2, 4, 8, 16, 32)  # one row's pass lengths timed besides the plain step and k + 1
 REPEATS = 4  # steady timings per case; the first pays one-off allocation and kernel selection and is dropped
@@ -30,8 +42,86 @@ def draft_lengths(k: int, compiled_tokens: int) -> list[int]:
     return sorted({0, k, *(n - 1 for n in passes if n - 1 < k)})
 
 
+class KeptCalibration:
+    """A calibration's reports kept in the file `path` (JSON: the key's parts, for a reader, and the
+    reports): `load` gives them back (None where none are kept, the file is unreadable, or `afresh`
+    asks to measure again), `save` writes them (atomically: a start-up that dies midway leaves the
+    old file or none)."""
+
+    VERSION = 1
+
+    def __init__(self, path: Path, key: Mapping[str, object], afresh: bool = False) -> None:
+        self.path, self.key, self.afresh = path, dict(key), afresh
+
+    def load(self) -> list[StepReport] | None:
+        if self.afresh:
+            return None
+        try:
+            kept = json.loads(self.path.read_text())
+            if kept.get("version") != self.VERSION:
+                return None
+            return [_report(entry) for entry in kept["reports"]]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # measured afresh, and written again
+            log.warning("the kept calibration %s is unreadable (%s): measuring afresh", self.path, exc)
+            return None
+
+    def save(self, reports: list[StepReport]) -> None:
+        kept = {"version": self.VERSION, "key": self.key, "reports": [_entry(r) for r in reports]}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            staged = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            staged.write_text(json.dumps(kept, indent=1, default=str))
+            staged.replace(self.path)
+        except OSError as exc:  # a read-only cache: the next start measures again
+            log.warning("could not keep the calibration in %s: %s", self.path, exc)
+
+
+def _entry(report: StepReport) -> dict:
+    """A calibration's report (a verify timing or drafting timings, nothing else) as JSON."""
+    assert not report.plans and not report.rows and not report.calls, "a calibration times passes, not steps"
+    return {"verify": None if report.verify is None else asdict(report.verify),
+            "drafting": [asdict(timing) for timing in report.drafting]}
+
+
+def _report(entry: dict) -> StepReport:
+    verify = entry["verify"]
+    return StepReport(verify=None if verify is None else VerifyTiming(tuple(verify["lengths"]), float(verify["seconds"])),
+                      drafting=tuple(DraftingTiming(**timing) for timing in entry["drafting"]))
+
+
+class _Recording:
+    """The policy, as calibration tells it what it measured, keeping every report."""
+
+    def __init__(self, policy: DraftPolicy) -> None:
+        self.policy, self.reports = policy, []
+
+    def record(self, report: StepReport) -> None:
+        self.reports.append(report)
+        self.policy.record(report)
+
+
 def calibrate(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy,
-              k: int, max_batch: int) -> None:
+              k: int, max_batch: int, kept: KeptCalibration | None = None) -> bool:
+    """Tell the policy this machine's costs (`measure`): replayed from `kept` where it holds them and
+    measuring would warm nothing up (`Verifier.static`: static shapes warm up and capture in these
+    passes), else measured, and kept there. Returns whether they were measured."""
+    if kept is not None and not verifier.static:
+        reports = kept.load()
+        if reports is not None:
+            for report in reports:
+                policy.record(report)
+            return False
+    recording = _Recording(policy)
+    measure(verifier, drafters, parts, recording, k, max_batch)
+    if kept is not None:
+        kept.save(recording.reports)
+    return True
+
+
+def measure(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy | _Recording,
+            k: int, max_batch: int) -> None:
     """Time verify steps at the corners of (batch, width) (and, where the verifier packs rows, one row
     drafting k in a full batch: what a few strong drafts cost there) and each drafter's costly part.
     Where a case's passes warmed up, every other draft length up to k is run at that batch until it
@@ -89,7 +179,7 @@ def _steady_seconds(verifier: Verifier, ids: list[str], prompt: list[int], draft
     return times, warmed
 
 
-def _calibrate_drafters(drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy, k: int,
+def _calibrate_drafters(drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy | _Recording, k: int,
                         prompt: list[int], greedy: SamplingParams) -> None:
     """Time each drafter's costly part on a throwaway request (after one that warms it up)."""
     for name, declared in parts.items():

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from specdraft.drafters.base import Drafter, Parts, drafter_failure, parts_of
 from specdraft.engine import constrain
-from specdraft.engine.calibrate import calibrate as calibrate_policy
+from specdraft.engine.calibrate import KeptCalibration, calibrate as calibrate_policy
 from specdraft.engine.intake import Intake, ResolvedRequest
 from specdraft.engine.requests import Completion, Delta, EngineStats, Phase, Request
 from specdraft.engine.step import Stages
@@ -41,14 +41,16 @@ class Engine:
     that name none: the first by default); k: the longest draft a request may ask for (its default);
     policy: how requests that name none choose draft lengths (`auto`: the cost-aware policy;
     `fixed`: as long as the drafter goes, every step); calibrate: time a few verify steps and costly
-    drafts at start so that the policy starts from measurements; token_budget: the tokens a step
+    drafts at start so that the policy starts from measurements, or replay those `calibration` kept
+    (`KeptCalibration`: measured and kept there where it holds none); token_budget: the tokens a step
     takes, the running rows' (drafts included) first, prefill what is left (`_prefill`); grammar:
     compiles requests' response formats (None: requests with one are refused)."""
 
     def __init__(self, verifier: Verifier, drafters: Mapping[str, Drafter], tokenizer, eos_token_ids: Sequence[int],
                  max_context: int, k: int = DEFAULT_NUM_SPECULATIVE_TOKENS, max_batch: int = DEFAULT_MAX_BATCH,
                  default_drafter: str | None = None, policy: str = DEFAULT_POLICY, calibrate: bool = True,
-                 token_budget: int = DEFAULT_TOKEN_BUDGET, grammar: GrammarCompiler | None = None) -> None:
+                 token_budget: int = DEFAULT_TOKEN_BUDGET, grammar: GrammarCompiler | None = None,
+                 calibration: KeptCalibration | None = None) -> None:
         check_num_speculative_tokens(k, "k")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -76,8 +78,11 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self.prefill_seconds = 0.0  # time spent prefilling the target with prompts (the same whatever drafts)
         self.stats = EngineStats(0, 0, verifier.prefix_stats())  # published by `_publish`: any thread reads it
+        # How the policy learnt this machine's costs at start: "measured", "kept" (replayed), or "none".
+        self.calibration = "none"
         if calibrate:
-            calibrate_policy(verifier, self.drafters, self.parts, self.policy, k, max_batch)
+            measured = calibrate_policy(verifier, self.drafters, self.parts, self.policy, k, max_batch, calibration)
+            self.calibration = "measured" if measured else "kept"
 
     # -- submission ----------------------------------------------------------------------
     def resolve(self, prompt_ids: Sequence[int], params: SamplingParams, speculation: SpeculationParams | None = None,

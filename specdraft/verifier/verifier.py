@@ -154,6 +154,11 @@ class Verifier:
         return self.rows.active_ids
 
     @property
+    def static(self) -> bool:
+        """Whether steps run at static shapes (`StaticShapes`): a shape's first passes warm it up (and capture it)."""
+        return self.rows.static is not None
+
+    @property
     def packs(self) -> bool:
         """Whether a step costs its real tokens (rows' drafts unpadded), not batch x the longest."""
         return self.rows.packs

@@ -243,7 +243,7 @@ def test_the_real_05b_holds_q_and_k_in_transformers_order():
     gguf = pytest.importorskip("gguf")
     from safetensors import safe_open
 
-    from specdraft.models import gguf_cache_path
+    from specdraft.gguf_cache import gguf_cache_path
     from specdraft.params import cache_dir
 
     path = cache_dir() / "catalogue" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"

@@ -17,7 +17,7 @@ FLOORS = {  # higher imports lower; a module's floor is its first listed prefix'
     "specdraft.engine": 5,
     "specdraft.integrations": 4,
     "specdraft.verifier": 3, "specdraft.drafters": 3,  # siblings: the engine joins them, neither imports the other
-    "specdraft.models": 2, "specdraft.grammar": 2, "specdraft.sampling": 2,
+    "specdraft.models": 2, "specdraft.gguf_cache": 2, "specdraft.grammar": 2, "specdraft.sampling": 2,
     # the backend's packages: the kernel wing (GGUF blocks and the compiled kernel) and numba's layers
     "specdraft.backend.native": 1, "specdraft.backend.numba_layers": 1,
     "specdraft.backend": 1, "specdraft.params": 1, "specdraft.policy": 1, "specdraft.errors": 1,

@@ -17,6 +17,7 @@ import torch
 from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of
 from specdraft.backend.native.gguf_file import dense_tensor, gguf_blocks, read_gguf, transformers_name
+from specdraft.gguf_cache import gguf_config_path
 from specdraft.gguf_check import check_gguf
 from specdraft.params import cache_dir
 from tests.backend.test_blocks import write_gguf
@@ -96,7 +97,8 @@ def _settings(config) -> dict:
 
 @pytest.mark.slow
 def test_the_embedded_model_loads_from_its_file_as_its_conversion_holds_it(tmp_path, monkeypatch):
-    from specdraft.models import embedded_gguf, gguf_cache_path, gguf_config_path
+    from specdraft.gguf_cache import gguf_cache_path, gguf_config_path
+    from specdraft.models import embedded_gguf
 
     path = embedded_gguf()
     native, converted = _native_and_converted(path)
@@ -109,7 +111,7 @@ def test_the_embedded_model_loads_from_its_file_as_its_conversion_holds_it(tmp_p
 def converted_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    from specdraft.models import gguf_cache_path
+    from specdraft.gguf_cache import gguf_cache_path
 
     return AutoTokenizer.from_pretrained(gguf_cache_path(path))
 
@@ -137,7 +139,7 @@ def test_a_native_load_caches_only_the_config_and_tokenizer(tmp_path, monkeypatc
     path = models.embedded_gguf()
     first = models.load_model(str(path), device="cpu", arithmetic="float32")
     assert first.weights == "native" and first.path == path
-    cached = models.gguf_config_path(path)
+    cached = gguf_config_path(path)
     assert sorted(p.name for p in cached.parent.iterdir()) == [cached.name]
     assert {"config.json", "generation_config.json", "tokenizer.json"} <= {p.name for p in cached.iterdir()}
     assert sum(p.stat().st_size for p in cached.iterdir()) < 20e6
@@ -151,3 +153,61 @@ def _refusing_gguf(read):
         assert "gguf_file" not in kwargs, "the GGUF's metadata was read again"
         return read(*args, **kwargs)
     return refuse
+
+
+def _mappings(path: Path) -> list[int]:
+    """The sizes of this process's mappings of `path` (/proc/self/maps)."""
+    sizes = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(" " + str(path)):
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            sizes.append(end - start)
+    return sizes
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_a_tensor_keeps_only_its_own_pages_mapped(tmp_path):
+    """Each tensor is mapped on its own: what a model keeps of the file (an untied embedding read by
+    rows) keeps that tensor mapped, not the whole file, and a tensor dropped leaves the process."""
+    import gc
+    import shutil
+
+    from specdraft.models import embedded_gguf
+
+    path = tmp_path / "copy.gguf"
+    shutil.copyfile(embedded_gguf(), path)
+    tensors = read_gguf(path, check_gguf(path))
+    assert len(_mappings(path)) == len(tensors)
+    kept = tensors["model.layers.0.mlp.down_proj.weight"].data
+    del tensors
+    gc.collect()
+    [size] = _mappings(path)
+    assert kept.nbytes <= size < kept.nbytes + 2 * 4096
+    del kept
+    gc.collect()
+    assert _mappings(path) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_int8_tiles_lie_in_one_buffer_in_the_order_a_step_reads_them(tmp_path):
+    """Tiled once onto 2 MB pages (`use_arithmetic`), nothing of the file left mapped, each layer's
+    q/k/v and gate/up one joined view (no joined copy made when the CPU step is built)."""
+    import gc
+    import shutil
+
+    from specdraft.backend.weights import adjacent_view
+    from specdraft.models import embedded_gguf, load_model
+
+    path = tmp_path / "copy.gguf"
+    shutil.copyfile(embedded_gguf(), path)
+    model = load_model(str(path), device="cpu", arithmetic="int8").model
+    gc.collect()
+    assert _mappings(path) == []
+    linears = [m for m in model.modules() if isinstance(m, blocks.BlockLinear)]
+    assert all(m.blocks._on_huge_pages and m.arithmetic == "int8" for m in linears)
+    assert len({m.blocks.untyped_storage().data_ptr() for m in linears}) == 1
+    for layer in model.model.layers:
+        mlp, attention = layer.mlp, layer.self_attn
+        assert adjacent_view([mlp.gate_proj.blocks, mlp.up_proj.blocks]) is not None
+        assert adjacent_view([attention.q_proj.blocks, attention.k_proj.blocks, attention.v_proj.blocks]) is not None
+    assert model.model.embed_tokens.blocks is model.lm_head.blocks  # tied: tiled once, read by both

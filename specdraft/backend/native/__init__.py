@@ -20,6 +20,7 @@ Its parts, by job:
 - `readers`: which code reads a model's weights (`reader`: the kernel, numba's loops or torch).
 - `modules`: `BlockLinear`, `BlockEmbedding`, torch modules over blocks; the arithmetic a
   `BlockLinear` computes in (`ARITHMETICS`, `use_arithmetic`).
+- `pages`: memory on 2 MB pages for the weights a step streams (`huge_page_buffer`).
 - `gguf_file`: a GGUF read in place: its blocks swapped into a model (`use_gguf_blocks`), its other
   tensors read as transformers' loader gives them (`read_gguf`, `dense_tensor`).
 - `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h` (a
@@ -35,6 +36,7 @@ from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, KINDS, NA
                                               BlockKind, dequantize, unit)
 from specdraft.backend.native.gguf_file import rotary_order, use_gguf_blocks
 from specdraft.backend.native.library import TILE_ROWS, Kernel, kernel, kernel_problem
+from specdraft.backend.native.pages import huge_page_buffer
 from specdraft.backend.native.modules import (ARITHMETICS, BlockEmbedding, BlockLinear, dense_values, int8_problem,
                                               use_arithmetic)
 from specdraft.backend.native.readers import Reader, Storage, reader
@@ -42,5 +44,5 @@ from specdraft.backend.native.readers import Reader, Storage, reader
 __all__ = ["ARITHMETICS", "Attention", "BLOCK", "BLOCK_BYTES", "BlockEmbedding", "BlockKind", "BlockLinear", "F32",
            "KINDS", "Kernel", "MAX_JOB_QUERIES", "MAX_SPAN", "NAMES", "PATHS", "Projection", "Q4_1", "Q4_K", "Q5_0",
            "Q6_K", "Q8_0", "Reader",
-           "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "int8_problem", "job_queries", "kernel",
+           "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "huge_page_buffer", "int8_problem", "job_queries", "kernel",
            "kernel_problem", "project_native", "reader", "rotary_order", "unit", "use_arithmetic", "use_gguf_blocks"]

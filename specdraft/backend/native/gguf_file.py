@@ -67,16 +67,18 @@ def read_gguf(gguf: Path, layout: GgufLayout | None = None) -> dict[str, GgufTen
 
         found = [(t.name, t.tensor_type, np.asarray(t.data)) for t in GGUFReader(str(gguf)).tensors]
     else:
-        mapped = np.memmap(gguf, np.uint8, mode="r")
-        found = [(info.name, info.kind, _bytes(mapped, layout.data_start, info)) for info in layout.tensors]
+        found = [(info.name, info.kind, _bytes(gguf, layout.data_start, info)) for info in layout.tensors]
     return {name: GgufTensor(kind, data) for raw, kind, data in found if (name := transformers_name(raw)) is not None}
 
 
-def _bytes(mapped: np.ndarray, data_start: int, info) -> np.ndarray:
-    """A tensor's bytes in the mapped file (`info`: its `gguf_check.TensorInfo`), uint8 [*rows, row bytes]."""
+def _bytes(gguf: Path, data_start: int, info) -> np.ndarray:
+    """A tensor's bytes in the file (`info`: its `gguf_check.TensorInfo`), uint8 [*rows, row bytes],
+    mapped on their own: a tensor's pages leave the process with the last view of it (a file mapped
+    whole stays mapped, and resident, while any one tensor of it is used). Private: writable arrays
+    (torch's), the file never written."""
     weights, size = GGML_QUANT_SIZES[info.kind]
-    start = data_start + info.offset
-    return mapped[start:start + info.nbytes].reshape(*reversed(info.shape[1:]), info.shape[0] // weights * size)
+    shape = (*reversed(info.shape[1:]), info.shape[0] // weights * size)
+    return np.memmap(gguf, np.uint8, mode="c", offset=data_start + info.offset, shape=shape)
 
 
 def rotary_order(rows: int, heads: int) -> np.ndarray:
@@ -123,10 +125,11 @@ def use_gguf_blocks(model: torch.nn.Module, gguf: Path) -> int:
 
 def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]], family: Family) -> int:
     """Swap the modules named in `found` (a weight's name -> (blocks [rows, row bytes], kind), as
-    `gguf_blocks` gives) for `BlockLinear`s (`BlockEmbedding`), over copies of the blocks, each
-    keeping the module's own bias (the same tensor); a tied output layer (`family.tied_head`)
-    follows the embedding. The dense weights they replace are dropped. Returns how many modules
-    were swapped."""
+    `gguf_blocks` gives) for `BlockLinear`s (`BlockEmbedding`), over the blocks where they lie (a
+    mapped file's pages: nothing is read until a step or `use_arithmetic` reads it; a copy where
+    they are not writable), each keeping the module's own bias (the same tensor); a tied output
+    layer (`family.tied_head`) follows the embedding. The dense weights they replace are dropped.
+    Returns how many modules were swapped."""
     swapped = 0
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
@@ -135,7 +138,7 @@ def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]],
     if "model.embed_tokens.weight" in found:
         blocks, kind = found["model.embed_tokens.weight"]
         assert blocks.shape[0] == embedding.num_embeddings
-        model.model.embed_tokens = BlockEmbedding(torch.from_numpy(blocks.copy()), kind, embedding.embedding_dim)
+        model.model.embed_tokens = BlockEmbedding(_tensor(blocks), kind, embedding.embedding_dim)
         swapped += 1
         if tied and "lm_head.weight" not in found:
             model.lm_head = BlockLinear(model.model.embed_tokens.blocks, kind, embedding.embedding_dim)
@@ -149,6 +152,11 @@ def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]],
         assert blocks.shape[0] == old.out_features, name
         assert old.bias is None or tuple(old.bias.shape) == (old.out_features,), name
         bias = None if old.bias is None else old.bias.data
-        setattr(parent, child, BlockLinear(torch.from_numpy(blocks.copy()), kind, old.in_features, bias=bias))
+        setattr(parent, child, BlockLinear(_tensor(blocks), kind, old.in_features, bias=bias))
         swapped += 1
     return swapped
+
+
+def _tensor(blocks: np.ndarray) -> torch.Tensor:
+    """Blocks as a tensor over the same memory, or over a copy where they are not writable (gguf's reader maps files read-only)."""
+    return torch.from_numpy(blocks if blocks.flags.writeable else blocks.copy())

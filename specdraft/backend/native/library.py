@@ -57,12 +57,15 @@ class Kernel:
         arithmetic, 0 for float32's)."""
         return self.address, self.quantize_address if arithmetic == "int8" else 0
 
-    def tile(self, w: np.ndarray, kind: int) -> np.ndarray:
+    def tile(self, w: np.ndarray, kind: int, out: np.ndarray | None = None) -> np.ndarray:
         """GGUF rows w [out, row bytes] of `kind` (out a multiple of 8) as the int8 arithmetic's tiles:
-        the same bytes rearranged, 16 rows interleaved (csrc/int8.cpp says how)."""
+        the same bytes rearranged, 16 rows interleaved (csrc/int8.cpp says how); written into `out`
+        where given (w's shape, contiguous, not w), else into a new array."""
         assert kind != F32 and w.shape[0] % TILE_ROWS == 0 and w.dtype == np.uint8
         w = np.ascontiguousarray(w)
-        out = np.empty_like(w)
+        out = np.empty_like(w) if out is None else out
+        assert out.shape == w.shape and out.dtype == np.uint8 and out.flags.c_contiguous
+        assert not np.shares_memory(out, w), "tiles are written beside the rows, not over them"
         self._tile(kind, w.ctypes.data, w.shape[0], w.shape[1], out.ctypes.data)
         return out
 

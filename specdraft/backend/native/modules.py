@@ -15,6 +15,7 @@ import numpy as np
 from specdraft.backend.native.formats import KINDS, NAMES, dequantize
 from specdraft.backend.native.calls import expand, project_native
 from specdraft.backend.native.library import TILE_ROWS, kernel, kernel_problem
+from specdraft.backend.native.pages import huge_page_buffer
 from specdraft.backend.native.readers import Reader, Storage, reader
 from specdraft.backend.linear import few_rows_linear
 
@@ -112,8 +113,10 @@ def int8_problem(model: torch.nn.Module) -> str | None:
 
 def use_arithmetic(model: torch.nn.Module, arithmetic: str) -> int:
     """Set the arithmetic (`ARITHMETICS`) of every `BlockLinear` in `model` (int8: once, its blocks
-    rearranged into tiles in place, a tied embedding's with them; refused where `int8_problem`
-    says why); return how many."""
+    rearranged into tiles, a tied embedding's with them; refused where `int8_problem` says why);
+    return how many. The tiles lie in one `huge_page_buffer`, in the order of the model's modules (the
+    order a step reads them: a CPU step's `on_huge_pages` then leaves them where they are), and the
+    blocks they were made from are dropped (a file's mapped pages, or a copy)."""
     if arithmetic not in ARITHMETICS:
         raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETICS)}, got {arithmetic!r}")
     layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
@@ -124,14 +127,21 @@ def use_arithmetic(model: torch.nn.Module, arithmetic: str) -> int:
     problem = int8_problem(model)
     if problem is not None:
         raise ValueError(f"the int8 arithmetic cannot run here: {problem}")
-    tiled = {}
-    with torch.no_grad():
-        for m in layers:
-            if m.blocks.data_ptr() not in tiled:
-                m.blocks.copy_(torch.from_numpy(kernel().tile(m.blocks.numpy(), m.kind)))
-                tiled[m.blocks.data_ptr()] = m.blocks
-            m.arithmetic = arithmetic
+    unique = list({m.blocks.data_ptr(): m.blocks for m in layers}.values())  # a tied layer's blocks once
+    # One storage: tiles that lie one after another (q/k/v, gate/up) are read as one joined view.
+    buffer = torch.from_numpy(huge_page_buffer(sum(b.numel() for b in unique)))
+    offset, tiled = 0, {}
+    for blocks, m in ((b, next(m for m in layers if m.blocks is b)) for b in unique):
+        tiles = buffer[offset : offset + blocks.numel()].view(blocks.shape)
+        kernel().tile(blocks.numpy(), m.kind, tiles.numpy())
+        tiles._on_huge_pages = True
+        tiled[blocks.data_ptr()] = tiles
+        offset += blocks.numel()
     for m in model.modules():
-        if isinstance(m, BlockEmbedding) and m.blocks.data_ptr() in tiled:
-            m.tiled = True
+        if isinstance(m, (BlockLinear, BlockEmbedding)) and m.blocks.data_ptr() in tiled:
+            m.blocks = tiled[m.blocks.data_ptr()]
+            if isinstance(m, BlockEmbedding):
+                m.tiled = True
+            else:
+                m.arithmetic = arithmetic
     return len(layers)

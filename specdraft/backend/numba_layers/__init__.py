@@ -40,9 +40,8 @@ linears as a step reads them), `stack` (the layer class and the layer stack's ke
 
 from specdraft.backend.numba_layers.attention import attend, attention_kernel
 from specdraft.backend.numba_layers.grouping import native_kernel, read_parts, step_weights
-from specdraft.backend.numba_layers.huge_pages import huge_page_buffer
 from specdraft.backend.numba_layers.projection import NO_KERNEL, NO_RESIDUAL, project
 from specdraft.backend.numba_layers.stack import MAX_TOKENS, NumbaLayers
 
-__all__ = ["MAX_TOKENS", "NO_KERNEL", "NO_RESIDUAL", "NumbaLayers", "attend", "attention_kernel", "huge_page_buffer",
+__all__ = ["MAX_TOKENS", "NO_KERNEL", "NO_RESIDUAL", "NumbaLayers", "attend", "attention_kernel",
            "native_kernel", "project", "read_parts", "step_weights"]

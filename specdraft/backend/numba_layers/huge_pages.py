@@ -3,30 +3,9 @@ them from 4 KB pages costs a page walk every 4 KB, which 2 MB pages spare."""
 
 from __future__ import annotations
 
-import mmap
-
-import numpy as np
 import torch
 
-from specdraft.backend.native import BlockLinear
-
-_HUGE_PAGE = 2 << 20
-
-
-def huge_page_buffer(nbytes: int) -> np.ndarray:
-    """A zeroed uint8 buffer of `nbytes` in anonymous memory, 2 MB aligned, that the kernel is asked
-    to back with 2 MB pages (`MADV_HUGEPAGE`, before any page is touched; where it does not, plain
-    pages). Streaming the weights from 4 KB pages costs a page walk every 4 KB, which 2 MB pages
-    spare (`benchmarks/results/cpu_profile.md`)."""
-    area = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            area.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # transparent huge pages not configured: plain pages
-            pass
-    raw = np.frombuffer(area, np.uint8)  # keeps `area` alive as long as a view of it lives
-    start = (-raw.ctypes.data) % _HUGE_PAGE
-    return raw[start : start + nbytes]
+from specdraft.backend.native import BlockLinear, huge_page_buffer
 
 
 def _read_name(module: torch.nn.Module) -> str:
@@ -51,7 +30,7 @@ def on_huge_pages(model: torch.nn.Module, groups: list[list[torch.nn.Module]]) -
     `_joinable`) and the groups in the order given (the order a step reads them). Each module's
     tensor becomes a view of the buffer holding the same values (a tied input embedding follows the
     output layer), so the loader's memory is freed, not kept twice. Tensors moved already (another
-    step built over the same layers) stay where they are."""
+    step built over the same layers, or tiled onto them: `use_arithmetic`) stay where they are."""
     groups = [g for g in _joinable(groups) if not all(getattr(getattr(m, _read_name(m)), "_on_huge_pages", False) for m in g)]
     if not groups:
         return

@@ -94,6 +94,17 @@ def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, e
     return x
 
 
+@njit(cache=True)
+def _as_list(items):  # pragma: no cover - compiled
+    """A homogeneous tuple as a typed list, made in compiled code: numba's disk cache keeps this for
+    every item type, while a list built from Python compiles its methods again in each process (a
+    second at start)."""
+    out = List()
+    for item in items:
+        out.append(item)
+    return out
+
+
 def _named(name: str):
     """The call's name in a torch profile, where a profiler runs; nothing otherwise (entering a
     `record_function` costs a step time even where no profiler runs)."""
@@ -117,12 +128,12 @@ class NumbaLayers:
         self._kernel = NO_KERNEL if compiled is None else compiled.calls(self.arithmetic)
         self.attention_address = attention_kernel(heads, kv_heads, head_dim)  # `attend`'s kernel (0: numba's loops)
         weights = step_weights(model, layers, native=compiled is not None)
-        before, after = List(), List()
+        before, after = [], []
         for i, layer in enumerate(layers):
             qkv, out, gate_up, down = weights[4 * i : 4 * i + 4]
             before.append((host_array(layer.input_layernorm.weight), qkv))
             after.append((out, host_array(layer.post_attention_layernorm.weight), gate_up, down))
-        self._before, self._after, self._eps = before, after, family.norm_eps
+        self._before, self._after, self._eps = _as_list(tuple(before)), _as_list(tuple(after)), family.norm_eps
         self._head = (host_array(model.model.norm.weight), family.norm_eps, weights[-1], self._kernel)
         self._vocabulary = weights[-1][0].shape[0]  # the output layer's rows: the logits `head` computes
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
@@ -194,7 +205,7 @@ class NumbaLayers:
         now = (cache.generation, cache.window.start, cache.window.stop)
         if held is not cache or key != now:
             keys, values = cache.window_buffers()
-            buffers = (List([k.numpy() for k in keys]), List([v.numpy() for v in values]))
+            buffers = (_as_list(tuple(k.numpy() for k in keys)), _as_list(tuple(v.numpy() for v in values)))
             self._buffers = (cache, now, buffers)
         return buffers
 

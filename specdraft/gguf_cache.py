@@ -1,0 +1,125 @@
+"""What a GGUF leaves in the cache dir (`SPECDRAFT_CACHE_DIR`, default `~/.cache/specdraft`), each
+made once, atomically: its config, generation config and tokenizer for a native load
+(`cache_gguf_config`), its dense conversion for a dense one (`convert_gguf`); and a tokenizer read
+from such a config, shared by models whose tokenizer files are the same (`gguf_tokenizer`)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specdraft.params import cache_dir
+
+def _gguf_key(gguf: Path) -> str:
+    """A cache directory's name for a GGUF: its stem and a hash of its path, size and modification time."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return f"{gguf.stem}-{key}"
+
+
+def gguf_cache_path(gguf: Path) -> Path:
+    """Where a GGUF's dense conversion is cached (`convert_gguf`)."""
+    return cache_dir() / "models" / _gguf_key(gguf)
+
+
+def gguf_config_path(gguf: Path) -> Path:
+    """Where a GGUF's config, generation config and tokenizer are cached for a native load (`cache_gguf_config`)."""
+    return cache_dir() / "gguf-configs" / _gguf_key(gguf)
+
+
+def _write_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """Make the cache directory `target` atomically: `write` fills a temporary directory beside it,
+    which is then renamed to it, unless another process finished first."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        staged = Path(tmp) / "done"
+        staged.mkdir()
+        write(staged)
+        try:
+            staged.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    return target
+
+
+def cache_gguf_config(gguf: Path) -> Path:
+    """Read a GGUF's config, generation config and tokenizer once (transformers parses its metadata)
+    into a small cached Hugging Face directory, without weights; return that directory."""
+    target = gguf_config_path(gguf)
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    def write(into: Path) -> None:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if hasattr(config, "quantization_config"):  # the weights load as float32; no GGUF quantizer
+            del config.quantization_config
+        config.save_pretrained(into)
+        GenerationConfig.from_model_config(config).save_pretrained(into)  # as transformers makes a GGUF model's
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
+
+    print(f"Reading {gguf.name}'s config and tokenizer once into {target}", file=sys.stderr)
+    return _write_once(target, write)
+
+
+def convert_gguf(gguf: Path) -> Path:
+    """Dequantise a GGUF once into a cached Hugging Face directory; return that directory."""
+    target = gguf_cache_path(gguf)
+    if (target / "model.safetensors").is_file():
+        return target
+    from safetensors.torch import save_model
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def write(into: Path) -> None:
+        with tqdm(total=3, desc="convert GGUF", unit="step") as bar:
+            bar.set_postfix_str("tokenizer")
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
+            bar.update()
+            bar.set_postfix_str("weights")
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            bar.update()
+            bar.set_postfix_str("save")
+            # The weights are dequantised already; drop the GGUF quantizer so the config reloads as plain fp32.
+            config = copy.deepcopy(model.config)
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.save_pretrained(into)
+            model.generation_config.save_pretrained(into)
+            save_model(model, str(into / "model.safetensors"))
+            bar.update()
+
+    print(f"Converting {gguf.name} once into {target} (later loads take seconds)", file=sys.stderr)
+    return _write_once(target, write)
+
+
+_TOKENIZERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # tokenizer files' hash -> a live tokenizer
+
+
+def gguf_tokenizer(source: Path):
+    """The tokenizer of a cached GGUF config (`cache_gguf_config`): where one loaded from files of
+    the same content lives (a drafter of the target's family: building one takes a second), a
+    shallow copy of it holding this model's own chat template (the same vocabulary, merges and
+    special tokens; nothing changes them once loaded), else one loaded."""
+    from transformers import AutoTokenizer
+
+    digest = hashlib.sha256()
+    for path in sorted(source.glob("*.json")):
+        if path.name.startswith(("tokenizer", "special_tokens", "added_tokens")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()
+    loaded, template = _TOKENIZERS.get(key), source / "chat_template.jinja"
+    if loaded is None or not template.is_file():
+        tokenizer = _TOKENIZERS[key] = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        return tokenizer
+    tokenizer = copy.copy(loaded)
+    tokenizer.chat_template = template.read_text()
+    return tokenizer
