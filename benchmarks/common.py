@@ -16,7 +16,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,32 +100,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, name: str, timeout: float, output: Callable[[], str]) -> None:
+    """Wait until the server process `proc` answers `url`/health; raise RuntimeError with the end of
+    its `output` where it exits first, or where it does not answer within `timeout` seconds."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}: {output()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not come up in time")
+        time.sleep(0.3)
+
+
 @contextmanager
 def live_server(*args: str, startup_timeout: float = 300.0, log: Path | None = None):
     """Yield the base URL of a `specdraft serve ARGS` process on a free loopback port; stop it (SIGINT:
     a graceful shutdown) after."""
-    import httpx
-
     port = free_port()
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen([sys.executable, "-m", "specdraft.api.cli", "serve", "--port", str(port), *args],
                             stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + startup_timeout
     try:
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else (log.read_text() if log else "")
-                raise RuntimeError(f"specdraft serve exited with {proc.returncode}: {err[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("specdraft serve did not come up in time")
-            time.sleep(0.3)
+        wait_healthy(proc, url, "specdraft serve", startup_timeout,
+                     lambda: proc.stderr.read().decode() if proc.stderr else (log.read_text() if log else ""))
         yield url
     finally:
         if proc.poll() is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from pathlib import Path
+from typing import Iterator
 
 from benchmarks.serving.ceiling import UNBOUNDED, copy_ceiling
 from benchmarks.common import cli, machine, write_results
@@ -76,12 +77,17 @@ def main() -> None:
     plot(results, args.out / "agent.png")
 
 
-def summarize(turns: list[dict]) -> dict:
-    out = {}
+def by_turn(turns: list[dict]) -> Iterator[tuple[str, list[dict]]]:
+    """(scope, its turns): all turns, then those of each turn index (1, 2, 3+) that has any."""
     for scope in ("all", "1", "2", "3+"):
         chosen = [t for t in turns if scope == "all" or bucket(t["turn"]) == scope]
-        if not chosen:
-            continue
+        if chosen:
+            yield scope, chosen
+
+
+def summarize(turns: list[dict]) -> dict:
+    out = {}
+    for scope, chosen in by_turn(turns):
         cells = {}
         for name in display_order(chosen[0]["runs"]):
             runs = [t["runs"][name] for t in chosen]

@@ -26,9 +26,10 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from benchmarks.common import cli, free_port, live_server, machine, write_results
+from benchmarks.common import cli, free_port, live_server, machine, wait_healthy, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.domains.report import bar_plot
+from benchmarks.serving.agent import by_turn
 from specdraft import catalogue
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
@@ -46,31 +47,19 @@ def llama_server_methods(folder: Path, target: Path, draft: Path, k: int) -> dic
     plain = [str(binary), "-m", str(target), "-np", "1", "-c", "16384", "--cache-prompt"]
     return {LLAMA_PLAIN: plain,
             f"llama-server -md k{k}": [*plain, "-md", str(draft), "--spec-type", "draft-simple",
-                                       "--spec-draft-n-max", str(k), "-cd", "16384"]}
+                                       "--spec-draft-n-max", str(k)]}
 
 
 @contextmanager
 def llama_server(argv: list[str], threads: int, log: Path, startup_timeout: float = 300.0):
     """Yield the base URL of a `llama-server` on a free loopback port; stop it after."""
-    import httpx
-
     port = free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen([*argv, "-t", str(threads), "--port", str(port), "--host", "127.0.0.1"],
                                 stdout=out, stderr=subprocess.STDOUT)
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + startup_timeout
+        url = f"http://127.0.0.1:{port}"
         try:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"llama-server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("llama-server did not come up in time")
-                time.sleep(0.3)
+            wait_healthy(proc, url, "llama-server", startup_timeout, lambda: log.read_text())
             yield url
         finally:
             proc.terminate()
@@ -118,6 +107,8 @@ def turn(url: str, messages: list[dict], max_tokens: int, extra: dict) -> dict:
 
 
 def main() -> None:
+    import httpx
+
     parser = cli(__doc__, out=Path(__file__).parents[1] / "results" / "pair" / "agent_servers")
     parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's build/bin (llama-server)")
     parser.add_argument("--conversations", type=int, default=2)
@@ -135,7 +126,9 @@ def main() -> None:
         ours = stack.enter_context(live_server(
             "--model", TARGET, "--draft-model", DRAFT, "--drafters", ",".join(OURS), "-k", str(args.k),
             "--prefix-cache-mb", "4096", log=args.out / "specdraft.log"))
-        urls = {name: (ours, {"speculation": {"drafter": name}, "cache_salt": f"agent-{name}"}) for name in OURS}
+        served = httpx.get(f"{ours}/v1/models").json()["data"][0]["id"]
+        urls = {name: (ours, {"model": served, "speculation": {"drafter": name}, "cache_salt": f"agent-{name}"})
+                for name in OURS}
         for name, argv in servers.items():
             log = args.out / f"{name.replace(' ', '_')}.log"
             urls[name] = (stack.enter_context(llama_server(argv, args.threads, log)), {})
@@ -171,17 +164,10 @@ def same_history(replies: dict[str, list[str]], name: str) -> bool:
     return replies[name] == replies[plain]
 
 
-def bucket(index: int) -> str:
-    return str(index + 1) if index < 2 else "3+"
-
-
 def summarize(turns: list[dict]) -> dict:
     """Per turn index and over all turns, each method's medians (and ratios to specdraft's `none`)."""
     out = {}
-    for scope in ("all", "1", "2", "3+"):
-        chosen = [t for t in turns if scope == "all" or bucket(t["turn"]) == scope]
-        if not chosen:
-            continue
+    for scope, chosen in by_turn(turns):
         cells = {}
         for name in chosen[0]["runs"]:
             runs = [t["runs"][name] for t in chosen]

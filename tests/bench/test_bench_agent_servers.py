@@ -51,12 +51,15 @@ def test_a_llama_server_turn_reads_its_timings():
 
 @pytest.mark.slow
 def test_a_specdraft_turn_reads_its_usage(tmp_path):
+    import httpx
+
     from benchmarks.common import live_server
 
     folder = tiny_model_dir(tmp_path / "tiny")
     with live_server("--model", str(folder), "--max-model-len", "256", "--drafters", "none,ngram") as url:
         messages = [{"role": "user", "content": "say a a a a a a a a"}]
-        runs = [agent_servers.turn(url, messages, 8, {"speculation": {"drafter": name}, "cache_salt": name})
+        served = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        runs = [agent_servers.turn(url, messages, 8, {"model": served, "speculation": {"drafter": name}, "cache_salt": name})
                 for name in ("none", "ngram", "ngram")]
     assert runs[0]["text"] == runs[1]["text"] == runs[2]["text"] and runs[0]["tokens"] == 8
     assert runs[0]["draft_tokens"] == 0 and runs[0]["cached_tokens"] == 0
