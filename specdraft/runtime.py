@@ -78,12 +78,17 @@ def kept_calibration(plan: Resolved) -> KeptCalibration | None:
     """Where this start's calibration is kept (`engine.calibrate`): a file named by the hash of what the
     costs depend on (`calibration_key`), under `SPECDRAFT_CALIBRATION_DIR` (default the cache dir's
     `calibration/`); None where the target came loaded (nothing says which file it is) or the
-    settings ask to measure afresh (`recalibrate`: measured, and kept for the next start)."""
+    settings ask to measure afresh (`recalibrate`: measured, and kept for the next start); none either
+    where an option is an object rather than a name or a path (a draft model given loaded)."""
     if plan.loading is None:
         return None
     key = calibration_key(plan)
+    try:
+        text = json.dumps(key, sort_keys=True)
+    except TypeError:  # an option that names nothing lasting (a draft model given loaded): measured each start
+        return None
     folder = Path(os.environ.get("SPECDRAFT_CALIBRATION_DIR", cache_dir() / "calibration"))
-    name = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    name = hashlib.sha256(text.encode()).hexdigest()[:32]
     return KeptCalibration(folder / f"{name}.json", key, afresh=plan.recalibrate)
 
 
@@ -137,7 +142,7 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _file(source: Path | str) -> Any:
+def _file(source: Path | str | os.PathLike) -> Any:
     """A model's source: a file or directory as its path, size and time of change; a name as it is."""
     path = Path(source)
     if not path.exists():
@@ -150,7 +155,7 @@ def _with_files(options: Mapping[str, Any]) -> Any:
     """Drafter options with every string that names a file (a draft model's) as `_file` gives it."""
     if isinstance(options, Mapping):
         return {name: _with_files(value) for name, value in options.items()}
-    if isinstance(options, str) and os.path.exists(options):
+    if isinstance(options, (str, os.PathLike)) and os.path.exists(options):
         return _file(options)
     return options
 

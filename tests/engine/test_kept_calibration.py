@@ -112,9 +112,15 @@ def test_the_key_names_what_the_costs_depend_on(tmp_path, monkeypatch):
     assert kept_calibration(Settings(device="cpu", weights="dense", recalibrate=True).resolve(str(model))).afresh
 
 
-def test_a_model_that_came_loaded_is_measured_every_start():
+def test_a_model_that_came_loaded_is_measured_every_start(tmp_path):
     target = loaded(make_tiny_model(dtype=torch.float32))
     assert kept_calibration(Settings().resolve(target)) is None
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    draft = Settings(device="cpu", weights="dense", drafters=["model"], draft_model=target)
+    assert kept_calibration(draft.resolve(str(model))) is None  # nothing names the draft's weights
+    by_path = Settings(device="cpu", weights="dense", drafters=["model"], draft_model=model)
+    assert kept_calibration(by_path.resolve(str(model))).key["options"]["model"]["draft_model"][1] == 4
 
 
 def test_recalibrate_must_be_a_bool():
