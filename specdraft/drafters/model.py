@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from specdraft.backend import RowModel, StaticShapes, worth_compiling
+from specdraft.backend.prefix import PrefixCache
 from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, Parts, Resources
 from specdraft.drafters.registry import register
 from specdraft.models import LoadedModel, load_draft_model
@@ -63,15 +64,19 @@ class ModelDrafter:
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
                  layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
                  static: StaticShapes | None = None, compiled: bool = False, target_copy: bool = False,
-                 vocabulary: int | None = None) -> None:
+                 vocabulary: int | None = None, prefix_cache_bytes: int = 0) -> None:
         """target_copy: `model` is built from the target's own layers (`LoadedModel.target_copy`), so
         it may take the target's keys and values (`share_target`). vocabulary: draft among the ids
         below it only (a multiple of 16; None: every id), their q renormalised over them: where the
         compiled CPU step runs the draft, its output layer's other rows are never read (`NumbaLayers.
         keep_vocabulary`). Byte-pair vocabularies number their tokens roughly by how often they merge,
         so the first ids are the common ones (as FR-Spec's frequency-ranked draft vocabularies); the
-        verifier is unchanged, so the output is too."""
+        verifier is unchanged, so the output is too. prefix_cache_bytes: keep ended requests' keys and
+        values, up to this many bytes, for later prompts that start alike under the same cache salt
+        (`specdraft.backend.prefix`, as the target keeps its own): an agent's next turn catches up on
+        its new tokens only (none for a copy of the target, which copies the target's)."""
         self.rows = RowModel(model, layers=layers, dtype=dtype, static=static, compiled=compiled)
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and not target_copy else None
         self.vocabulary = vocabulary
         if vocabulary is not None:
             size = model.config.vocab_size
@@ -102,6 +107,8 @@ class ModelDrafter:
         stream = SAMPLE if params.seed is not None else DRAFT
         self._requests[request_id] = _Request(params, request_seed(params), stream, [int(t) for t in prompt_ids])
         self.rows.add(request_id, active=True)
+        if self.prefixes is not None:  # all but the last prompt token: the drafting pass's input
+            self.rows.read_prefix(request_id, self.prefixes, params.cache_salt, prompt_ids, len(prompt_ids) - 1)
 
     def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
         request = self._requests[request_id]
@@ -114,8 +121,13 @@ class ModelDrafter:
         request.context.extend(int(t) for t in token_ids)
 
     def end(self, request_id: str) -> None:
-        if self._requests.pop(request_id, None) is not None:
-            self.rows.remove(request_id)
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        if self.prefixes is not None:  # what the row holds of the context (a fed draft's entries are not)
+            held = request.fed_from if request.fed else self.rows.length(request_id)
+            self.rows.store_prefix(request_id, self.prefixes, request.params.cache_salt, request.context[:held])
+        self.rows.remove(request_id)
 
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, request_ids: Sequence[str], max_lengths: Sequence[int]) -> list[Draft]:
@@ -249,14 +261,17 @@ class ModelDrafter:
 
 @register("model")
 def _create(k: int, target: Any, resources: Resources | None = None, draft_model: str | LoadedModel | None = None,
-            dtype: str = "auto", vocabulary: int | None = None) -> ModelDrafter:
+            dtype: str = "auto", vocabulary: int | None = None, prefix_cache_mb: int = 256) -> ModelDrafter:
     """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target), loaded once per
     runtime whichever drafters draft with it (`resources`, which also says how models run there);
     `dtype` for loading it (auto: the target's device default); `vocabulary`: draft among the ids below
-    it only (`ModelDrafter`)."""
+    it only; `prefix_cache_mb`: MiB of ended requests' draft keys and values kept for prompts that
+    start alike (0: none; `ModelDrafter`)."""
+    if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
+        raise ValueError(f"the model drafter's prefix_cache_mb must be an integer >= 0, got {prefix_cache_mb!r}")
     resources = resources if resources is not None else Resources()
     key = ("draft model", draft_model if draft_model is None or isinstance(draft_model, str) else id(draft_model), dtype)
     draft = resources.shared(key, lambda: load_draft_model(draft_model, target, dtype))
     return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
                         static=resources.static_shapes, compiled=resources.compiled and worth_compiling(draft.model),
-                        target_copy=draft.target_copy, vocabulary=vocabulary)
+                        target_copy=draft.target_copy, vocabulary=vocabulary, prefix_cache_bytes=prefix_cache_mb << 20)

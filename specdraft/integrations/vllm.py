@@ -151,7 +151,7 @@ def vllm_model_dir(model_dir: str | Path) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from specdraft.models import cache_dir
+    from specdraft.params import cache_dir
 
     source = Path(model_dir)
     weights = source / "model.safetensors"

@@ -354,3 +354,37 @@ def test_engines_share_the_targets_rows_with_a_self_copy_drafter(pair):
     for prompt in PROMPTS[:3]:
         [done] = engine.run([(prompt + prompt, SamplingParams(max_tokens=25), SpeculationParams("model"))])
         assert done.token_ids == hf_greedy(target, prompt + prompt, 25)
+
+
+def test_a_prompt_that_starts_as_an_ended_one_catches_up_on_its_new_tokens_only(pair):
+    """The drafter keeps ended requests' keys and values per cache salt (`prefix_cache_bytes`): a later
+    request whose prompt starts alike (an agent's next turn) reads them and feeds only what is new,
+    and its drafts are the draft model's greedy continuation all the same; another salt reads nothing."""
+    target, draft = pair
+    drafter = ModelDrafter(draft, k=K, prefix_cache_bytes=1 << 20)
+    first = list(range(1, 40))
+    drafter.begin("turn 1", first, SamplingParams())
+    [d] = drafter.propose(["turn 1"], [K])
+    drafter.accept("turn 1", [int(d.token_ids[0]), 5])  # one accepted, then a recovered token
+    context = first + [int(d.token_ids[0]), 5]
+    [pending] = drafter.propose(["turn 1"], [K])  # a draft fed and not yet accepted when the request ends
+    drafter.end("turn 1")
+    fed = drafter.rows.committed_tokens
+    second = context + [11, 12, 13]
+    drafter.begin("turn 2", second, SamplingParams())
+    assert drafter.rows.length("turn 2") == len(context)  # the ended request's context, not its pending draft
+    [d] = drafter.propose(["turn 2"], [K])
+    assert d.token_ids.tolist() == hf_greedy(draft, second, K)
+    assert drafter.rows.committed_tokens - fed == 3 + len(d) - 1  # the new tokens and the draft's own
+    drafter.begin("other salt", second, SamplingParams(cache_salt="other"))
+    assert drafter.rows.length("other salt") == 0
+    assert len(pending) > 0
+
+
+def test_the_model_drafters_prefix_cache_is_an_option(pair):
+    target, draft = pair
+    on = create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft))
+    off = create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), prefix_cache_mb=0)
+    assert on.prefixes is not None and on.prefixes.budget == 256 << 20 and off.prefixes is None
+    with pytest.raises(ValueError, match="prefix_cache_mb must be an integer >= 0, got -1"):
+        create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), prefix_cache_mb=-1)
