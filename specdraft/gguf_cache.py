@@ -17,6 +17,7 @@ import torch
 
 from specdraft.params import cache_dir
 
+
 def _gguf_key(gguf: Path) -> str:
     """A cache directory's name for a GGUF: its stem and a hash of its path, size and modification time."""
     stat = gguf.stat()

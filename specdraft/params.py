@@ -161,6 +161,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def check_cache_mb(value: object, name: str = "prefix_cache_mb") -> int:
+    """The one check of a prefix cache's size in MiB: an integer >= 0 (0 keeps nothing)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r} (0 turns the prefix cache off)")
+    return value
+
+
 def check_policy(policy: object, name: str = "policy") -> Policy:
     if policy not in POLICIES:
         raise ValueError(f"{name} must be one of {', '.join(POLICIES)}, got {policy!r}")

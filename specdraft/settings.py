@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, drafter_parts, is_builtin, uses
 from specdraft.params import (ARITHMETIC, DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_POLICY,
-                              DEFAULT_PREFIX_CACHE_MB, DTYPES, WEIGHTS, Policy, check_num_speculative_tokens,
-                              check_policy)
+                              DEFAULT_PREFIX_CACHE_MB, DTYPES, WEIGHTS, Policy, check_cache_mb,
+                              check_num_speculative_tokens, check_policy)
 
 if TYPE_CHECKING:
     from specdraft.models import LoadedModel, Loading
@@ -103,8 +103,7 @@ class Settings:
         for name in ("enforce_eager", "calibrate", "recalibrate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.prefix_cache_mb, bool) or not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
-            raise ValueError(f"prefix_cache_mb must be an integer >= 0 (0 turns the prefix cache off), got {self.prefix_cache_mb!r}")
+        check_cache_mb(self.prefix_cache_mb)
 
     def _check_drafter_options(self) -> None:
         """Each key names a drafter being built or one it is built on, and each drafter takes every

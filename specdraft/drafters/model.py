@@ -37,7 +37,7 @@ from specdraft.backend.prefix import PrefixCache
 from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, Parts, Resources
 from specdraft.drafters.registry import register
 from specdraft.models import LoadedModel, load_draft_model
-from specdraft.params import SamplingParams
+from specdraft.params import SamplingParams, check_cache_mb
 from specdraft.sampling import DRAFT, SAMPLE, argmax, distribution, inverse_cdf, keyed_uniforms, request_seed
 
 
@@ -267,8 +267,7 @@ def _create(k: int, target: Any, resources: Resources | None = None, draft_model
     `dtype` for loading it (auto: the target's device default); `vocabulary`: draft among the ids below
     it only; `prefix_cache_mb`: MiB of ended requests' draft keys and values kept for prompts that
     start alike (0: none; `ModelDrafter`)."""
-    if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
-        raise ValueError(f"the model drafter's prefix_cache_mb must be an integer >= 0, got {prefix_cache_mb!r}")
+    check_cache_mb(prefix_cache_mb, "the model drafter's prefix_cache_mb")
     resources = resources if resources is not None else Resources()
     key = ("draft model", draft_model if draft_model is None or isinstance(draft_model, str) else id(draft_model), dtype)
     draft = resources.shared(key, lambda: load_draft_model(draft_model, target, dtype))

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -72,7 +72,7 @@ class KeptCalibration:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             staged = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-            staged.write_text(json.dumps(kept, indent=1, default=str))
+            staged.write_text(json.dumps(kept, indent=1))
             staged.replace(self.path)
         except OSError as exc:  # a read-only cache: the next start measures again
             log.warning("could not keep the calibration in %s: %s", self.path, exc)
@@ -91,41 +91,29 @@ def _report(entry: dict) -> StepReport:
                       drafting=tuple(DraftingTiming(**timing) for timing in entry["drafting"]))
 
 
-class _Recording:
-    """The policy, as calibration tells it what it measured, keeping every report."""
-
-    def __init__(self, policy: DraftPolicy) -> None:
-        self.policy, self.reports = policy, []
-
-    def record(self, report: StepReport) -> None:
-        self.reports.append(report)
-        self.policy.record(report)
-
-
 def calibrate(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy,
               k: int, max_batch: int, kept: KeptCalibration | None = None) -> bool:
-    """Tell the policy this machine's costs (`measure`): replayed from `kept` where it holds them and
-    measuring would warm nothing up (`Verifier.static`: static shapes warm up and capture in these
-    passes), else measured, and kept there. Returns whether they were measured."""
-    if kept is not None and not verifier.static:
-        reports = kept.load()
-        if reports is not None:
-            for report in reports:
-                policy.record(report)
-            return False
-    recording = _Recording(policy)
-    measure(verifier, drafters, parts, recording, k, max_batch)
-    if kept is not None:
-        kept.save(recording.reports)
-    return True
+    """Tell the policy this machine's costs: replayed from `kept` where it holds them and measuring
+    would warm nothing up (`Verifier.static`: static shapes warm up and capture in these passes),
+    else measured (`measure`) and kept there. Returns whether they were measured."""
+    reports = kept.load() if kept is not None and not verifier.static else None
+    measured = reports is None
+    if measured:
+        reports = measure(verifier, drafters, parts, k, max_batch)
+        if kept is not None:
+            kept.save(reports)
+    for report in reports:
+        policy.record(report)
+    return measured
 
 
-def measure(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy | _Recording,
-            k: int, max_batch: int) -> None:
+def measure(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], k: int,
+            max_batch: int) -> list[StepReport]:
     """Time verify steps at the corners of (batch, width) (and, where the verifier packs rows, one row
     drafting k in a full batch: what a few strong drafts cost there) and each drafter's costly part.
     Where a case's passes warmed up, every other draft length up to k is run at that batch until it
-    runs steady, untimed."""
+    runs steady, untimed. Returns what was measured, a report each."""
+    reports: list[StepReport] = []
     prompt = [int(t) % verifier.vocab_size for t in range(3, 3 + max(32, k + 1))]  # drafts of k fit
     greedy = SamplingParams(max_tokens=4 * (k + 1) + 4)
     draft = Draft(np.asarray(prompt[:k], dtype=np.int32))
@@ -147,7 +135,7 @@ def measure(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[
             times, warmed = _steady_seconds(verifier, ids, prompt, drafts, REPEATS)
             warms_up |= warmed
             if len(times) > 1:
-                policy.record(StepReport(verify=VerifyTiming(tuple(lengths), float(np.median(times[1:])))))
+                reports.append(StepReport(verify=VerifyTiming(tuple(lengths), float(np.median(times[1:])))))
         if warms_up:  # the other widths the policy may choose at this batch: warmed up (and captured) now
             timed = {max(lengths) for lengths in cases}
             for n in range(k + 1):
@@ -155,7 +143,7 @@ def measure(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[
                     _steady_seconds(verifier, ids, prompt, {r: draft.prefix(n) for r in ids if n}, 1)
         for row_id in ids:
             verifier.remove(row_id)
-    _calibrate_drafters(drafters, parts, policy, k, prompt, greedy)
+    return reports + _calibrate_drafters(drafters, parts, k, prompt, greedy)
 
 
 def _steady_seconds(verifier: Verifier, ids: list[str], prompt: list[int], drafts: dict[str, Draft],
@@ -179,15 +167,17 @@ def _steady_seconds(verifier: Verifier, ids: list[str], prompt: list[int], draft
     return times, warmed
 
 
-def _calibrate_drafters(drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], policy: DraftPolicy | _Recording, k: int,
-                        prompt: list[int], greedy: SamplingParams) -> None:
+def _calibrate_drafters(drafters: Mapping[str, Drafter], parts: Mapping[str, Parts], k: int, prompt: list[int],
+                        greedy: SamplingParams) -> list[StepReport]:
     """Time each drafter's costly part on a throwaway request (after one that warms it up)."""
+    reports = []
     for name, declared in parts.items():
         if declared.costly is None or not k:
             continue
         drafter, source = drafters[name], declared.source(name)
         for request_id in ("__calibrate", "__calibrate-again"):  # the first request warms up
-            drafter.begin(request_id, prompt, greedy)
+            # A salt each: the second catches up on the prompt as the first did, not from a prefix cache.
+            drafter.begin(request_id, prompt, replace(greedy, cache_salt=request_id))
             for round_ in range(REPEATS):  # the first round catches up on the prompt (priced apart)
                 start = time.perf_counter()
                 result = declared.costly.propose_costly([request_id], [k])
@@ -195,7 +185,8 @@ def _calibrate_drafters(drafters: Mapping[str, Drafter], parts: Mapping[str, Par
                 if len(drafted) and request_id != "__calibrate":
                     timing = DraftingTiming(source, len(drafted), time.perf_counter() - start, result.pass_seconds,
                                             result.catch_up.tokens, result.catch_up.seconds)
-                    policy.record(StepReport(drafting=(timing,)))
+                    reports.append(StepReport(drafting=(timing,)))
                 # As a step that accepts the whole draft: its tokens and the target's next one.
                 drafter.accept(request_id, [*drafted.token_ids.tolist(), prompt[round_]])
             drafter.end(request_id)
+    return reports

@@ -127,16 +127,18 @@ def use_arithmetic(model: torch.nn.Module, arithmetic: str) -> int:
     problem = int8_problem(model)
     if problem is not None:
         raise ValueError(f"the int8 arithmetic cannot run here: {problem}")
-    unique = list({m.blocks.data_ptr(): m.blocks for m in layers}.values())  # a tied layer's blocks once
+    first: dict[int, BlockLinear] = {}  # blocks -> the first layer reading them (a tied layer's blocks once)
+    for m in layers:
+        first.setdefault(m.blocks.data_ptr(), m)
     # One storage: tiles that lie one after another (q/k/v, gate/up) are read as one joined view.
-    buffer = torch.from_numpy(huge_page_buffer(sum(b.numel() for b in unique)))
+    buffer = torch.from_numpy(huge_page_buffer(sum(m.blocks.numel() for m in first.values())))
     offset, tiled = 0, {}
-    for blocks, m in ((b, next(m for m in layers if m.blocks is b)) for b in unique):
-        tiles = buffer[offset : offset + blocks.numel()].view(blocks.shape)
-        kernel().tile(blocks.numpy(), m.kind, tiles.numpy())
+    for address, m in first.items():
+        tiles = buffer[offset : offset + m.blocks.numel()].view(m.blocks.shape)
+        kernel().tile(m.blocks.numpy(), m.kind, tiles.numpy())
         tiles._on_huge_pages = True
-        tiled[blocks.data_ptr()] = tiles
-        offset += blocks.numel()
+        tiled[address] = tiles
+        offset += m.blocks.numel()
     for m in model.modules():
         if isinstance(m, (BlockLinear, BlockEmbedding)) and m.blocks.data_ptr() in tiled:
             m.blocks = tiled[m.blocks.data_ptr()]
