@@ -4,14 +4,18 @@ GGUF file (the embedded SmolLM2-135M-Instruct, Q4_1, or `--model`), in one run, 
 - plain decoding: a row fed one token a step from a one-token prompt for 128 steps (llama-bench's
   tg128), tokens per second over the 128 steps;
 - a verify pass of 6 tokens (k = 5) against a plain step at the same context (128 tokens), as a ratio;
-- prefill: a 512-token prompt in one row (llama-bench's pp512), tokens per second.
+- prefill: a 512-token prompt in one row (llama-bench's pp512), tokens per second;
+- the floor beside them: the rate two threads read a buffer far larger than the caches at
+  (`benchmarks.cpu.floor.read_bandwidth`), over the bytes of weights a decode step reads: the
+  tokens per second plain decoding would reach if reading the weights were all it did.
 
 Rounds interleave the arithmetics (and llama-bench, where `--llama-bench` names its binary: a
 benchmark-only tool, built from the vendor tree of the `llama-cpp-python` sdist, see
 `benchmarks/results/int8/README.md`); medians over rounds. Our figures are the verifier's steps, the
 engine's own decode step without its scheduler.
 
-    python -m benchmarks.cpu.int8_speed [--rounds 5] [--llama-bench PATH] [--out benchmarks/results/int8]
+    python -m benchmarks.cpu.int8_speed [--rounds 5] [--llama-bench PATH] [--arithmetics int8]
+        [--out benchmarks/results/int8]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, cli, machine, write_results
+from benchmarks.cpu.floor import read_bandwidth, read_buffer, weight_bytes_per_token
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model, resolve
 from specdraft.params import SamplingParams
@@ -93,22 +98,29 @@ def main() -> None:
     parser.add_argument("--llama-bench", type=Path, default=None, help="llama.cpp's llama-bench binary (optional)")
     parser.add_argument("--model", default=None, help="a GGUF model: a name `specdraft models` lists, or a .gguf "
                         "path (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--arithmetics", default=",".join(ARITHMETICS),
+                        help=f"which of ours to run, comma-separated (default: {','.join(ARITHMETICS)})")
     args = parser.parse_args()
+    arithmetics = [a for a in ARITHMETICS if a in args.arithmetics.split(",")]
+    if not arithmetics:
+        parser.error(f"--arithmetics: name at least one of {', '.join(ARITHMETICS)}")
 
     load = os.getloadavg()[0]
     threads = torch.get_num_threads()
     name, gguf = resolve(args.model)
-    verifiers = {}
-    for arithmetic in ARITHMETICS:
+    verifiers, weight_bytes = {}, 0
+    for arithmetic in arithmetics:
         loaded = load_model(args.model, device="cpu", dtype="float32", arithmetic=arithmetic)
         assert loaded.arithmetic == arithmetic, f"{arithmetic} asked, {loaded.arithmetic} loaded"
         verifiers[arithmetic] = Verifier(loaded.model, compiled=True)
+        weight_bytes = weight_bytes or weight_bytes_per_token(loaded.model)
+    buffer = read_buffer()
     rng = np.random.default_rng(0)
     for verifier in verifiers.values():  # warm-up
         decode(verifier, rng), prefill(verifier, rng)
     rounds: list[dict] = []
     for r in range(args.rounds):
-        row: dict = {}
+        row: dict = {"floor": {"read_gb_s": read_bandwidth(buffer) / 1e9}}
         for arithmetic, verifier in verifiers.items():
             row[arithmetic] = {"decode_tok_s": decode(verifier, rng), **verify_ratio(verifier, rng),
                                "prefill_tok_s": prefill(verifier, rng)}
@@ -119,6 +131,7 @@ def main() -> None:
     medians = {name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]
                       if key != "build"} for name in rounds[0]}
     result = {"machine": machine(), "model": name, "load_at_start": load, "threads": threads, "rounds": rounds, "medians": medians,
+              "weight_bytes_per_token": weight_bytes,
               "llama_bench": str(args.llama_bench) if args.llama_bench else None,
               "llama_cpp_build": rounds[0].get("llama.cpp", {}).get("build")}
     write_results(args.out, "speed", result, report(result))
@@ -132,7 +145,12 @@ def report(result: dict) -> str:
              + (" --llama-bench build/bin/llama-bench`" if result["llama_bench"] else "`"), "",
              "| | plain decoding, tg128 (tok/s) | 6-token verify pass / plain step | prefill, pp512 (tok/s) |",
              "| --- | --- | --- | --- |"]
+    floor = m["floor"]["read_gb_s"] * 1e9 / result["weight_bytes_per_token"]
+    lines.append(f"| the floor: {m['floor']['read_gb_s']:.1f} GB/s read over {result['weight_bytes_per_token'] / 1e6:.0f} MB "
+                 f"a token | {floor:.1f} | | |")
     for name in ARITHMETICS:
+        if name not in m:
+            continue
         f = m[name]
         lines.append(f"| specdraft, {name} arithmetic | {f['decode_tok_s']:.1f} | {f['ratio']:.2f} "
                      f"({f['verify_ms']:.2f} / {f['plain_ms']:.2f} ms) | {f['prefill_tok_s']:.0f} |")
@@ -141,12 +159,19 @@ def report(result: dict) -> str:
         six, one = 6 / f["pp6"] * 1e3, 1 / f["tg128"] * 1e3
         lines.append(f"| llama.cpp llama-bench ({result['llama_cpp_build']}) | {f['tg128']:.1f} | "
                      f"{six / one:.2f} (pp6 {six:.2f} ms / tg {one:.2f} ms) | {f['pp512']:.0f} |")
-        i8 = m["int8"]
-        lines += ["", f"int8 over llama.cpp: plain decoding {i8['decode_tok_s'] / f['tg128']:.2f}x, prefill "
-                      f"{i8['prefill_tok_s'] / f['pp512']:.2f}x."]
-    f32, i8 = m["float32"], m["int8"]
-    lines += [f"int8 over float32: plain decoding {i8['decode_tok_s'] / f32['decode_tok_s']:.2f}x, prefill "
-              f"{i8['prefill_tok_s'] / f32['prefill_tok_s']:.2f}x."]
+        lines.append("")
+        if "int8" in m:
+            i8 = m["int8"]
+            by_round = sorted(r["int8"]["decode_tok_s"] / r["llama.cpp"]["tg128"] for r in result["rounds"])
+            lines.append(f"int8 over llama.cpp: plain decoding {i8['decode_tok_s'] / f['tg128']:.2f}x "
+                         f"({by_round[0]:.2f}-{by_round[-1]:.2f}x by round), prefill {i8['prefill_tok_s'] / f['pp512']:.2f}x.")
+        lines.append(f"llama.cpp's plain decoding: {f['tg128'] / floor:.0%} of the floor.")
+    if "int8" in m:
+        lines.append(f"int8's plain decoding: {m['int8']['decode_tok_s'] / floor:.0%} of the floor.")
+    if "float32" in m and "int8" in m:
+        f32, i8 = m["float32"], m["int8"]
+        lines += [f"int8 over float32: plain decoding {i8['decode_tok_s'] / f32['decode_tok_s']:.2f}x, prefill "
+                  f"{i8['prefill_tok_s'] / f32['prefill_tok_s']:.2f}x."]
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ alternating, each layer of the call timed from outside:
 Everything but the kernels is Python and host tensors, the same whatever the pass's width: the part
 of a plain step that speculation does not multiply. Medians over rounds.
 
-    python -m benchmarks.cpu.step_overhead [--rounds 300] [--out benchmarks/results]
+    python -m benchmarks.cpu.step_overhead [--model NAME] [--rounds 300] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def timed(seconds: dict[str, float]):
             setattr(owner, name, original)
 
 
-def measure(rounds: int) -> dict:
-    model = load_model(None, device="cpu", dtype="float32", arithmetic="int8").model
+def measure(rounds: int, model_name: str | None = None) -> dict:
+    model = load_model(model_name, device="cpu", dtype="float32", arithmetic="int8").model
     target = Verifier(model, compiled=True)
     rng = np.random.default_rng(0)
     target.admit("r", rng.integers(1000, 2000, CONTEXT).tolist(), SamplingParams())
@@ -105,9 +105,11 @@ def report(result: dict) -> str:
 def main() -> None:
     parser = cli(__doc__)
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--model", default=None, help="a model `load_model` takes (default: the embedded one)")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    result = {"machine": machine(), "load_at_start": load, "rounds": args.rounds, "steps": measure(args.rounds)}
+    result = {"machine": machine(), "load_at_start": load, "rounds": args.rounds,
+              "model": args.model or "the embedded model", "steps": measure(args.rounds, args.model)}
     write_results(args.out, "step_overhead", result, report(result))
     print(report(result))
 

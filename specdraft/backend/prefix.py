@@ -82,6 +82,10 @@ class PrefixCache:
             node = child
         return path
 
+    def length(self, salt: str | None, tokens: Sequence[int], limit: int) -> int:
+        """How many tokens of the longest stored prefix of `tokens` (at most `limit`) `read_prefix` would take."""
+        return sum(n for _, n in self._walk(salt, np.asarray(tokens[:limit], dtype=np.int64), next(self._tick)))
+
     def read_prefix(self, cache: RowKVCache, slot: int, salt: str | None, tokens: Sequence[int], limit: int) -> int:
         """Copy the entries of the longest stored prefix of `tokens` (at most `limit` tokens) into the
         empty row in `slot`; return how many tokens it took (the row's new length)."""

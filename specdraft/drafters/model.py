@@ -15,12 +15,19 @@ Per request the drafter keeps its own KV-cache row (`RowModel`) in step with the
   chunks of its own before it drafts again. A draft that is a copy of the target (`self-int8`)
   instead copies the target's keys and values for what it lacks (the engine shares the target's
   rows: `SharesTargetCache`): a new prompt or a stretch without drafting costs a copy, not passes.
+- a row further behind than its `window` catches up on the context's last `window` tokens only,
+  after what it holds already (at least the context's first SINK tokens): the draft model then sees
+  the context with a gap, its start and its latest part, as StreamingLLM's windows keep attention
+  sinks and recent tokens. Its drafts are only proposals; the verifier decides, so the output is
+  unchanged. A long prompt (an agent's whole history) then costs the draft model `window` tokens
+  of catching up, not thousands, and the prefix cache keeps such a row as the tokens it holds, so
+  the next turn of that conversation reads it and catches up on its new tokens only.
 Each draft token comes from q = the draft's distribution after the request's temperature / top-k /
 top-p (the transforms the verifier applies to p): greedy requests draft argmax (no q); unseeded
 sampled requests draw from q and return it (full rejection sampling); seeded ones draw with the
 request's keyed uniforms and return no q (the verifier's coupled test keeps their output exactly
 plain sampling's with that seed, whatever the batch). With a draft vocabulary (`vocabulary`) q is the
-draft's distribution over the ids below it.
+draft's distribution over the ids below it and those the request's context holds.
 """
 
 from __future__ import annotations
@@ -50,6 +57,37 @@ class _Request:
     draft: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     fed_from: int = 0  # cache length before the draft's tokens were fed
     fed: int = 0  # draft tokens fed to the cache (all but the last)
+    # The row's layout: its first `kept` entries are the context's first `kept` tokens, its later ones
+    # the context's from `kept + skipped` on (skipped 0: the row holds the context as it is).
+    kept: int = 0
+    skipped: int = 0
+    rare: set[int] = field(default_factory=set)  # the context's ids outside a draft vocabulary, which it drafts too
+    _rare_ids: torch.Tensor | None = None  # `rare` sorted, made when asked for
+
+    @property
+    def rare_ids(self) -> torch.Tensor:
+        if self._rare_ids is None or len(self._rare_ids) != len(self.rare):
+            self._rare_ids = torch.tensor(sorted(self.rare), dtype=torch.int64)
+        return self._rare_ids
+
+    def held(self, start: int, end: int) -> list[int]:
+        """The tokens of the row's positions [start, end), as its layout maps them onto the context."""
+        if not self.skipped:
+            return self.context[start:end]
+        head = self.context[start : min(end, self.kept)] if start < self.kept else []
+        tail = max(start, self.kept)
+        return head + self.context[tail + self.skipped : end + self.skipped] if end > tail else head
+
+    @property
+    def length(self) -> int:
+        """The context's length as the row's positions count it (the skipped tokens left out)."""
+        return len(self.context) - self.skipped
+
+
+SINK = 4  # the context's first tokens a row with a gap keeps at least (attention sinks)
+WINDOW = 512  # the `model` drafter's default window (`ModelDrafter`'s)
+DRAFT_VOCABULARY = 32768  # the draft vocabulary "auto" takes where it takes one
+LAYOUTS = 1024  # cache salts whose last row with a gap the drafter remembers (the oldest forgotten)
 
 
 class ModelDrafter:
@@ -64,25 +102,34 @@ class ModelDrafter:
     def __init__(self, model: torch.nn.Module, k: int, eos_token_ids: Sequence[int] = (),
                  layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
                  static: StaticShapes | None = None, compiled: bool = False, target_copy: bool = False,
-                 vocabulary: int | None = None, prefix_cache_bytes: int = 0) -> None:
+                 vocabulary: int | str | None = None, prefix_cache_bytes: int = 0, window: int | None = None) -> None:
         """target_copy: `model` is built from the target's own layers (`LoadedModel.target_copy`), so
         it may take the target's keys and values (`share_target`). vocabulary: draft among the ids
-        below it only (a multiple of 16; None: every id), their q renormalised over them: where the
-        compiled CPU step runs the draft, its output layer's other rows are never read (`NumbaLayers.
-        keep_vocabulary`). Byte-pair vocabularies number their tokens roughly by how often they merge,
-        so the first ids are the common ones (as FR-Spec's frequency-ranked draft vocabularies); the
-        verifier is unchanged, so the output is too. prefix_cache_bytes: keep ended requests' keys and
+        below it only (a multiple of 16; None: every id; "auto": DRAFT_VOCABULARY where the compiled
+        CPU step runs a draft model of at least twice as many, else every id), and beside them the ids
+        the request's context holds (the names and keys a reply copies from its prompt, often rare
+        ids), their q renormalised over them: where the compiled CPU step runs the draft, its output
+        layer's other rows are never read (`NumbaLayers.keep_vocabulary`, `also_rows`). Byte-pair
+        vocabularies number their tokens roughly by how often they merge, so the first ids are the
+        common ones (as FR-Spec's frequency-ranked draft vocabularies); the verifier is unchanged, so
+        the output is too. prefix_cache_bytes: keep ended requests' keys and
         values, up to this many bytes, for later prompts that start alike under the same cache salt
         (`specdraft.backend.prefix`, as the target keeps its own): an agent's next turn catches up on
-        its new tokens only (none for a copy of the target, which copies the target's)."""
+        its new tokens only (none for a copy of the target, which copies the target's). window: the
+        most context tokens a row further behind catches up on (None: all of them; see the module
+        docstring; a copy of the target copies what it lacks instead)."""
         self.rows = RowModel(model, layers=layers, dtype=dtype, static=static, compiled=compiled)
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and not target_copy else None
+        size = model.config.vocab_size
+        if vocabulary == "auto":
+            reads = hasattr(self.rows.compiled_layers, "keep_vocabulary")
+            vocabulary = DRAFT_VOCABULARY if reads and size >= 2 * DRAFT_VOCABULARY else None
         self.vocabulary = vocabulary
+        self.window = None if target_copy else window
         if vocabulary is not None:
-            size = model.config.vocab_size
-            if vocabulary % 16 or not 0 < vocabulary <= size:
-                raise ValueError(f"the model drafter's vocabulary must be a multiple of 16 up to the model's "
-                                 f"{size} tokens, got {vocabulary}")
+            if isinstance(vocabulary, bool) or not isinstance(vocabulary, int) or vocabulary % 16 or not 0 < vocabulary <= size:
+                raise ValueError(f"the model drafter's vocabulary must be \"auto\" or a multiple of 16 up to the "
+                                 f"model's {size} tokens, got {vocabulary!r}")
             if hasattr(self.rows.compiled_layers, "keep_vocabulary"):
                 self.rows.compiled_layers.keep_vocabulary(vocabulary)
         self.k = k
@@ -92,6 +139,10 @@ class ModelDrafter:
         self._target: RowModel | None = None  # the target's rows, once shared
         self._requests: dict[str, _Request] = {}
         self._lag = 2 * k + 2  # more pending tokens than this: catch up before drafting
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= self._lag):
+            raise ValueError(f"the model drafter's window must be an integer above {self._lag} (2k + 2) tokens, "
+                             f"got {window!r}")
+        self._layouts: dict[str | None, tuple[int, int]] = {}  # cache salt -> its last ended row's layout with a gap
 
     @property
     def parts(self) -> Parts:
@@ -105,10 +156,29 @@ class ModelDrafter:
     # -- lifecycle ---------------------------------------------------------------------------
     def begin(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         stream = SAMPLE if params.seed is not None else DRAFT
-        self._requests[request_id] = _Request(params, request_seed(params), stream, [int(t) for t in prompt_ids])
+        request = self._requests[request_id] = _Request(params, request_seed(params), stream, [int(t) for t in prompt_ids])
+        self._note_rare(request, request.context)
         self.rows.add(request_id, active=True)
-        if self.prefixes is not None:  # all but the last prompt token: the drafting pass's input
-            self.rows.read_prefix(request_id, self.prefixes, params.cache_salt, prompt_ids, len(prompt_ids) - 1)
+        if self.prefixes is not None:
+            self._read_prefix(request_id, request)
+
+    def _read_prefix(self, request_id: str, request: _Request) -> None:
+        """Fill the new row from the prefix cache: the longest stored prefix of the prompt, or, where
+        the salt's last row with a gap left less to catch up on, of the prompt with that gap (the
+        conversation's next turn). All but the last prompt token: the drafting pass's input."""
+        salt, prompt = request.params.cache_salt, request.context
+        limit = len(prompt) - 1
+        behind = limit - self.prefixes.length(salt, prompt, limit)
+        kept, skipped = self._layouts.get(salt, (0, 0))
+        if skipped and limit > kept + skipped:
+            gapped = _Request(request.params, 0, 0, prompt, kept=kept, skipped=skipped)
+            tokens = gapped.held(0, limit - skipped)
+            stored = self.prefixes.length(salt, tokens, len(tokens))
+            if stored > kept and len(tokens) - stored < behind:
+                request.kept, request.skipped = kept, skipped
+                self.rows.read_prefix(request_id, self.prefixes, salt, tokens, len(tokens))
+                return
+        self.rows.read_prefix(request_id, self.prefixes, salt, prompt, limit)
 
     def accept(self, request_id: str, token_ids: Sequence[int]) -> None:
         request = self._requests[request_id]
@@ -119,6 +189,11 @@ class ModelDrafter:
             self.rows.truncate(request_id, request.fed_from + min(accepted, request.fed))
             request.draft, request.fed = np.empty(0, dtype=np.int64), 0
         request.context.extend(int(t) for t in token_ids)
+        self._note_rare(request, token_ids)
+
+    def _note_rare(self, request: _Request, token_ids: Sequence[int]) -> None:
+        if self.vocabulary is not None:
+            request.rare.update(int(t) for t in token_ids if t >= self.vocabulary)
 
     def end(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
@@ -126,7 +201,11 @@ class ModelDrafter:
             return
         if self.prefixes is not None:  # what the row holds of the context (a fed draft's entries are not)
             held = request.fed_from if request.fed else self.rows.length(request_id)
-            self.rows.store_prefix(request_id, self.prefixes, request.params.cache_salt, request.context[:held])
+            self.rows.store_prefix(request_id, self.prefixes, request.params.cache_salt, request.held(0, held))
+            if request.skipped:
+                self._layouts[request.params.cache_salt] = (request.kept, request.skipped)
+                while len(self._layouts) > LAYOUTS:
+                    del self._layouts[next(iter(self._layouts))]
         self.rows.remove(request_id)
 
     # -- drafting -----------------------------------------------------------------------------
@@ -143,21 +222,43 @@ class ModelDrafter:
         return CostlyDrafts([self._finish(r, tokens.get(r), probs.get(r)) for r in request_ids], pass_seconds, catch_up)
 
     def _pending(self, request_id: str) -> int:
-        return len(self._requests[request_id].context) - self.rows.length(request_id)
+        return self._requests[request_id].length - self.rows.length(request_id)
+
+    def _gap(self, request_id: str) -> tuple[int, int] | None:
+        """The layout (kept, skipped) the row takes before it catches up, where its window leaves out
+        part of what it is behind on; None where it catches up on everything."""
+        if self.window is None or self._pending(request_id) <= self.window:
+            return None
+        request, length = self._requests[request_id], self.rows.length(request_id)
+        kept = request.kept if request.skipped else max(length, SINK)
+        skipped = len(request.context) - kept - self.window
+        return (kept, skipped) if skipped > request.skipped else None
 
     def backlog(self, request_id: str) -> int:
         """Tokens this row must catch up on in passes of their own before it drafts (0: its drafting
         pass feeds what it missed): what drafting for it now costs beyond the drafting passes."""
-        pending = self._pending(request_id)
+        pending, gap = self._pending(request_id), self._gap(request_id)
+        if gap is not None:
+            pending = max(gap[0] - self.rows.length(request_id), 0) + self.window
         if self._target is not None and request_id in self._target:  # what the target holds is copied
             pending = min(pending, len(self._requests[request_id].context) - self._target.length(request_id))
         return pending if pending > self._lag else 0
+
+    def _leave_gap(self, request_id: str) -> None:
+        """Take the layout `_gap` gives, where it gives one: the row keeps its first `kept` entries."""
+        gap = self._gap(request_id)
+        if gap is not None:
+            request = self._requests[request_id]
+            request.kept, request.skipped = gap
+            self.rows.truncate(request_id, min(self.rows.length(request_id), request.kept))
 
     def _catch_up(self, wanted: dict[str, int]) -> CatchUp:
         """Rows asked to draft but far behind: copy what the target holds (where it is shared), then
         feed them part of the rest, one row per pass."""
         # Catch-up tokens per call, over all rows: one prefill chunk (the draft's rows own its size).
         budget, started = self.rows.prefill_chunk, time.perf_counter()
+        for request_id in wanted:
+            self._leave_gap(request_id)
         if self._target is not None:
             for request_id in wanted:
                 # A pass feeding two tokens costs what one feeding one does: copy from three on, and
@@ -171,7 +272,7 @@ class ModelDrafter:
             # Leave one pending token: the drafting pass needs an input whose logits give q_1.
             take = min(pending - 1, budget)
             start = self.rows.length(request_id)
-            self.rows.prefill(request_id, self._requests[request_id].context[start : start + take])
+            self.rows.prefill(request_id, self._requests[request_id].held(start, start + take))
             budget -= take
         return CatchUp(self.rows.prefill_chunk - budget, time.perf_counter() - started)
 
@@ -182,6 +283,9 @@ class ModelDrafter:
         if not wanted:
             return {}, {}, None
         order, window = self.rows.active_ids, self.rows.active_window
+        if self.vocabulary is not None and hasattr(self.rows.compiled_layers, "also_rows"):
+            rare = set().union(*(self._requests[r].rare for r in wanted))
+            self.rows.compiled_layers.also_rows(np.fromiter(rare, np.int64, len(rare)))
         # First pass: T = the drafting rows' longest backlog; other rows catch up on up to T tokens.
         steps = max(self._pending(r) for r in wanted)
         started = time.perf_counter()
@@ -190,8 +294,8 @@ class ModelDrafter:
         for b, request_id in enumerate(order):
             request, start = self._requests[request_id], self.rows.length(request_id)
             # A rider keeps its last pending token: whenever it drafts, its first pass needs one input.
-            end = len(request.context) if request_id in wanted else len(request.context) - 1
-            piece = request.context[start : min(end, start + steps)]
+            end = request.length if request_id in wanted else request.length - 1
+            piece = request.held(start, min(end, start + steps))
             inputs[b, : len(piece)], feeds[b] = piece, len(piece)
         logits = self.rows.forward(window, inputs, logits_at=np.maximum(feeds - 1, 0))[:, 0]  # [rows, vocab]
         self.rows.commit(window, feeds)
@@ -233,7 +337,11 @@ class ModelDrafter:
         """The next draft token of each row (and q where the verifier needs it), as the request samples."""
         if self.vocabulary is not None:  # whichever layers ran the pass (`keep_vocabulary` did so already)
             with torch.inference_mode():  # the pass's logits are inference tensors
+                kept = [(rows[r], ids, logits[rows[r], ids]) for r in rows if self._requests[r].rare
+                        for ids in (self._requests[r].rare_ids.to(logits.device),)]
                 logits[:, self.vocabulary :] = float("-inf")
+                for b, ids, values in kept:
+                    logits[b, ids] = values
         out: dict[str, tuple[int, torch.Tensor | None]] = {}
         greedy = [r for r in rows if self._requests[r].params.greedy]
         if greedy:
@@ -261,16 +369,19 @@ class ModelDrafter:
 
 @register("model")
 def _create(k: int, target: Any, resources: Resources | None = None, draft_model: str | LoadedModel | None = None,
-            dtype: str = "auto", vocabulary: int | None = None, prefix_cache_mb: int = 256) -> ModelDrafter:
+            dtype: str = "auto", vocabulary: int | str | None = "auto", prefix_cache_mb: int = 256,
+            window: int | None = WINDOW) -> ModelDrafter:
     """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target), loaded once per
     runtime whichever drafters draft with it (`resources`, which also says how models run there);
     `dtype` for loading it (auto: the target's device default); `vocabulary`: draft among the ids below
-    it only; `prefix_cache_mb`: MiB of ended requests' draft keys and values kept for prompts that
-    start alike (0: none; `ModelDrafter`)."""
+    it (and those the request's context holds) only ("auto": see `ModelDrafter`); `prefix_cache_mb`: MiB of ended requests' draft keys and values kept for prompts that
+    start alike (0: none; `ModelDrafter`); `window`: the most context tokens a row far behind
+    catches up on (None: all)."""
     check_cache_mb(prefix_cache_mb, "the model drafter's prefix_cache_mb")
     resources = resources if resources is not None else Resources()
     key = ("draft model", draft_model if draft_model is None or isinstance(draft_model, str) else id(draft_model), dtype)
     draft = resources.shared(key, lambda: load_draft_model(draft_model, target, dtype))
     return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
                         static=resources.static_shapes, compiled=resources.compiled and worth_compiling(draft.model),
-                        target_copy=draft.target_copy, vocabulary=vocabulary, prefix_cache_bytes=prefix_cache_mb << 20)
+                        target_copy=draft.target_copy, vocabulary=vocabulary, prefix_cache_bytes=prefix_cache_mb << 20,
+                        window=window)

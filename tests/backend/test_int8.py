@@ -196,6 +196,8 @@ def test_a_tokens_logits_are_bitwise_the_same_in_every_pass(tiny):
 
 
 def test_a_kept_vocabulary_reads_the_output_layers_first_rows_and_gives_their_logits_bitwise(tiny):
+    """`keep_vocabulary`'s first rows, and `also_rows`'s blocks of 16 beside them, each logit the whole
+    layer's bitwise, -inf elsewhere."""
     ids = [3, 95, 0, 3, 17, 42]
     for model in tiny:  # float32 on the blocks, int8 on the tiles
         want = logits_by_passes(model, ids, [6])
@@ -204,6 +206,12 @@ def test_a_kept_vocabulary_reads_the_output_layers_first_rows_and_gives_their_lo
         rows.add("r", active=True)
         got = rows.forward(rows.active_window, [ids])[0]
         assert torch.equal(got[:, :48], want[:, :48]) and bool((got[:, 48:] == float("-inf")).all())
+        rows._own.compiled.also_rows(np.array([70, 3, 71, TINY_VOCAB + 5]))  # block 4 beside the first 48 ids
+        rows.truncate("r", 0)
+        got = rows.forward(rows.active_window, [ids])[0]
+        computed = np.r_[0:48, 64:80]
+        assert torch.equal(got[:, computed], want[:, computed])
+        assert bool((np.delete(got.numpy(), computed, axis=1) == float("-inf")).all())
         for tokens in (40, 0, TINY_VOCAB + 16):
             with pytest.raises(ValueError, match="multiple of 16"):
                 rows._own.compiled.keep_vocabulary(tokens)

@@ -17,7 +17,7 @@ import torch
 
 from specdraft.drafters import create_drafter
 from specdraft.drafters.hybrid import HybridDrafter
-from specdraft.drafters.model import ModelDrafter
+from specdraft.drafters.model import DRAFT_VOCABULARY, SINK, ModelDrafter
 from specdraft.drafters.ngram import NgramDrafter
 from specdraft.engine import Engine
 from specdraft.errors import DraftModelMismatchError
@@ -213,7 +213,7 @@ def test_seeded_rows_reproduce_plain_sampling_with_model_drafts(pair):
     assert len(set(plain)) > 5
 
 
-def test_a_draft_vocabulary_drafts_its_ids_only_and_leaves_the_output_as_it_was(pair, monkeypatch):
+def test_a_draft_vocabulary_drafts_its_ids_and_its_contexts_only_and_leaves_the_output_as_it_was(pair, monkeypatch):
     target, draft = pair
     engine = engine_for(target, draft, max_batch=2)
     vocabulary = 48
@@ -230,14 +230,20 @@ def test_a_draft_vocabulary_drafts_its_ids_only_and_leaves_the_output_as_it_was(
 
     monkeypatch.setattr(ModelDrafter, "propose_costly", propose)
     greedy, sampled = SamplingParams(max_tokens=30), SamplingParams(max_tokens=30, temperature=0.9)
-    outputs = []
+    outputs, written = [], []  # the greedy outputs; the sampled ones
     for prompt in PROMPTS:
         [done] = engine.run([(prompt, greedy, SpeculationParams("model"))])
         assert done.token_ids == hf_greedy(target, prompt, 30)
         outputs += done.token_ids
-        engine.run([(prompt, sampled, SpeculationParams("hybrid"))])  # drafts with q over the kept ids
-    assert drafted and max(drafted) < vocabulary <= max(outputs)  # the target wrote ids the drafter could not
-    assert qs and all(bool((q[:, vocabulary:] == 0).all()) and torch.allclose(q.sum(-1), torch.ones(len(q))) for q in qs)
+        [done] = engine.run([(prompt, sampled, SpeculationParams("hybrid"))])  # drafts with q over the kept ids
+        written += done.token_ids
+    assert max(outputs) >= vocabulary  # the target wrote ids past the vocabulary
+    # Past it, the drafter drafted only ids the requests' contexts held (the prompts, the outputs).
+    seen = {t for prompt in PROMPTS for t in prompt} | set(outputs) | set(written)
+    assert drafted and all(t < vocabulary or t in seen for t in drafted)
+    assert any(t >= vocabulary for t in drafted)
+    unseen = [t for t in range(vocabulary, TINY_VOCAB) if t not in seen]
+    assert qs and all(bool((q[:, unseen] == 0).all()) and torch.allclose(q.sum(-1), torch.ones(len(q))) for q in qs)
     with pytest.raises(ValueError, match="multiple of 16"):
         ModelDrafter(draft, k=K, vocabulary=50)
 
@@ -388,3 +394,93 @@ def test_the_model_drafters_prefix_cache_is_an_option(pair):
     assert on.prefixes is not None and on.prefixes.budget == 256 << 20 and off.prefixes is None
     with pytest.raises(ValueError, match="prefix_cache_mb must be an integer >= 0, got -1"):
         create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), prefix_cache_mb=-1)
+
+
+def test_a_row_far_behind_catches_up_on_its_window_only(pair):
+    """With a window, a row further behind than it feeds the context's first SINK tokens and its last
+    `window` ones (a gap between): its drafts are the draft model's greedy continuation of exactly
+    those tokens, the backlog the policy prices is theirs, and a row left behind again later keeps
+    its first tokens and takes the newest `window` ones."""
+    target, draft = pair
+    window = 16
+    drafter = ModelDrafter(draft, k=K, window=window)
+    prompt = list(range(1, 60))
+    drafter.begin("r", prompt, SamplingParams())
+    assert drafter.backlog("r") == SINK + window
+    [d] = drafter.propose(["r"], [K])
+    seen = prompt[:SINK] + prompt[-window:]
+    assert d.token_ids.tolist() == hf_greedy(draft, seen, K)
+    assert drafter.rows.committed_tokens == len(seen) + K - 1
+    new = d.token_ids[:2].tolist() + [7]
+    drafter.accept("r", new)
+    context, seen = prompt + new, seen + new
+    [d] = drafter.propose(["r"], [K])  # close behind: its drafting pass feeds what it missed
+    assert d.token_ids.tolist() == hf_greedy(draft, seen, K)
+    drafter.accept("r", [3] * 30)  # steps without drafting: far behind again
+    context += [3] * 30
+    assert drafter.backlog("r") == window
+    [d] = drafter.propose(["r"], [K])
+    assert d.token_ids.tolist() == hf_greedy(draft, context[:SINK] + context[-window:], K)
+
+
+def test_a_window_leaves_the_output_the_targets(pair):
+    target, draft = pair
+    drafters = {"none": create_drafter("none"), "model": ModelDrafter(draft, k=K, window=12),
+                "hybrid": HybridDrafter(NgramDrafter(k=K), ModelDrafter(draft, k=K, window=12), min_match=3)}
+    engine = Engine(Verifier(target), drafters, ToyTokenizer(), (), 256, k=K, max_batch=4, policy="fixed")
+    prompts = [list(range(1, 50)), [5, 17, 42, 9, 9, 13] * 8, PROMPTS[1]]
+    requests = [(p, SamplingParams(max_tokens=30), SpeculationParams(d)) for p in prompts for d in ("model", "hybrid")]
+    for (prompt, params, _), done in zip(requests, engine.run(requests)):
+        assert done.token_ids == hf_greedy(target, prompt, 30)
+        assert done.metrics.draft_tokens > 0
+
+
+def test_a_conversations_next_turn_reads_its_row_with_the_gap(pair):
+    """A row that caught up with a gap is kept in the prefix cache as the tokens it holds; the same
+    salt's next turn (its prompt the first turn's context and more) reads it, gap and all, and feeds
+    only its new tokens; a prompt that does not go on from it reads a plain prefix instead."""
+    target, draft = pair
+    window = 16
+    drafter = ModelDrafter(draft, k=K, prefix_cache_bytes=1 << 20, window=window)
+    first = list(range(1, 60))
+    drafter.begin("turn 1", first, SamplingParams())
+    [d] = drafter.propose(["turn 1"], [K])
+    drafter.accept("turn 1", [int(d.token_ids[0]), 5])
+    context = first + [int(d.token_ids[0]), 5]
+    drafter.end("turn 1")
+    held = first[:SINK] + context[-window - 2 : -1]  # what the row held: sinks, window, the accepted draft token
+    fed = drafter.rows.committed_tokens
+    second = context + [11, 12, 13]
+    drafter.begin("turn 2", second, SamplingParams())
+    assert drafter.rows.length("turn 2") == len(held)
+    assert drafter.backlog("turn 2") == 0  # 4 new tokens: the drafting pass feeds them
+    [d] = drafter.propose(["turn 2"], [K])
+    assert d.token_ids.tolist() == hf_greedy(draft, held + [5, 11, 12, 13], K)
+    assert drafter.rows.committed_tokens - fed == 4 + len(d) - 1
+    # A prompt that parts from the first turn before its gap: the plain prefix stored, the sinks.
+    drafter.begin("elsewhere", first[:30] + [40] * 40, SamplingParams())
+    assert drafter.rows.length("elsewhere") == SINK and drafter.backlog("elsewhere") == window
+
+
+def test_the_model_drafters_window_is_an_option(pair):
+    target, draft = pair
+    made = create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft))
+    assert made.window == 512
+    assert create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), window=None).window is None
+    for bad in (10, 0, "64", True):
+        with pytest.raises(ValueError, match=r"window must be an integer above 10 \(2k \+ 2\) tokens"):
+            create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), window=bad)
+
+
+def test_the_draft_vocabulary_is_chosen_where_the_compiled_step_reads_a_large_output_layer():
+    """"auto" (the registry's default) keeps DRAFT_VOCABULARY ids where the compiled CPU step runs a
+    draft model of at least twice as many, and every id elsewhere: a small vocabulary, or eager layers
+    (which compute every logit anyway)."""
+    large = make_tiny_model(seed=3, dtype=torch.float32, layers=1, vocab_size=2 * DRAFT_VOCABULARY)
+    assert ModelDrafter(large, k=K, vocabulary="auto", compiled=True).vocabulary == DRAFT_VOCABULARY
+    assert ModelDrafter(large, k=K, vocabulary="auto").vocabulary is None
+    small = make_tiny_model(seed=3, dtype=torch.float32, layers=1)
+    assert ModelDrafter(small, k=K, vocabulary="auto", compiled=True).vocabulary is None
+    for bad in ("all", 48.0, True):
+        with pytest.raises(ValueError, match="vocabulary must be \"auto\" or a multiple of 16"):
+            ModelDrafter(small, k=K, vocabulary=bad)

@@ -16,7 +16,8 @@ Its parts, by job:
 - `formats`: the block kinds, one entry each (`KINDS`: size, float16 fields, dequantisation by torch).
 - `build`: compiling `csrc/` for this machine (`build`, one of `PATHS`).
 - `library`: the loaded kernel (`kernel()`, `Kernel`; or `kernel_problem()`: why there is none).
-- `calls`: calling it from numba (`call` with a `Projection` or an `Attention`; `project_native`).
+- `calls`: calling it from numba (`call` with a `Projection` or an `Attention`; `project_native`,
+  `project_blocks`).
 - `readers`: which code reads a model's weights (`reader`: the kernel, numba's loops or torch).
 - `modules`: `BlockLinear`, `BlockEmbedding`, torch modules over blocks; the arithmetic a
   `BlockLinear` computes in (`ARITHMETICS`, `use_arithmetic`).
@@ -31,7 +32,7 @@ Its parts, by job:
 
 from specdraft.backend.native.build import PATHS
 from specdraft.backend.native.calls import (MAX_JOB_QUERIES, MAX_SPAN, Attention, Projection, call, job_queries,
-                                            project_native)
+                                            project_blocks, project_native)
 from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, KINDS, NAMES, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0,
                                               BlockKind, dequantize, unit)
 from specdraft.backend.native.gguf_file import rotary_order, use_gguf_blocks
@@ -45,4 +46,4 @@ __all__ = ["ARITHMETICS", "Attention", "BLOCK", "BLOCK_BYTES", "BlockEmbedding",
            "KINDS", "Kernel", "MAX_JOB_QUERIES", "MAX_SPAN", "NAMES", "PATHS", "Projection", "Q4_1", "Q4_K", "Q5_0",
            "Q6_K", "Q8_0", "Reader",
            "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "huge_page_buffer", "int8_problem", "job_queries", "kernel",
-           "kernel_problem", "project_native", "reader", "rotary_order", "unit", "use_arithmetic", "use_gguf_blocks"]
+           "kernel_problem", "project_blocks", "project_native", "reader", "rotary_order", "unit", "use_arithmetic", "use_gguf_blocks"]

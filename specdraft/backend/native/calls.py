@@ -1,6 +1,7 @@
 """Calling the compiled kernel from numba: its two structs as named tuples (`Projection`, `Attention`:
 the C structs' fields in their order), `call` (a C function by address, the struct by address), and
-the parallel loops that call it (`project_native`, a projection; `expand`, blocks to float32 rows)."""
+the parallel loops that call it (`project_native`, a projection; `project_blocks`, some of its rows;
+`expand`, blocks to float32 rows)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,24 @@ def expand(w, kind, y, kernel):  # pragma: no cover - compiled
         call(kernel, projection, block * _ROWS, min(out, block * _ROWS + _ROWS))
 
 
+@njit(inline="always")
+def _quantized(x, width, kind, quantize):  # pragma: no cover - compiled
+    """The tokens x [n, width] quantised for the int8 arithmetic by `specdraft_quantize` at address
+    `quantize` (0: the float32 arithmetic, or float32 weights: empty arrays): (q, d, s, totals), as
+    `Projection`'s qx, xd, xsum, xtotal."""
+    n = x.shape[0]
+    int8 = quantize != 0 and kind != F32
+    q = np.empty((n if int8 else 0, width), np.int8)
+    d = np.empty((n if int8 else 0, width // BLOCK), np.float32)
+    s = np.empty_like(d)
+    totals = np.empty(d.shape, np.int32)
+    if int8:
+        call(quantize, Projection(kind=kind, w=0, rows=0, row_bytes=0, width=width, x=x.ctypes.data, n=n, xs=x.shape[1],
+                                  y=0, ys=0, bias=0, residual=0, rs=0, qx=q.ctypes.data, xd=d.ctypes.data,
+                                  xsum=s.ctypes.data, xtotal=totals.ctypes.data), 0, n)
+    return q, d, s, totals
+
+
 @njit(parallel=True, cache=True)
 def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compiled
     """y[t, r] = w[r] . x[t] + b[r] (+ residual[t, r] if residual has rows) by the compiled kernel
@@ -96,15 +115,8 @@ def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compi
     out, n, width = w.shape[0], x.shape[0], x.shape[1]
     # Row strides in floats, not widths: y (and a residual) may be a block of another array's columns.
     r, rs = (residual.ctypes.data, residual.strides[0] // 4) if residual.shape[0] > 0 else (0, 0)
-    int8 = quantize != 0 and kind != F32
-    q = np.empty((n if int8 else 0, width), np.int8)
-    d = np.empty((n if int8 else 0, width // BLOCK), np.float32)
-    s = np.empty_like(d)
-    totals = np.empty(d.shape, np.int32)
-    if int8:
-        call(quantize, Projection(kind=kind, w=0, rows=0, row_bytes=0, width=width, x=x.ctypes.data, n=n, xs=x.shape[1],
-                                  y=0, ys=0, bias=0, residual=0, rs=0, qx=q.ctypes.data, xd=d.ctypes.data,
-                                  xsum=s.ctypes.data, xtotal=totals.ctypes.data), 0, n)
+    q, d, s, totals = _quantized(x, width, kind, quantize)
+    int8 = q.shape[0] > 0
     # The quantised tokens' addresses are taken inside the loop, so that the loop holds their arrays:
     # an address taken before it is a plain integer, and numba may free an array after its last use
     # as an array, before the threads read it (which reads freed memory, and on a thread other than
@@ -115,3 +127,21 @@ def project_native(weights, x, y, residual, kernel):  # pragma: no cover - compi
                                 x=x.ctypes.data, n=n, xs=x.shape[1], y=y.ctypes.data, ys=y.strides[0] // 4,
                                 bias=b.ctypes.data, residual=r, rs=rs, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal)
         call(address, projection, block * _ROWS, min(out, block * _ROWS + _ROWS))
+
+
+@njit(parallel=True, cache=True)
+def project_blocks(weights, x, y, blocks, kernel):  # pragma: no cover - compiled
+    """`project_native` for the rows of the given blocks only (blocks: indices of _ROWS-row blocks,
+    a row r in block r // _ROWS), y [n, out] written at those rows' columns, the others untouched:
+    each row's sum is the one the whole projection gives it, bitwise (the same call on the same rows)."""
+    w, _, b, kind = weights
+    address, quantize = kernel
+    out, n, width = w.shape[0], x.shape[0], x.shape[1]
+    q, d, s, totals = _quantized(x, width, kind, quantize)
+    int8 = q.shape[0] > 0
+    for i in prange(blocks.shape[0]):  # addresses taken inside the loop: see `project_native`
+        qx, xd, xsum, xtotal = (q.ctypes.data, d.ctypes.data, s.ctypes.data, totals.ctypes.data) if int8 else (0, 0, 0, 0)
+        projection = Projection(kind=kind, w=w.ctypes.data, rows=out, row_bytes=w.shape[1], width=width,
+                                x=x.ctypes.data, n=n, xs=x.shape[1], y=y.ctypes.data, ys=y.strides[0] // 4,
+                                bias=b.ctypes.data, residual=0, rs=0, qx=qx, xd=xd, xsum=xsum, xtotal=xtotal)
+        call(address, projection, blocks[i] * _ROWS, min(out, blocks[i] * _ROWS + _ROWS))

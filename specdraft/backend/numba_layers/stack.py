@@ -78,6 +78,29 @@ def _head(x, norm, eps, weights, kernel):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _head_rows(x, norm, eps, weights, kept, blocks, kernel):  # pragma: no cover - compiled
+    """`_head` of the output layer's first `kept` rows and of its rows in `blocks` (indices of
+    BLOCK_ROWS-row blocks at or past `kept`): logits [N, vocab], -inf at every other row."""
+    h = np.empty_like(x)
+    rms_norm(x, norm, eps, h)
+    w, scales, bias, kind = weights
+    logits = np.full((x.shape[0], w.shape[0]), -np.inf, np.float32)
+    first = (w[:kept], scales[:kept] if scales.shape[0] else scales, bias[:kept], kind)
+    project(first, h, logits[:, :kept], NO_RESIDUAL, kernel)
+    if kernel[0] != 0:
+        native.project_blocks(weights, h, logits, blocks, kernel)
+    else:
+        for block in blocks:
+            a, b = block * BLOCK_ROWS, min(w.shape[0], block * BLOCK_ROWS + BLOCK_ROWS)
+            rows = (w[a:b], scales[a:b] if scales.shape[0] else scales, bias[a:b], kind)
+            project(rows, h, logits[:, a:b], NO_RESIDUAL, kernel)
+    return logits
+
+
+BLOCK_ROWS = 16  # rows a block of `_head_rows` holds (the int8 arithmetic's whole tiles; `project_blocks`'s)
+
+
+@njit(cache=True)
 def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
            head_dim, kernel, attention, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
@@ -136,6 +159,7 @@ class NumbaLayers:
         self._before, self._after, self._eps = _as_list(tuple(before)), _as_list(tuple(after)), family.norm_eps
         self._head = (host_array(model.model.norm.weight), family.norm_eps, weights[-1], self._kernel)
         self._vocabulary = weights[-1][0].shape[0]  # the output layer's rows: the logits `head` computes
+        self._kept: tuple[int, np.ndarray] | None = None  # `keep_vocabulary`'s rows, and its other blocks (`also_rows`)
         self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
 
@@ -224,22 +248,31 @@ class NumbaLayers:
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, hidden] -> float32 logits [N, vocab] (-inf past the ids `keep_vocabulary` keeps)."""
+        """x [N, hidden] -> float32 logits [N, vocab] (-inf at the ids `keep_vocabulary` and
+        `also_rows` leave out)."""
         self.use_torch_threads()
+        norm, eps, weights, kernel = self._head
         with _named("specdraft::numba_head"):
-            logits = _head(host_array(x), *self._head)
-        if logits.shape[1] < self._vocabulary:
-            full = np.full((logits.shape[0], self._vocabulary), -np.inf, np.float32)
-            full[:, : logits.shape[1]] = logits
-            logits = full
+            if self._kept is None:
+                logits = _head(host_array(x), *self._head)
+            else:
+                logits = _head_rows(host_array(x), norm, eps, weights, *self._kept, kernel)
         return torch.from_numpy(logits)
 
     def keep_vocabulary(self, tokens: int) -> None:
         """Compute the logits of ids below `tokens` only (a multiple of 16: the int8 arithmetic's whole
         tiles), the output layer's first rows read in place; `head` gives the others -inf. A drafter's
         choice (`drafters.model`): each of those logits is the one the whole layer gives, bitwise."""
-        if tokens % 16 or not 0 < tokens <= self._vocabulary:
+        if tokens % BLOCK_ROWS or not 0 < tokens <= self._vocabulary:
             raise ValueError(f"a vocabulary of {tokens} ids: it must be a multiple of 16 up to {self._vocabulary}")
-        w, scales, bias, kind = self._head[2]  # scales: per row, or none ([0])
-        rows = (w[:tokens], scales[:tokens] if scales.shape[0] else scales, bias[:tokens], kind)
-        self._head = (*self._head[:2], rows, self._head[3])
+        self._kept = (tokens, np.empty(0, np.int64))
+        self.head(torch.zeros(1, self._head[0].shape[0]))  # compile (or load) `_head_rows` now, not in a step
+
+    def also_rows(self, ids: np.ndarray) -> None:
+        """Beside the ids `keep_vocabulary` keeps, compute the logits of `ids` too (and of the others
+        in their blocks of 16) in the passes that follow, until the next call; each is the one the
+        whole layer gives, bitwise."""
+        assert self._kept is not None, "keep_vocabulary first"
+        kept = self._kept[0]
+        ids = np.asarray(ids, np.int64)
+        self._kept = (kept, np.unique(ids[(ids >= kept) & (ids < self._vocabulary)] // BLOCK_ROWS))
