@@ -125,6 +125,7 @@ class ModelDrafter:
             reads = hasattr(self.rows.compiled_layers, "keep_vocabulary")
             vocabulary = DRAFT_VOCABULARY if reads and size >= 2 * DRAFT_VOCABULARY else None
         self.vocabulary = vocabulary
+        self._head_rows = None  # the compiled layers that read the kept rows only (`also_rows` adds the context's)
         self.window = None if target_copy else window
         if vocabulary is not None:
             if isinstance(vocabulary, bool) or not isinstance(vocabulary, int) or vocabulary % 16 or not 0 < vocabulary <= size:
@@ -132,6 +133,7 @@ class ModelDrafter:
                                  f"model's {size} tokens, got {vocabulary!r}")
             if hasattr(self.rows.compiled_layers, "keep_vocabulary"):
                 self.rows.compiled_layers.keep_vocabulary(vocabulary)
+                self._head_rows = self.rows.compiled_layers
         self.k = k
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.device = self.rows.device
@@ -283,9 +285,9 @@ class ModelDrafter:
         if not wanted:
             return {}, {}, None
         order, window = self.rows.active_ids, self.rows.active_window
-        if self.vocabulary is not None and hasattr(self.rows.compiled_layers, "also_rows"):
+        if self._head_rows is not None:
             rare = set().union(*(self._requests[r].rare for r in wanted))
-            self.rows.compiled_layers.also_rows(np.fromiter(rare, np.int64, len(rare)))
+            self._head_rows.also_rows(np.fromiter(rare, np.int64, len(rare)))
         # First pass: T = the drafting rows' longest backlog; other rows catch up on up to T tokens.
         steps = max(self._pending(r) for r in wanted)
         started = time.perf_counter()

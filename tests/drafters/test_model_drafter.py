@@ -477,7 +477,14 @@ def test_the_draft_vocabulary_is_chosen_where_the_compiled_step_reads_a_large_ou
     draft model of at least twice as many, and every id elsewhere: a small vocabulary, or eager layers
     (which compute every logit anyway)."""
     large = make_tiny_model(seed=3, dtype=torch.float32, layers=1, vocab_size=2 * DRAFT_VOCABULARY)
-    assert ModelDrafter(large, k=K, vocabulary="auto", compiled=True).vocabulary == DRAFT_VOCABULARY
+    drafter = ModelDrafter(large, k=K, vocabulary="auto", compiled=True)
+    assert drafter.vocabulary == DRAFT_VOCABULARY
+    rare = [DRAFT_VOCABULARY + 7, 2 * DRAFT_VOCABULARY - 1]
+    drafter.begin("r", [5, rare[0], 9, rare[1], 5, rare[0], 9], SamplingParams(temperature=1.0))
+    [d] = drafter.propose(["r"], [K])  # the compiled step reads the kept rows and the context's blocks
+    allowed = d.probs > 0
+    assert bool(allowed[:, rare].all()) and not bool(allowed[:, DRAFT_VOCABULARY:].sum(-1).gt(2).any())
+    assert all(t < DRAFT_VOCABULARY or t in rare for t in d.token_ids.tolist())
     assert ModelDrafter(large, k=K, vocabulary="auto").vocabulary is None
     small = make_tiny_model(seed=3, dtype=torch.float32, layers=1)
     assert ModelDrafter(small, k=K, vocabulary="auto", compiled=True).vocabulary is None
