@@ -62,26 +62,26 @@ class _Request:
     kept: int = 0
     skipped: int = 0
     rare: set[int] = field(default_factory=set)  # the context's ids outside a draft vocabulary, which it drafts too
-    _rare_ids: torch.Tensor | None = None  # `rare` sorted, made when asked for
-
-    @property
-    def rare_ids(self) -> torch.Tensor:
-        if self._rare_ids is None or len(self._rare_ids) != len(self.rare):
-            self._rare_ids = torch.tensor(sorted(self.rare), dtype=torch.int64)
-        return self._rare_ids
+    rare_ids: torch.Tensor | None = None  # `rare`, sorted (None while it is empty)
 
     def held(self, start: int, end: int) -> list[int]:
         """The tokens of the row's positions [start, end), as its layout maps them onto the context."""
-        if not self.skipped:
-            return self.context[start:end]
-        head = self.context[start : min(end, self.kept)] if start < self.kept else []
-        tail = max(start, self.kept)
-        return head + self.context[tail + self.skipped : end + self.skipped] if end > tail else head
+        return _held(self.context, self.kept, self.skipped, start, end)
 
     @property
     def length(self) -> int:
         """The context's length as the row's positions count it (the skipped tokens left out)."""
         return len(self.context) - self.skipped
+
+
+def _held(context: list[int], kept: int, skipped: int, start: int, end: int) -> list[int]:
+    """Positions [start, end) of a row whose first `kept` entries are the context's first `kept`
+    tokens and whose later ones are the context's from `kept + skipped` on."""
+    if not skipped:
+        return context[start:end]
+    head = context[start : min(end, kept)] if start < kept else []
+    tail = max(start, kept)
+    return head + context[tail + skipped : end + skipped] if end > tail else head
 
 
 SINK = 4  # the context's first tokens a row with a gap keeps at least (attention sinks)
@@ -173,8 +173,7 @@ class ModelDrafter:
         behind = limit - self.prefixes.length(salt, prompt, limit)
         kept, skipped = self._layouts.get(salt, (0, 0))
         if skipped and limit > kept + skipped:
-            gapped = _Request(request.params, 0, 0, prompt, kept=kept, skipped=skipped)
-            tokens = gapped.held(0, limit - skipped)
+            tokens = _held(prompt, kept, skipped, 0, limit - skipped)
             stored = self.prefixes.length(salt, tokens, len(tokens))
             if stored > kept and len(tokens) - stored < behind:
                 request.kept, request.skipped = kept, skipped
@@ -194,8 +193,12 @@ class ModelDrafter:
         self._note_rare(request, token_ids)
 
     def _note_rare(self, request: _Request, token_ids: Sequence[int]) -> None:
-        if self.vocabulary is not None:
-            request.rare.update(int(t) for t in token_ids if t >= self.vocabulary)
+        if self.vocabulary is None:
+            return
+        new = {int(t) for t in token_ids if t >= self.vocabulary} - request.rare
+        if new:
+            request.rare |= new
+            request.rare_ids = torch.tensor(sorted(request.rare), dtype=torch.int64)
 
     def end(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
@@ -204,7 +207,8 @@ class ModelDrafter:
         if self.prefixes is not None:  # what the row holds of the context (a fed draft's entries are not)
             held = request.fed_from if request.fed else self.rows.length(request_id)
             self.rows.store_prefix(request_id, self.prefixes, request.params.cache_salt, request.held(0, held))
-            if request.skipped:
+            if request.skipped:  # the salt's latest layout, its entry moved last (the oldest are forgotten)
+                self._layouts.pop(request.params.cache_salt, None)
                 self._layouts[request.params.cache_salt] = (request.kept, request.skipped)
                 while len(self._layouts) > LAYOUTS:
                     del self._layouts[next(iter(self._layouts))]
@@ -339,8 +343,12 @@ class ModelDrafter:
         """The next draft token of each row (and q where the verifier needs it), as the request samples."""
         if self.vocabulary is not None:  # whichever layers ran the pass (`keep_vocabulary` did so already)
             with torch.inference_mode():  # the pass's logits are inference tensors
-                kept = [(rows[r], ids, logits[rows[r], ids]) for r in rows if self._requests[r].rare
-                        for ids in (self._requests[r].rare_ids.to(logits.device),)]
+                kept = []  # each row's context ids past the vocabulary keep their logits
+                for r, b in rows.items():
+                    ids = self._requests[r].rare_ids
+                    if ids is not None:
+                        ids = ids.to(logits.device)
+                        kept.append((b, ids, logits[b, ids]))
                 logits[:, self.vocabulary :] = float("-inf")
                 for b, ids, values in kept:
                     logits[b, ids] = values
@@ -376,9 +384,9 @@ def _create(k: int, target: Any, resources: Resources | None = None, draft_model
     """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target), loaded once per
     runtime whichever drafters draft with it (`resources`, which also says how models run there);
     `dtype` for loading it (auto: the target's device default); `vocabulary`: draft among the ids below
-    it (and those the request's context holds) only ("auto": see `ModelDrafter`); `prefix_cache_mb`: MiB of ended requests' draft keys and values kept for prompts that
-    start alike (0: none; `ModelDrafter`); `window`: the most context tokens a row far behind
-    catches up on (None: all)."""
+    it (and those the request's context holds) only ("auto": see `ModelDrafter`); `prefix_cache_mb`:
+    MiB of ended requests' draft keys and values kept for prompts that start alike (0: none;
+    `ModelDrafter`); `window`: the most context tokens a row far behind catches up on (None: all)."""
     check_cache_mb(prefix_cache_mb, "the model drafter's prefix_cache_mb")
     resources = resources if resources is not None else Resources()
     key = ("draft model", draft_model if draft_model is None or isinstance(draft_model, str) else id(draft_model), dtype)
