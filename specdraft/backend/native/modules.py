@@ -8,9 +8,10 @@ CPU, by the kernel, called as a module too). A compiled CPU step reads their blo
 
 from __future__ import annotations
 
-import torch
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 from specdraft.backend.native.formats import KINDS, NAMES, dequantize
 from specdraft.backend.native.calls import expand, project_native
@@ -135,10 +136,15 @@ def use_arithmetic(model: torch.nn.Module, arithmetic: str) -> int:
     offset, tiled = 0, {}
     for address, m in first.items():
         tiles = buffer[offset : offset + m.blocks.numel()].view(m.blocks.shape)
-        kernel().tile(m.blocks.numpy(), m.kind, tiles.numpy())
         tiles._on_huge_pages = True
         tiled[address] = tiles
         offset += m.blocks.numel()
+    # Each layer's tiles written by the kernel (which releases the GIL) on the step's threads, the largest
+    # first: the time goes to faulting in the file's pages and the buffer's, which threads share.
+    order = sorted(first, key=lambda address: -first[address].blocks.numel())
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        list(pool.map(lambda address: kernel().tile(first[address].blocks.numpy(), first[address].kind,
+                                                     tiled[address].numpy()), order))
     for m in model.modules():
         if isinstance(m, (BlockLinear, BlockEmbedding)) and m.blocks.data_ptr() in tiled:
             m.blocks = tiled[m.blocks.data_ptr()]

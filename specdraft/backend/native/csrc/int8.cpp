@@ -457,23 +457,23 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
                 }
                 uint8_t* q = half.q + at;
                 std::memcpy(half.d + at + 2 * r, block, 2);  // d
+                if (kind == Q8_0) {  // element 4G + e at byte 4r + e of vector G, offset by 128
+                    for (int j = 0; j < kBlock; ++j)
+                        q[half.vector * (j / 4) + 4 * r + j % 4] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
+                    continue;
+                }
                 if (kind == Q4_1) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
-                for (int j = 0; j < kBlock; ++j) {
-                    const int group = j / 4, e = j % 4;
-                    if (kind == Q4_1 || kind == Q5_0) {  // Q5_0's q's low 4 bits as Q4_1's q, 2 bytes on
-                        const uint8_t* qs = block + (kind == Q4_1 ? 4 : 6);
-                        const uint8_t low = qs[j % 16] & 15, high = qs[j % 16] >> 4;
-                        uint8_t& byte = q[half.vector * (group % 4) + 4 * r + e];
-                        byte = group < 4 ? uint8_t((byte & 0xf0) | (j < 16 ? low : high))
-                                         : uint8_t((byte & 0x0f) | (j < 16 ? low : high) << 4);
-                        if (kind == Q5_0) {  // the 5th bit: qh's bit j, to bit G of the fifth vector's byte
-                            uint32_t qh;
-                            std::memcpy(&qh, block + 2, 4);
-                            uint8_t& fifth = q[half.vector * 4 + 4 * r + e];
-                            fifth = uint8_t((fifth & ~(1 << group)) | ((qh >> j) & 1) << group);
-                        }
-                    } else {
-                        q[half.vector * group + 4 * r + e] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
+                // Element 4G + e (G < 4) is qs[4G + e]'s low nibble, element 4G + e + 16 its high one: vector
+                // G's byte 4r + e holds both, so it is qs[4G + e] as it lies (Q5_0: its q's low 4 bits).
+                const uint8_t* qs = block + (kind == Q4_1 ? 4 : 6);
+                for (int G = 0; G < 4; ++G) std::memcpy(q + half.vector * G + 4 * r, qs + 4 * G, 4);
+                if (kind == Q5_0) {  // the 5th bit of element 4G + e, qh's bit 4G + e, to bit G of the fifth vector's byte 4r + e
+                    uint32_t qh;
+                    std::memcpy(&qh, block + 2, 4);
+                    for (int e = 0; e < 4; ++e) {
+                        uint32_t fifth = 0;
+                        for (int G = 0; G < 8; ++G) fifth |= ((qh >> (4 * G + e)) & 1u) << G;
+                        q[half.vector * 4 + 4 * r + e] = uint8_t(fifth);
                     }
                 }
             }
