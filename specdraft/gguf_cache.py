@@ -119,8 +119,24 @@ def gguf_tokenizer(source: Path):
     key = digest.hexdigest()
     loaded, template = _TOKENIZERS.get(key), source / "chat_template.jinja"
     if loaded is None or not template.is_file():
-        tokenizer = _TOKENIZERS[key] = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        tokenizer = _TOKENIZERS[key] = lean_tokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True))
         return tokenizer
     tokenizer = copy.copy(loaded)
     tokenizer.chat_template = template.read_text()
+    return tokenizer
+
+
+# What transformers' BPE tokenizers (Qwen2's, GPT-2's, Llama's) keep of the tables they built their
+# Rust tokenizer from, as Python objects read by their constructors alone.
+_CONSTRUCTION_TABLES = ("_vocab", "_merges")
+
+
+def lean_tokenizer(tokenizer):
+    """`tokenizer` without the Python copies of its vocabulary and merges that a fast tokenizer keeps
+    after building its Rust tokenizer from them (`_CONSTRUCTION_TABLES`: 65 MB resident for Qwen2's
+    151,936 tokens). Encoding, decoding, `get_vocab` and saving read the Rust tokenizer."""
+    if getattr(tokenizer, "is_fast", False):
+        for name in _CONSTRUCTION_TABLES:
+            if name in vars(tokenizer):
+                delattr(tokenizer, name)
     return tokenizer

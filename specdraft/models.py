@@ -28,7 +28,7 @@ from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
-from specdraft.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer
+from specdraft.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer, lean_tokenizer
 from specdraft.gguf_check import GgufLayout, check_gguf
 from specdraft.params import ARITHMETIC, WEIGHTS
 
@@ -114,7 +114,7 @@ def _offline() -> bool:
 def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    tokenizer = lean_tokenizer(AutoTokenizer.from_pretrained(source, local_files_only=local_only))
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
     return tokenizer, model
 

@@ -211,3 +211,37 @@ def test_int8_tiles_lie_in_one_buffer_in_the_order_a_step_reads_them(tmp_path):
         assert adjacent_view([mlp.gate_proj.blocks, mlp.up_proj.blocks]) is not None
         assert adjacent_view([attention.q_proj.blocks, attention.k_proj.blocks, attention.v_proj.blocks]) is not None
     assert model.model.embed_tokens.blocks is model.lm_head.blocks  # tied: tiled once, read by both
+
+
+def test_a_fast_tokenizer_drops_its_construction_tables_and_tokenizes_as_before():
+    """The Python vocabulary and merges a fast BPE tokenizer (Qwen2's) was built from are dropped:
+    read by its constructor alone, what it encodes, decodes and lists is unchanged."""
+    from transformers import Qwen2Tokenizer
+
+    from specdraft.gguf_cache import lean_tokenizer
+
+    vocab = {c: i for i, c in enumerate(["a", "b", "c", "d", "ab", "abc", "Ġ", "Ġa", "<|endoftext|>"])}
+    fresh = Qwen2Tokenizer(vocab=dict(vocab), merges=[("a", "b"), ("ab", "c"), ("Ġ", "a")])
+    text = "abc a abd dab"
+    ids, listed = fresh.encode(text), fresh.get_vocab()
+    lean = lean_tokenizer(fresh)
+    assert not hasattr(lean, "_merges") and not hasattr(lean, "_vocab")
+    assert lean.encode(text) == ids == [5, 7, 6, 4, 3, 6, 3, 4] and lean.decode(ids) == text
+    assert lean.get_vocab() == listed
+
+
+def test_a_gguf_models_tokenizer_tokenizes_as_a_fresh_one():
+    """The embedded model's tokenizer as a load gives it encodes, decodes and templates as one loaded
+    afresh from the same files."""
+    from transformers import AutoTokenizer
+
+    from specdraft.gguf_cache import cache_gguf_config, gguf_tokenizer
+    from specdraft.models import embedded_gguf
+
+    source = cache_gguf_config(embedded_gguf())
+    ours, fresh = gguf_tokenizer(source), AutoTokenizer.from_pretrained(source, local_files_only=True)
+    text = "def f(x):\n    return {'ключ': x ** 2}  # ✓ ok"
+    assert ours.encode(text) == fresh.encode(text) and ours.decode(ours.encode(text)) == text
+    assert ours.get_vocab() == fresh.get_vocab()
+    chat = [{"role": "user", "content": text}]
+    assert ours.apply_chat_template(chat, tokenize=False) == fresh.apply_chat_template(chat, tokenize=False)
