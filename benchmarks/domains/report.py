@@ -48,6 +48,8 @@ class CellSummary:
     prompts: int
     median_tokens_per_second: float
     speedup_vs_none: float | None
+    median_decode_tokens_per_second: float | None  # after the first token (None: a method that does not report it)
+    decode_speedup_vs_none: float | None
     speedup_vs_hf: float | None
     speedup_vs_hf_prompt_lookup: float | None  # vs the fastest hf-prompt-lookup-* cell of the domain
     acceptance_rate: float | None
@@ -90,9 +92,16 @@ def _per_position(rows: list[dict]) -> list[float] | None:
     return out
 
 
-def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None, lookup_tps: float | None) -> CellSummary:
+def _median_decode_tps(rows: list[dict]) -> float | None:
+    """The median over prompts of tok/s after the first token (where every prompt reports it)."""
+    values = _values(rows, "decode_tokens_per_second")
+    return statistics.median(values) if rows and len(values) == len(rows) else None
+
+
+def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None, lookup_tps: float | None,
+                   baseline_decode_tps: float | None = None) -> CellSummary:
     rows = cell["prompts"]
-    tps = _median_tps(rows)
+    tps, decode_tps = _median_tps(rows), _median_decode_tps(rows)
     drafted = sum(_values(rows, "draft_tokens"))
     accepted = sum(_values(rows, "accepted_tokens"))
     per_step = [a for r in rows for a in (r.get("accepted_per_step") or [])]
@@ -111,6 +120,8 @@ def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None,
         prompts=len(rows),
         median_tokens_per_second=tps,
         speedup_vs_none=tps / baseline_tps if baseline_tps else None,
+        median_decode_tokens_per_second=decode_tps,
+        decode_speedup_vs_none=decode_tps / baseline_decode_tps if decode_tps and baseline_decode_tps else None,
         speedup_vs_hf=tps / hf_tps if hf_tps else None,
         speedup_vs_hf_prompt_lookup=tps / lookup_tps if lookup_tps else None,
         acceptance_rate=accepted / drafted if drafted else None,
@@ -149,7 +160,8 @@ def summarize(results: dict) -> list[CellSummary]:
         for method in order:
             if method in here:
                 summaries.append(summarize_cell(here[method], medians.get(BASELINE), medians.get(HF_PLAIN),
-                                                max(lookups) if lookups else None))
+                                                max(lookups) if lookups else None,
+                                                _median_decode_tps(here[BASELINE]["prompts"]) if BASELINE in here else None))
     return summaries
 
 
@@ -277,6 +289,23 @@ def _summary(summaries: list[CellSummary], domains: list[str]) -> list[str]:
     ]) + [""]
 
 
+def _decode_summary(summaries: list[CellSummary], domains: list[str]) -> list[str]:
+    """Every method's speedup vs specdraft-none after the first token (median decode tok/s in brackets):
+    what drafting changes, the prompt's prefill left out (none where no method reports it)."""
+    by_key = {(s.domain, s.method): s for s in summaries if s.median_decode_tokens_per_second is not None}
+    if not by_key:
+        return []
+    methods = [m for m in method_order([s.method for s in summaries]) if any((d, m) in by_key for d in domains)]
+    lines = ["## After the first token: speedup vs specdraft-none (median decode tok/s in brackets)", "",
+             "The tokens after the first over the seconds after it: the prompt's prefill, which no drafter "
+             "shortens, left out (llama.cpp's: its own decode timing).", ""]
+    return lines + _table(["method"] + domains, [
+        [m] + [f"{_x(by_key[(d, m)].decode_speedup_vs_none)} ({by_key[(d, m)].median_decode_tokens_per_second:.1f})"
+               if (d, m) in by_key else DASH for d in domains]
+        for m in methods
+    ]) + [""]
+
+
 def _against_llama_cpp(summaries: list[CellSummary], domains: list[str]) -> list[str]:
     """Per domain, our fastest method against llama.cpp's fastest (median tok/s), where llama.cpp ran."""
     rows = []
@@ -342,6 +371,7 @@ def render_markdown(results: dict, summaries: list[CellSummary], plots: list[str
     domains = list(dict.fromkeys(s.domain for s in summaries))
     lines = _preamble(results)
     lines += _summary(summaries, domains)
+    lines += _decode_summary(summaries, domains)
     lines += _against_llama_cpp(summaries, domains)
     lines += _paired_ratios(results, domains)
     lines += _domain_tables(summaries, domains)

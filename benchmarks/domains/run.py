@@ -62,9 +62,12 @@ def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], params: Samplin
     [done] = llm.generate(prompt_ids, params, SpeculationParams(drafter))
     seconds = time.perf_counter() - start
     m = done.metrics
+    first = m.time_to_first_token
+    decode = None if first is None else m.seconds - first  # the tokens after the first (prefill gives that one)
     return {
         "token_ids": done.token_ids, "tokens": len(done.token_ids), "seconds": seconds,
-        "tokens_per_second": len(done.token_ids) / seconds, "steps": m.steps,
+        "tokens_per_second": len(done.token_ids) / seconds, "time_to_first_token": first,
+        "decode_tokens_per_second": (len(done.token_ids) - 1) / decode if decode else None, "steps": m.steps,
         "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
         "accepted_per_step": list(m.accepted_per_step), "per_position_acceptance": m.per_position_acceptance,
         "drafted_at": m.drafted_at.tolist(), "accepted_at": m.accepted_at.tolist(), "draft_seconds": m.draft_seconds,

@@ -131,3 +131,21 @@ def test_llama_cpp_methods_are_peers_and_our_fastest_is_set_against_theirs(resul
     # ours: ngram's median 50; theirs: lookup's median 60 beats plain's 25
     assert "| code | specdraft-ngram (50.0) | llama.cpp-lookup-k3 (60.0) | 0.83x |" in md
     assert not (tmp_path / "out" / "accepted_length_llama.cpp-lookup-k3.png").exists()  # a peer: no plot of its own
+
+
+def test_speedups_after_the_first_token_are_medians_of_decode_rates_where_every_prompt_reports_one(results, tmp_path):
+    cells = {(c["domain"], c["method"]): c for c in results["cells"]}
+    for (domain, method), decode in {("code", "specdraft-none"): [8.0, 12.0, 30.0],
+                                     ("code", "specdraft-ngram"): [40.0, 24.0, 60.0]}.items():
+        for row, rate in zip(cells[(domain, method)]["prompts"], decode):
+            row["decode_tokens_per_second"] = rate
+    summaries = {(s.domain, s.method): s for s in summarize(results)}
+    ngram, none = summaries[("code", "specdraft-ngram")], summaries[("code", "specdraft-none")]
+    assert ngram.median_decode_tokens_per_second == 40.0 and none.median_decode_tokens_per_second == 12.0
+    assert ngram.decode_speedup_vs_none == pytest.approx(40.0 / 12.0)
+    assert summaries[("code", "hf-generate")].median_decode_tokens_per_second is None  # reports none
+    write_report(results, tmp_path / "out")
+    md = (tmp_path / "out" / "results.md").read_text()
+    # prose holds the first two rows of each: medians 32 and 10; the Hugging Face methods report none
+    table = md[md.index("## After the first token"):md.index("## code")]
+    assert "| specdraft-ngram | 3.33x (40.0) | 3.20x (32.0) |" in table and "hf-generate" not in table
