@@ -497,18 +497,3 @@ def write_report(results: dict, out_dir: Path) -> None:
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / "results.md").write_text(render_markdown(results, summaries, plots))
 
-
-def step_stats(runs: list[dict]) -> dict:
-    """What verification costs over runs of the engine (each with its metrics' `steps`,
-    `draft_tokens` and `accepted_tokens`): emitted tokens per target step, drafted tokens per step
-    and accepted per drafted token."""
-    steps = sum(r["steps"] for r in runs)
-    drafted, accepted = sum(r["draft_tokens"] for r in runs), sum(r["accepted_tokens"] for r in runs)
-    return {"tokens_per_step": (steps + accepted) / steps if steps else 0.0,
-            "drafted_per_step": drafted / steps if steps else 0.0,
-            "accepted_per_drafted": accepted / drafted if drafted else 0.0}
-
-
-def step_columns(cell: dict) -> str:
-    """`step_stats` as three markdown table cells."""
-    return f"{cell['tokens_per_step']:.2f} | {cell['drafted_per_step']:.2f} | {cell['accepted_per_drafted']:.2f}"

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Iterator
 
 from benchmarks.serving.ceiling import UNBOUNDED, copy_ceiling
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import cli, machine, step_columns, step_stats, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.domains.methods import OURS, PEERS, REFERENCE, Methods, display_order
-from benchmarks.domains.report import bar_plot, step_columns, step_stats
+from benchmarks.domains.report import bar_plot
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
 

@@ -28,10 +28,10 @@ from pathlib import Path
 import httpx
 
 from benchmarks.serving.agent import bucket
-from benchmarks.common import cli, live_server, machine, write_results
+from benchmarks.common import cli, live_server, machine, step_columns, step_stats, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.serving.load import body, stream
-from benchmarks.domains.report import bar_plot, step_columns, step_stats
+from benchmarks.domains.report import bar_plot
 
 SERVE = ("--max-batch-size", "16", "--max-queue", "64", "--drafters", "none,ngram")
 NO_CACHE = ("--prefix-cache-mb", "0")
