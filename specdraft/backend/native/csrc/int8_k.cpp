@@ -69,6 +69,16 @@ struct Ymm {
     static I add(I a, I b) { return _mm256_add_epi32(a, b); }
     static I times(I a, I b) { return _mm256_mullo_epi32(a, b); }
     static I times16(I a, I b) { return _mm256_madd_epi16(a, b); }  // 16-bit halves' products, pairs summed
+    // acc + each lane's two 16-bit halves times the int16 pair at x (broadcast), the products summed
+    static I pair_dot(I acc, I pairs, const int32_t* x) {
+#if SPECDRAFT_VNNI == 2
+        return _mm256_dpwssd_epi32(acc, pairs, _mm256_set1_epi32(*x));
+#elif SPECDRAFT_VNNI == 1
+        return _mm256_dpwssd_avx_epi32(acc, pairs, _mm256_set1_epi32(*x));
+#else
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi32(*x)));
+#endif
+    }
     static I down16(I a, int n) { return _mm256_srli_epi16(a, n); }
     static I up16(I a, int n) { return _mm256_slli_epi16(a, n); }
     static I down32(I a, int n) { return _mm256_srli_epi32(a, n); }
@@ -99,6 +109,10 @@ struct Zmm {
     static I add(I a, I b) { return _mm512_add_epi32(a, b); }
     static I times(I a, I b) { return _mm512_mullo_epi32(a, b); }
     static I times16(I a, I b) { return _mm512_madd_epi16(a, b); }
+    static I pair_dot(I acc, I pairs, const int32_t* x) {  // the pair broadcast by the instruction ({1to16})
+        asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(pairs), "m"(*x));
+        return acc;
+    }
     static I down16(I a, int n) { return _mm512_srli_epi16(a, n); }
     static I up16(I a, int n) { return _mm512_slli_epi16(a, n); }
     static I down32(I a, int n) { return _mm512_srli_epi32(a, n); }
@@ -131,11 +145,20 @@ inline void put_rows(const typename V::F acc[T], int64_t row0, int64_t t0, const
     }
 }
 
+// A token's 8 sums of a super-block's 32s (each below 2^12 in magnitude) as 4 words of int16 pairs,
+// sub-blocks 2j (low half) and 2j + 1 (high half) in word j.
+inline void sum_pairs(const int32_t* sums, int32_t pairs[4]) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)sums);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(v, v), 0x08);  // exact: no sum saturates
+    _mm_storeu_si128((__m128i*)pairs, _mm256_castsi256_si128(packed));
+}
+
 // The V::kRows rows of Q4_K tiles at `rows` (from row0) against tokens [t0, t0 + T): per super-block,
 // each row's scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`, lane by
-// lane), then per sub-block the rows' integer sums (V::dot) times their scales into i, and mins times
-// the token's sums into n (16-bit products: a min is below 64, a sum of 32 activations below 2^12 in
-// magnitude); then int8.cpp's float operations.
+// lane), then per sub-block the rows' integer sums (V::dot) times their scales into i, and the mins
+// times the token's sums into n (16-bit products: a min is below 64, a sum of 32 activations below
+// 2^12 in magnitude): per sub-block for one token, two sub-blocks an instruction after the sub-blocks
+// for several (the same integers); then int8.cpp's float operations.
 template <typename V, int64_t VECTOR, int T>
 [[gnu::noinline]] void q4_k_rows(const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
     using I = typename V::I;
@@ -151,28 +174,41 @@ template <typename V, int64_t VECTOR, int T>
         const I words[4] = {  // bytes: scales 0-3, 4-7, mins 0-3, 4-7
             V::all(a, six), V::either(V::all(c, low4), V::up32(V::all(V::down32(a, 6), top2), 4)), V::all(m, six),
             V::either(V::all(V::down32(c, 4), low4), V::up32(V::all(V::down32(m, 6), top2), 4))};
-        I i[T], n[T];
-        for (int t = 0; t < T; ++t) i[t] = n[t] = V::zero();
+        I i[T], one = V::zero();  // one: a single token's mins term (T == 1), summed per sub-block
+        for (int t = 0; t < T; ++t) i[t] = V::zero();
 #pragma GCC unroll 8
         for (int s = 0; s < 8; ++s) {
             const I scale = V::all(V::down32(words[s / 4], 8 * (s % 4)), byte);
-            const I min = V::all(V::down32(words[2 + s / 4], 8 * (s % 4)), byte);
+            if constexpr (T == 1) {  // a decode token: its sums as they lie, no pairs to pack (a step reads from memory)
+                const I min = V::all(V::down32(words[2 + s / 4], 8 * (s % 4)), byte);
+                one = V::add(one, V::times16(min, V::words(p.xtotal[t0 * blocks + 8 * b + s])));
+            }
             I dot[T];
             for (int t = 0; t < T; ++t) dot[t] = V::zero();
             for (int G = 0; G < 8; ++G) {
                 const I w = V::all(V::down16(V::load(q + VECTOR * (3 + 8 * (s / 2) + G)), 4 * (s % 2)), low4);
                 for (int t = 0; t < T; ++t) dot[t] = V::dot(dot[t], w, p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G);
             }
-            for (int t = 0; t < T; ++t) {
-                i[t] = V::add(i[t], V::times(dot[t], scale));
-                n[t] = V::add(n[t], V::times16(min, V::words(p.xtotal[(t0 + t) * blocks + 8 * b + s])));
-            }
+            for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
         }
+        // Several tokens: each row's mins as int16 pairs, sub-blocks 2j and 2j + 1 in pair j (min bytes 0-3
+        // of word 2, 4-7 of word 3), against each token's sums paired alike: 4 products a token, not 8.
+        const I high = V::words(0xff0000);
+        const I mins[4] = {V::either(V::all(words[2], byte), V::all(V::up32(words[2], 8), high)),
+                           V::either(V::all(V::down32(words[2], 16), byte), V::all(V::down32(words[2], 8), high)),
+                           V::either(V::all(words[3], byte), V::all(V::up32(words[3], 8), high)),
+                           V::either(V::all(V::down32(words[3], 16), byte), V::all(V::down32(words[3], 8), high))};
         const typename V::F d = V::halves(rows.d + at), dmin = V::halves(rows.m + at);
         for (int t = 0; t < T; ++t) {
+            I n = one;
+            if constexpr (T > 1) {
+                alignas(16) int32_t pairs[4];
+                sum_pairs(p.xtotal + (t0 + t) * blocks + 8 * b, pairs);
+                for (int j = 0; j < 4; ++j) n = V::pair_dot(n, mins[j], pairs + j);
+            }
             const typename V::F dx = V::each(p.xd[(t0 + t) * blocks + 8 * b]);
             acc[t] = V::fma(V::mul(d, dx), V::real(i[t]), acc[t]);
-            acc[t] = V::fnma(V::mul(dmin, dx), V::real(n[t]), acc[t]);
+            acc[t] = V::fnma(V::mul(dmin, dx), V::real(n), acc[t]);
         }
     }
     put_rows<V, T>(acc, row0, t0, out);
