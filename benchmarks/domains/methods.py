@@ -28,13 +28,19 @@ PEERS = ("hf-generate", "hf-prompt-lookup-k10")
 REFERENCE = "hf-generate"
 
 
+def decode_rate(done) -> float:
+    """A finished request's tokens after the first over the seconds after it (prefill gives the first);
+    0 where it has none."""
+    m = done.metrics
+    decode = m.seconds - m.time_to_first_token if m.time_to_first_token is not None else 0.0
+    return (len(done.token_ids) - 1) / decode if decode > 0 else 0.0
+
+
 def engine_run(engine, drafter: str, ids: list[int], params: SamplingParams) -> dict:
     """One request through a specdraft engine, alone; its tokens and what it cost."""
     [done] = engine.run([(ids, params, SpeculationParams(drafter))])
     m = done.metrics
-    decode = m.seconds - m.time_to_first_token
-    return {"token_ids": done.token_ids,
-            "decode_tokens_per_second": (len(done.token_ids) - 1) / decode if decode > 0 else 0.0,
+    return {"token_ids": done.token_ids, "decode_tokens_per_second": decode_rate(done),
             "tokens_per_second": m.tokens_per_second, "steps": m.steps, "draft_tokens": m.draft_tokens,
             "accepted_tokens": m.accepted_tokens, "seconds": m.seconds, "time_to_first_token": m.time_to_first_token,
             "cached_tokens": m.cached_tokens, "prompt_tokens": len(ids)}

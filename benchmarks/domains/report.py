@@ -157,11 +157,11 @@ def summarize(results: dict) -> list[CellSummary]:
         here = {c["method"]: c for c in cells if c["domain"] == domain}
         medians = {m: _median_tps(c["prompts"]) for m, c in here.items()}
         lookups = [v for m, v in medians.items() if m.startswith("hf-prompt-lookup")]
+        baseline_decode = _median_decode_tps(here[BASELINE]["prompts"]) if BASELINE in here else None
         for method in order:
             if method in here:
                 summaries.append(summarize_cell(here[method], medians.get(BASELINE), medians.get(HF_PLAIN),
-                                                max(lookups) if lookups else None,
-                                                _median_decode_tps(here[BASELINE]["prompts"]) if BASELINE in here else None))
+                                                max(lookups) if lookups else None, baseline_decode))
     return summaries
 
 

@@ -27,6 +27,7 @@ from benchmarks.peers import hf as peers
 from benchmarks.peers import llama_cpp
 from benchmarks.common import cli, machine
 from benchmarks.domains.datasets import DOMAINS, load_domain
+from benchmarks.domains.methods import decode_rate
 from benchmarks.domains.report import family, write_report
 from specdraft import LLM, SamplingParams, SpeculationParams
 from specdraft.models import LoadedModel, load_model, resolve
@@ -62,12 +63,10 @@ def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], params: Samplin
     [done] = llm.generate(prompt_ids, params, SpeculationParams(drafter))
     seconds = time.perf_counter() - start
     m = done.metrics
-    first = m.time_to_first_token
-    decode = None if first is None else m.seconds - first  # the tokens after the first (prefill gives that one)
     return {
         "token_ids": done.token_ids, "tokens": len(done.token_ids), "seconds": seconds,
-        "tokens_per_second": len(done.token_ids) / seconds, "time_to_first_token": first,
-        "decode_tokens_per_second": (len(done.token_ids) - 1) / decode if decode else None, "steps": m.steps,
+        "tokens_per_second": len(done.token_ids) / seconds, "time_to_first_token": m.time_to_first_token,
+        "decode_tokens_per_second": decode_rate(done), "steps": m.steps,
         "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
         "accepted_per_step": list(m.accepted_per_step), "per_position_acceptance": m.per_position_acceptance,
         "drafted_at": m.drafted_at.tolist(), "accepted_at": m.accepted_at.tolist(), "draft_seconds": m.draft_seconds,

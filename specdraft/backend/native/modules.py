@@ -142,9 +142,10 @@ def use_arithmetic(model: torch.nn.Module, arithmetic: str) -> int:
     # Each layer's tiles written by the kernel (which releases the GIL) on the step's threads, the largest
     # first: the time goes to faulting in the file's pages and the buffer's, which threads share.
     order = sorted(first, key=lambda address: -first[address].blocks.numel())
+    tile = kernel().tile
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        list(pool.map(lambda address: kernel().tile(first[address].blocks.numpy(), first[address].kind,
-                                                     tiled[address].numpy()), order))
+        list(pool.map(lambda address: tile(first[address].blocks.numpy(), first[address].kind, tiled[address].numpy()),
+                      order))
     for m in model.modules():
         if isinstance(m, (BlockLinear, BlockEmbedding)) and m.blocks.data_ptr() in tiled:
             m.blocks = tiled[m.blocks.data_ptr()]
