@@ -2,7 +2,11 @@
 blocks are memory-mapped for the kernel): `check_gguf` reads only the header, the metadata and the
 tensor infos, and raises `BadModelFileError` naming the file and its first problem, or returns the
 file's `GgufLayout`. After it passes, every tensor's data lies whole inside the file, aligned, in a
-block kind the loader reads, and the model is of a family specdraft decodes.
+block kind the loader reads, and the model is of a family specdraft decodes, with nothing in it that
+would make specdraft's arithmetic differ from the model's: no tensor the family's loader does not
+read (`FAMILIES`), no metadata asking for what specdraft does not implement (`UNIMPLEMENTED`), heads
+of one size that the rotary embedding covers whole (`_head_size`). Llama 3.x's `rope_freqs` is read
+(`models.load` applies it).
 
 The format (GGUF v2 and v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64
 key-value count; the key-values (a string key, a u32 value type, the value); the tensor infos (a
@@ -23,8 +27,6 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantiz
 
 from specdraft.errors import BadModelFileError
 
-# The model families specdraft decodes, by their GGUF `general.architecture`.
-FAMILIES = ("llama", "qwen2")
 VERSIONS = (2, 3)  # GGUF v1 counted in u32s; gguf's reader (and transformers) read v2 and v3
 MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -40,6 +42,65 @@ _SCALARS = {  # value type -> struct format of one item
     GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }
+
+
+@dataclass(frozen=True)
+class FileFamily:
+    """What specdraft's loader reads of a family's GGUF: the tensors it maps (`top`, and `layer` after
+    `blk.N.`; any other would be left out, and the model decoded wrong without it), and the metadata
+    key transformers takes a head's size from (`head_size_key`; None: embedding_length / head_count)."""
+
+    top: frozenset[str]
+    layer: frozenset[str]
+    head_size_key: str | None
+
+
+_WEIGHTS = frozenset(f"{part}.weight" for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))
+_TOP = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: a factor per pair of a head's dimensions, each frequency divided by it
+
+# The model families specdraft decodes, by their GGUF `general.architecture`. A Llama file's biases would
+# be dropped (transformers' GGUF config never gives Llama biases), and so would Qwen2's output and MLP
+# biases; llama.cpp reads rope_freqs for Llama alone.
+FAMILIES = {
+    "llama": FileFamily(_TOP | {ROPE_FREQS}, _WEIGHTS, head_size_key="rope.dimension_count"),
+    "qwen2": FileFamily(_TOP, _WEIGHTS | {"attn_q.bias", "attn_k.bias", "attn_v.bias"}, head_size_key=None),
+}
+
+
+@dataclass(frozen=True)
+class Unimplemented:
+    """A metadata key (after `{architecture}.`) that changes a model's arithmetic: the values that leave
+    it as specdraft computes it (llama.cpp's default, or the feature off), and what any other asks for."""
+
+    key: str
+    neutral: tuple
+    asks: str
+
+
+UNIMPLEMENTED = (  # what llama.cpp reads for its llama arch, and what other families write, beyond our forward
+    Unimplemented("rope.scaling.type", ("none", "linear"), "rotary scaling other than linear (YaRN, LongRoPE)"),
+    Unimplemented("rope.scaling.factor", (0.0, 1.0), "rotary positions scaled by this factor"),
+    Unimplemented("rope.scale_linear", (0.0, 1.0), "rotary positions scaled by this factor"),
+    Unimplemented("rope.scaling.attn_factor", (1.0,), "the rotary embedding's cos and sin scaled"),
+    Unimplemented("attention.sliding_window", (0,), "sliding-window attention"),
+    Unimplemented("attn_logit_softcapping", (0.0,), "attention scores soft-capped"),
+    Unimplemented("final_logit_softcapping", (0.0,), "logits soft-capped"),
+    Unimplemented("expert_count", (0,), "a mixture of experts"),
+    Unimplemented("expert_used_count", (0,), "a mixture of experts"),
+    Unimplemented("expert_shared_count", (0,), "shared experts"),
+    Unimplemented("logit_scale", (1.0,), "logits scaled"),
+    Unimplemented("embedding_scale", (1.0,), "embeddings scaled"),
+    Unimplemented("residual_scale", (1.0,), "residual branches scaled"),
+    Unimplemented("attention.scale", (0.0,), "attention scores scaled other than by 1/sqrt(head size)"),
+    Unimplemented("attention.clamp_kqv", (0.0,), "q, k and v clamped"),
+    Unimplemented("attention.max_alibi_bias", (0.0,), "ALiBi position biases"),
+    Unimplemented("attention.causal", (True,), "attention that is not causal"),
+    Unimplemented("use_parallel_residual", (False,), "attention and MLP in parallel"),
+    Unimplemented("attention.q_lora_rank", (0,), "low-rank (latent) attention"),
+    Unimplemented("attention.kv_lora_rank", (0,), "low-rank (latent) attention"),
+)
 
 
 @dataclass(frozen=True)
@@ -131,12 +192,13 @@ def _layout(cur: _Cursor) -> GgufLayout:
     tensors = _tensor_infos(cur, n_tensors)
     data_start = -(-cur.pos // alignment) * alignment
     _check_data(cur.path, tensors, data_start, alignment, len(cur.buf))
+    _check_arithmetic(cur.path, architecture, metadata, tensors)
     return GgufLayout(version, architecture, alignment, data_start, len(cur.buf), tensors)
 
 
 def _metadata(cur: _Cursor, count: int) -> dict[str, object]:
-    """The key-values a check reads (the scalars and strings of `general.*`); the rest are skipped,
-    each checked to lie inside the file."""
+    """The key-values a check reads (every scalar, and the strings outside `tokenizer.*`); the rest
+    (arrays, the tokenizer's strings) are skipped, each checked to lie inside the file."""
     cur.section = f"metadata ({count:,} key-values)"
     cur.need(count * 12)  # each at least a key length and a value type
     wanted = {}
@@ -147,9 +209,9 @@ def _metadata(cur: _Cursor, count: int) -> dict[str, object]:
         kind = cur.value("<I")
         if kind == GGUFValueType.ARRAY:
             _skip_array(cur, key)
-        elif key.startswith("general.") and kind == GGUFValueType.STRING:
+        elif kind == GGUFValueType.STRING and not key.startswith("tokenizer."):
             wanted[key] = cur.text(key)
-        elif key.startswith("general.") and kind in _SCALARS:
+        elif kind in _SCALARS:
             wanted[key] = cur.value(_SCALARS[GGUFValueType(kind)])
         else:
             _skip_item(cur, key, kind)
@@ -253,3 +315,71 @@ def _check_data(path: Path, tensors: tuple[TensorInfo, ...], data_start: int, al
         if end > size:
             raise _bad(path, f"tensor {t.name!r} ({t.kind.name}, {t.nbytes:,} bytes) ends at byte {end:,}, past "
                              f"the end of the file ({size:,} bytes): truncated, or its offset is corrupted")
+
+
+def _check_arithmetic(path: Path, architecture: str, metadata: dict[str, object],
+                      tensors: tuple[TensorInfo, ...]) -> None:
+    """Refuse a file that specdraft would decode otherwise than the model computes: a key of
+    `UNIMPLEMENTED` at a value other than its neutral ones, heads of sizes the loader does not take
+    (`_head_size`), a tensor the family's loader does not read (`FAMILIES`), Llama 3's rotary factors
+    in another shape than one float32 factor per pair of a head's dimensions."""
+    for row in UNIMPLEMENTED:
+        key = f"{architecture}.{row.key}"
+        value = metadata.get(key, row.neutral[0])
+        if value not in row.neutral:
+            raise _bad(path, f"{key} is {value!r}: {row.asks}, which specdraft does not implement")
+    head = _head_size(path, architecture, metadata)
+    for t in tensors:
+        if not _read(t.name, FAMILIES[architecture]):
+            raise _bad(path, f"tensor {t.name!r} is not one specdraft's {architecture} loader reads: the model "
+                             "would be decoded without it, which specdraft does not do")
+        pairs = None if head is None else head // 2
+        if t.name == ROPE_FREQS and (t.kind != GGMLQuantizationType.F32 or len(t.shape) != 1
+                                     or pairs not in (None, t.shape[0])):
+            raise _bad(path, f"tensor {t.name!r} is {t.kind.name} of shape {t.shape}, not float32 rotary factors, "
+                             f"one per pair of a head's dimensions ({pairs})")
+
+
+def _read(name: str, family: FileFamily) -> bool:
+    """Whether the family's loader reads the tensor `name` (`blk.N.part` or a top-level one)."""
+    block, _, rest = name.partition(".")
+    layer, _, part = rest.partition(".")
+    if block == "blk":
+        return layer.isdigit() and part in family.layer
+    return name in family.top
+
+
+def _head_size(path: Path, architecture: str, metadata: dict[str, object]) -> int | None:
+    """A head's size as llama.cpp reads it (`attention.key_length`, default embedding_length /
+    head_count), refused where the rotary embedding covers part of it, value heads are of another
+    size, or transformers loads the model with another (`FileFamily.head_size_key`); None where the
+    metadata does not give the sizes (transformers refuses the file then)."""
+    def key(name: str) -> str:
+        return f"{architecture}.{name}"
+
+    width, heads = metadata.get(key("embedding_length")), metadata.get(key("attention.head_count"))
+    if not isinstance(width, int) or not isinstance(heads, int) or heads <= 0:
+        return None
+    per_head, per_head_from = width // heads, "embedding_length / head_count"
+
+    def size(name: str | None, default: int) -> tuple[str, int]:
+        """(where a size comes from, the size): the key `name` where the metadata has it, else the default."""
+        if name is None or key(name) not in metadata:
+            return per_head_from, default
+        return key(name), metadata[key(name)]
+
+    head_from, head = size("attention.key_length", per_head)
+    loaded_from, loaded = size(FAMILIES[architecture].head_size_key, per_head)
+    sizes = (  # (what, its size, what another size than the key heads' asks for)
+        (key("rope.dimension_count"), size("rope.dimension_count", head)[1],
+         "rotary embedding on part of each head (partial rotary)"),
+        (key("attention.value_length"), size("attention.value_length", per_head)[1],
+         "value heads of another size than key heads"),
+        (f"the head size transformers loads it with ({loaded_from})", loaded,
+         "heads of a size its config does not give"),
+    )
+    for what, value, asks in sizes:
+        if value != head:
+            raise _bad(path, f"{what} is {value!r}, not the key head size {head!r} ({head_from}): {asks}, "
+                             "which specdraft does not implement")
+    return head

@@ -6,7 +6,8 @@ linear layers, the rest (norms, biases, kinds the kernel does not read) dequanti
 transformers would; only its config, generation config and tokenizer are cached, once, under the
 cache dir (`SPECDRAFT_CACHE_DIR`, default `~/.cache/specdraft`). A GGUF read dense is dequantised
 whole by transformers (tens of seconds), so it is converted once into safetensors + tokenizer files
-there, and later loads read that.
+there, and later loads read that. Either way a GGUF's Llama 3.x rotary factors (`rope_freqs`), which
+transformers' conversion leaves out, are applied to the model's rotary frequencies (`_use_rope_freqs`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdraft import catalogue
@@ -29,7 +31,7 @@ from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.weights import read_tensors
 from specdraft.errors import DraftModelMismatchError, ModelNotFoundError
 from specdraft.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer, lean_tokenizer
-from specdraft.gguf_check import GgufLayout, check_gguf
+from specdraft.gguf_check import ROPE_FREQS, GgufLayout, check_gguf
 from specdraft.params import ARITHMETIC, WEIGHTS
 
 log = logging.getLogger("specdraft")
@@ -258,6 +260,8 @@ def load(loading: Loading) -> LoadedModel:
     built = _native_from_gguf(gguf, layout) if native else None
     source = gguf if built is not None else convert_gguf(gguf) if gguf is not None else loading.source
     tokenizer, model = built or _dense_from_pretrained(loading.source, source, loading.dtype)
+    if layout is not None:
+        _use_rope_freqs(model, gguf, layout)
     model.to(loading.device).eval()
     model.requires_grad_(False)
     if native and built is None:  # loaded dense after all: read the blocks now
@@ -273,6 +277,30 @@ def load(loading: Loading) -> LoadedModel:
     path = Path(source) if isinstance(source, Path) else Path(str(source))
     return LoadedModel(model, tokenizer, loading.name, path, max_context, eos_ids, loading.few_rows_linears,
                        weights="native" if native else "dense", arithmetic=computes)
+
+
+def _use_rope_freqs(model: torch.nn.Module, gguf: Path, layout: GgufLayout) -> None:
+    """Divide the model's rotary frequencies by the GGUF's `rope_freqs` factors, where it has them.
+
+    llama.cpp's converter writes a Llama 3.x model's llama3 rope scaling (its HF config's factor, low
+    and high frequency factors and original context) as one float32 factor per pair of a head's
+    dimensions, and llama.cpp rotates pair i at base^(-2i/d) / rope_freqs[i]. Transformers' GGUF
+    config has no rope scaling, so the model's rotary module holds base^(-2i/d) alone; without the
+    factors every position past the first would be rotated wrong. They are set here, on the module's
+    `inv_freq` (and `original_inv_freq`, what a reset restores), from which every path (eager, numba,
+    native, inductor, Triton) takes its cos and sin. `check_gguf` has checked their kind and count."""
+    info = next((t for t in layout.tensors if t.name == ROPE_FREQS), None)
+    if info is None:
+        return
+    factors = torch.from_numpy(np.fromfile(gguf, "<f4", info.shape[0], offset=layout.data_start + info.offset))
+    rotary = model.model.rotary_emb
+    assert rotary.rope_type == "default", f"the rotary frequencies are scaled already ({rotary.rope_type})"
+    plain = rotary.original_inv_freq  # [head_dim / 2]: base^(-2i/d)
+    assert plain.shape == factors.shape, (tuple(plain.shape), tuple(factors.shape))
+    scaled = plain.float() / factors
+    with torch.no_grad():
+        rotary.inv_freq.copy_(scaled)
+        rotary.original_inv_freq.copy_(scaled)
 
 
 def _dense_from_pretrained(spec: Path | str, source: Path | str, dtype: torch.dtype):

@@ -163,11 +163,12 @@ def _llama_cpp_order(weights: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_0",
-               types: dict[str, str] | None = None) -> None:
+               types: dict[str, str] | None = None, extra=None) -> None:
     """The model's embedding, output layer and projections as a GGUF of these types (`types`: a type
     for some parts, e.g. {"attn_v": "Q8_0"}), as llama.cpp writes its family (q/k rows interleaved where
     `gguf_interleaved_qk`; biases and norms as float32). Then the model's weights are set to the
-    file's dequantised values, as transformers would load them."""
+    file's dequantised values, as transformers would load them. `extra(writer)`, where given, adds
+    what else the file holds (metadata, a tokenizer, more tensors: `tests.gguf_files`)."""
     family = family_of(model.config)
     writer = gguf.GGUFWriter(str(path), family.model_type)
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -193,6 +194,8 @@ def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_
             if getattr(module, "bias", None) is not None:
                 writer.add_tensor(name.replace(".weight", ".bias"), module.bias.detach().float().numpy())
     _write_norms(writer, model)
+    if extra is not None:
+        extra(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
