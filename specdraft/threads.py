@@ -20,11 +20,17 @@ imported, so a thread count (`OMP_NUM_THREADS`) is also given to numba (`NUMBA_N
 larger than the threads it runs keeps idle threads that compete with the working one on a busy host.
 Importing torch before specdraft keeps torch's defaults. `SPECDRAFT_THREADS=<setting>` picks another
 of `THREAD_SETTINGS` (the benchmark uses it to compare them).
+
+The instructions the libraries dispatch to are read as they load too: under `SPECDRAFT_KERNEL_PATH=avx2`
+(the compiled kernel's AVX2 build, `native.build.chosen_path`) `configure()` also holds torch, MKL,
+oneDNN, OpenBLAS and numba to AVX2 (`AVX2_LIBRARIES`, where unset), so that a machine with AVX-512 runs
+a whole step as an AVX2-only CPU does: its timings and its sums.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import sys
 import warnings
 
@@ -37,6 +43,8 @@ THREAD_SETTINGS: dict[str, dict[str, str]] = {
 }
 DEFAULT_SETTING = "brief-spin"
 THREAD_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "NUMBA_NUM_THREADS")
+AVX2_LIBRARIES = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                  "OPENBLAS_CORETYPE": "Haswell", "NUMBA_CPU_NAME": "haswell"}  # what an AVX2-only x86 runs
 
 
 def configure() -> str | None:
@@ -57,4 +65,7 @@ def configure() -> str | None:
             os.environ.setdefault(key, value)
     if "OMP_NUM_THREADS" in os.environ and "numba" not in sys.modules:
         os.environ.setdefault("NUMBA_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+    if os.environ.get("SPECDRAFT_KERNEL_PATH", "").strip().lower() == "avx2" and platform.machine() in ("x86_64", "AMD64"):
+        for key, value in AVX2_LIBRARIES.items():
+            os.environ.setdefault(key, value)
     return name

@@ -159,9 +159,9 @@ class InductorLayers:
         return (all(silu_mlp(layer.mlp) for layer in layers) and all(plain_linear(m) for m in linears)
                 and len({type(m) is WeightOnlyInt8Linear for m in linears}) == 1)
 
-    def takes(self, tokens: int) -> bool:
-        """Whether a pass of this many tokens runs here (larger ones, and every pass once compiling
-        has failed, run the eager layers)."""
+    def takes(self, tokens: int, width: int) -> bool:
+        """Whether a pass of this many tokens (`width` a row) runs here (larger ones, and every pass
+        once compiling has failed, run the eager layers)."""
         return self.failed is None and tokens <= MAX_TOKENS
 
     def stack(self, p: Pass) -> torch.Tensor:

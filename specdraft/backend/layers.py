@@ -1,7 +1,7 @@
 """The ways `LlamaForward` runs a pass's decoder layers and output head, one class each, alike to call:
-`takes(tokens)` (whether it runs a pass of that many tokens), `stack(pass) -> stream` (every layer,
-writing the pass's keys and values into the cache), `head(stream) -> logits`; `max_tokens`, the
-longest pass it runs (None: any).
+`takes(tokens, width)` (whether it runs a pass of that many tokens, `width` a row), `stack(pass) ->
+stream` (every layer, writing the pass's keys and values into the cache), `head(stream) -> logits`;
+`max_tokens`, the most tokens one of its calls computes (None: any).
 
 - `EagerLayers` (here): the model's own torch modules, layer by layer, attention by torch's SDPA.
 - `NumbaLayers` (`numba_layers/`): on CPU, float32, GGUF-block or int8 weights, numba kernels for
@@ -73,7 +73,7 @@ class EagerLayers:
         self.model, self.layers, self.dtype = model, list(layers), dtype
         self.num_heads, self.num_kv_heads, self.head_dim = family.shape
 
-    def takes(self, tokens: int) -> bool:
+    def takes(self, tokens: int, width: int) -> bool:
         return True
 
     def stack(self, p: Pass) -> torch.Tensor:

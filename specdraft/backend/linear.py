@@ -1,12 +1,18 @@
 """`FewRowsLinear`, the linear layer models are loaded with on CPU (same results as `nn.Linear`): a
-linear layer that stays fast for the few rows a decode or verify step feeds it.
+linear layer that stays fast for the few rows a decode or verify step feeds it, and gives each row the
+same result whatever rows are beside it.
 
 A decode step multiplies 1 row by every weight matrix, a verify step k + 1 rows per request. On CPU,
 torch's `F.linear` (x @ W.T) sends such skinny products down BLAS paths that read the weights far
-slower than memory allows, while the same products written as (W @ x.T).T run near memory speed
-(a single row is doubled: alone it would take a matrix-vector path as slow as F.linear's; see
-`benchmarks/results/verify_cost.md`). Same products, summed in another order, so the results agree
-to float rounding. Larger inputs (prefill) and other devices use `F.linear` unchanged.
+slower than memory allows, while the same product written as (W @ x.T).T runs near memory speed (a
+single row doubled: alone it would take a matrix-vector path twice as slow; see
+`benchmarks/results/verify_cost.md`). But a BLAS product of n rows sums a row in an order that depends
+on n and on the row's place (MKL and OpenBLAS block by the row count: rows 0-3 of 6 already differ from
+the row alone, on AVX2 and AVX-512 alike), and a verify pass must give a token the logits a plain step
+gives it. So each of up to `MAX_ROWS` rows is its own product of one shape, the row doubled, as a plain
+step's is: the same call on the same values, whatever the pass. A pass of n rows reads the weights n
+times (the compiled step, `numba_layers`, reads them once for all its tokens; this is the eager
+layers'). Larger inputs (prefill chunks) and other devices use `F.linear` unchanged.
 """
 
 from __future__ import annotations
@@ -18,15 +24,12 @@ MAX_ROWS = 64  # above this (prefill chunks) F.linear's path is the efficient on
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] times weight [out, in]: (W @ x.T).T for the few rows of a CPU step, F.linear
-    otherwise (see above)."""
+    """x [..., in] times weight [out, in]: each row as (W @ [row, row].T)[:, 0] for the few rows of a
+    CPU step (see above), F.linear otherwise."""
     rows = x.reshape(-1, weight.shape[1])  # [n, in]
-    n = rows.shape[0]
-    if n > MAX_ROWS or x.device.type != "cpu":
+    if rows.shape[0] > MAX_ROWS or x.device.type != "cpu":
         return F.linear(x, weight, bias)
-    if n == 1:
-        rows = rows.repeat(2, 1)
-    out = (weight @ rows.T).T[:n].contiguous()  # [n, out]
+    out = torch.stack([(weight @ row.repeat(2, 1).T)[:, 0] for row in rows])  # [n, out]
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -120,7 +120,7 @@ class LlamaForward:
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)  # [batch, T, head_dim]
         if self.invariant is not None:
             layers = self.invariant
-        elif self.compiled is not None and self.compiled.takes(len(ids)):
+        elif self.compiled is not None and self.compiled.takes(len(ids), steps):
             layers = self.compiled
         else:
             layers = self.eager

@@ -46,6 +46,10 @@ MIN_SPLIT_WEIGHTS = 4 << 20  # a smaller weight is read fast enough unsplit (a s
 # Triton's interpreter multiplies bf16 tiles wrongly: there every product runs on float32 tiles (the
 # same values: a bf16 product is exact in float32), as float32 inputs do everywhere.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# And its `tl.dot` is numpy's BLAS, whose order of sums for a row can depend on the row's place in the
+# tile (OpenBLAS's Haswell and Zen kernels: rows 6 and 8 of 16 sum otherwise than row 0), where a GPU's
+# matrix instructions sum every row alike. Interpreted, `_dot` sums each output over K in order instead.
+ROW_BY_ROW: tl.constexpr = tl.constexpr(INTERPRETED)
 
 
 def _upcast(dtype: torch.dtype) -> bool:
@@ -144,8 +148,11 @@ def _after_previous(GDC: tl.constexpr):
 
 @triton.jit
 def _dot(a, b, UPCAST: tl.constexpr):
-    """a [M, K] @ b [K, N], float32 sums; UPCAST: in IEEE float32 (float32 inputs; the interpreter)."""
-    if UPCAST:
+    """a [M, K] @ b [K, N], float32 sums; UPCAST: in IEEE float32 (float32 inputs; the interpreter).
+    Interpreted (`ROW_BY_ROW`), each output is its K products summed in order, the same for every row."""
+    if ROW_BY_ROW:
+        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    elif UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b)

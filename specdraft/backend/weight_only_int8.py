@@ -6,10 +6,9 @@ keeps the GGUF blocks: `native.modules.ARITHMETICS`.)"""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from specdraft.backend.native import BlockLinear
-from specdraft.backend.linear import FewRowsLinear, replace_linears
+from specdraft.backend.linear import FewRowsLinear, few_rows_linear, replace_linears
 
 
 class WeightOnlyInt8Linear(torch.nn.Module):
@@ -18,9 +17,10 @@ class WeightOnlyInt8Linear(torch.nn.Module):
     A draft step reads every weight once, so a quarter of the bytes is most of the speed. On CPU a
     pass of a few tokens reads these weights in numba's kernels (float32 activations,
     `numba_layers`); called as a module (prefill, larger passes) it dequantises into the activations'
-    dtype, except bf16 activations on CPU, which run `torch._weight_int8pack_mm` (the int8 kernel
-    gpt-fast and torchao use). Outputs are in the activations' dtype. Only for drafts: results differ
-    from the full-precision layer (that is what verification is for).
+    dtype and multiplies as `FewRowsLinear` does (a row's result the same whatever rows are beside it),
+    except bf16 activations on CPU, which run `torch._weight_int8pack_mm` (the int8 kernel gpt-fast
+    and torchao use, which computes each row on its own). Outputs are in the activations' dtype. Only
+    for drafts: results differ from the full-precision layer (that is what verification is for).
     """
 
     def __init__(self, linear: torch.nn.Module) -> None:
@@ -39,7 +39,7 @@ class WeightOnlyInt8Linear(torch.nn.Module):
         if rows.device.type == "cpu" and rows.dtype == torch.bfloat16:
             out = torch._weight_int8pack_mm(rows.contiguous(), self.weight, self.scales)
         else:
-            out = F.linear(rows, self.weight.to(rows.dtype)) * self.scales.to(rows.dtype)
+            out = few_rows_linear(rows, self.weight.to(rows.dtype), None) * self.scales.to(rows.dtype)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)

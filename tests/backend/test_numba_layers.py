@@ -24,6 +24,7 @@ import torch
 from specdraft.backend import PREFILL_CHUNK, RowModel
 from specdraft.backend import native as blocks
 from specdraft.backend.numba_layers import stack as numba_layers
+from specdraft.backend.numba_layers.stack import SHORT_PASS
 from specdraft.backend.inductor import InductorLayers
 from specdraft.backend.cache import SPAN
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear, use_weight_only_int8
@@ -119,9 +120,11 @@ def test_numba_layers_apply_to_plain_float32_layers_only(monkeypatch):
     rows = RowModel(model, dtype=torch.bfloat16, compiled=True)  # bf16 activations: inductor's parts
     assert isinstance(rows._own.compiled, InductorLayers)
     monkeypatch.setattr(numba_layers, "LONG_PASSES", False)  # the default
-    assert compiled.takes(MAX_TOKENS) and not compiled.takes(MAX_TOKENS + 1)  # longer: the eager layers
+    assert compiled.takes(MAX_TOKENS, MAX_TOKENS) and compiled.takes(SHORT_PASS, SHORT_PASS)  # a short prefill too
+    assert not compiled.takes(SHORT_PASS + 1, SHORT_PASS + 1)  # a longer prefill: the eager layers (BLAS)
+    assert compiled.takes(8 * MAX_TOKENS, MAX_TOKENS)  # a batch's verify pass, whatever its total: in calls of MAX_TOKENS
     monkeypatch.setattr(numba_layers, "LONG_PASSES", True)  # SPECDRAFT_INVARIANT_PREFILL=1
-    assert compiled.takes(MAX_TOKENS) and compiled.takes(PREFILL_CHUNK)  # longer: in calls of MAX_TOKENS
+    assert compiled.takes(MAX_TOKENS, MAX_TOKENS) and compiled.takes(PREFILL_CHUNK, PREFILL_CHUNK)  # in calls of MAX_TOKENS
     half = make_tiny_model(seed=14, dtype=torch.bfloat16, layers=1)
     assert not NumbaLayers.applies(half, list(half.model.layers), torch.float32)  # bf16 weights
 

@@ -38,9 +38,20 @@ def _machine() -> str:
 
 # What a build may run: the best this CPU has, that in 256-bit registers only, AVX2 alone, loops.
 PATHS = ("native", "ymm", "avx2", "portable")
+PATH_VARIABLE = "SPECDRAFT_KERNEL_PATH"  # the path the library, CLI, server and benchmarks run
 
 
-def build(path: str = "native") -> Path:
+def chosen_path() -> str:
+    """The build path this process runs (`PATHS`): `SPECDRAFT_KERNEL_PATH`, "native" where unset. On a
+    machine with AVX-512, "avx2" runs the code an AVX2-only CPU (a Zen 3, Intel's client cores) runs,
+    so that its timings and its sums can be taken anywhere."""
+    path = os.environ.get(PATH_VARIABLE, "").strip().lower() or "native"
+    if path not in PATHS:
+        raise ValueError(f"{PATH_VARIABLE} must be one of {', '.join(PATHS)}, got {os.environ[PATH_VARIABLE]!r}")
+    return path
+
+
+def build(path: str) -> Path:
     """Compile the kernel (`csrc/`'s sources) for this machine, once per source, compiler and CPU;
     return the shared library's path. `path`: "native", everything the CPU's flags offer
     (`-march=native`: AVX2, and for the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdraft.backend.native.build import build
+from specdraft.backend.native.build import build, chosen_path
 from specdraft.backend.native.formats import F32
 
 TILE_ROWS = 8  # rows a half tile of the int8 arithmetic interleaves (csrc/int8.cpp's kTileRows)
@@ -91,10 +91,14 @@ class Kernel:
         return self._offsets[struct](None if field is None else field.encode())
 
 
+def kernel(path: str | None = None) -> Kernel:
+    """The compiled kernel for this machine (`build`'s `path`, by default the process's
+    `chosen_path()`; compiled at first use; raises RuntimeError saying why it cannot be)."""
+    return _kernel(path or chosen_path())
+
+
 @functools.cache
-def kernel(path: str = "native") -> Kernel:
-    """The compiled kernel for this machine (`build`'s `path`; compiled at first use; raises
-    RuntimeError saying why it cannot be)."""
+def _kernel(path: str) -> Kernel:
     if platform.system() != "Linux" and platform.system() != "Darwin":
         raise RuntimeError(f"the block kernel is built for Linux and macOS, not {platform.system()}")
     return Kernel(build(path))

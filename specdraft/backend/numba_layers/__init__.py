@@ -13,8 +13,8 @@ A CPU decode step is bound by reading the weights, so what matters is how fast a
 few tokens streams its weight rows. Inductor's reduction (`inductor.InductorLayers`) sums each row
 in one vector accumulator, a chain of dependent adds, and puts a barrier between its many loops,
 well below the memory's rate. Here each projection is one parallel loop over blocks of weight rows
-(`project`): two rows at a time, each pair loaded once for up to three tokens, the sums spread over
-vector lanes (numba's `reassoc`), the rows further on prefetched when a pass has several tokens or
+(`project`): two rows at a time, a token at a time (each token's sums the one loop's, whatever its
+neighbours), the sums spread over vector lanes (numba's `reassoc`), the rows further on prefetched when a pass has several tokens or
 int8 weights. The weights are moved once onto 2 MB pages in the order a step reads them
 (`huge_pages`, in the groups `grouping` makes: no page walk every 4 KB). A layer is five parallel
 loops: q/k/v; attention (`attention`: the new keys and values written first; one token's cache

@@ -46,34 +46,6 @@ def _dot1(w, r, s, x, t):  # pragma: no cover - compiled
     return a0, b0
 
 
-@njit(fastmath=SUM, inline="always")
-def _dot2(w, r, s, x, t):  # pragma: no cover - compiled
-    """Rows r and s of w dotted with tokens t, t + 1 of x: (r.t, r.t+1, s.t, s.t+1)."""
-    a0 = a1 = b0 = b1 = np.float32(0.0)
-    for i in range(w.shape[1]):
-        wa, wb, x0, x1 = np.float32(w[r, i]), np.float32(w[s, i]), x[t, i], x[t + 1, i]
-        a0 += wa * x0
-        a1 += wa * x1
-        b0 += wb * x0
-        b1 += wb * x1
-    return a0, a1, b0, b1
-
-
-@njit(fastmath=SUM, inline="always")
-def _dot3(w, r, s, x, t):  # pragma: no cover - compiled
-    """Rows r and s of w dotted with tokens t .. t + 2 of x: (r.t, r.t+1, r.t+2, s.t, s.t+1, s.t+2)."""
-    a0 = a1 = a2 = b0 = b1 = b2 = np.float32(0.0)
-    for i in range(w.shape[1]):
-        wa, wb, x0, x1, x2 = np.float32(w[r, i]), np.float32(w[s, i]), x[t, i], x[t + 1, i], x[t + 2, i]
-        a0 += wa * x0
-        a1 += wa * x1
-        a2 += wa * x2
-        b0 += wb * x0
-        b1 += wb * x1
-        b2 += wb * x2
-    return a0, a1, a2, b0, b1, b2
-
-
 @njit(inline="always")
 def _put(y, scales, b, residual, t, r, s, a, c):  # pragma: no cover - compiled
     """y[t, r] = a * scales[r] + b[r], y[t, s] likewise with c, each plus the residual's entry if it
@@ -89,24 +61,13 @@ def _put(y, scales, b, residual, t, r, s, a, c):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _rows(w, scales, b, x, y, residual, r, s):  # pragma: no cover - compiled
-    """y[:, r] and y[:, s] for every token, the two rows read once for up to three tokens."""
-    n, t = x.shape[0], 0
-    while t < n:
-        if n - t >= 3:
-            a0, a1, a2, c0, c1, c2 = _dot3(w, r, s, x, t)
-            _put(y, scales, b, residual, t, r, s, a0, c0)
-            _put(y, scales, b, residual, t + 1, r, s, a1, c1)
-            _put(y, scales, b, residual, t + 2, r, s, a2, c2)
-            t += 3
-        elif n - t == 2:
-            a0, a1, c0, c1 = _dot2(w, r, s, x, t)
-            _put(y, scales, b, residual, t, r, s, a0, c0)
-            _put(y, scales, b, residual, t + 1, r, s, a1, c1)
-            t += 2
-        else:
-            a0, c0 = _dot1(w, r, s, x, t)
-            _put(y, scales, b, residual, t, r, s, a0, c0)
-            t += 1
+    """y[:, r] and y[:, s] for every token, one token at a time: each token's sums are the one loop's
+    (`_dot1`), whatever tokens share the pass. (Two or three tokens a loop read the rows fewer times,
+    but the compiler spreads their sums over the vector lanes otherwise than one token's: a token's
+    result then depends on its neighbours.) The two rows stay in cache from one token to the next."""
+    for t in range(x.shape[0]):
+        a0, c0 = _dot1(w, r, s, x, t)
+        _put(y, scales, b, residual, t, r, s, a0, c0)
 
 
 @njit(cache=True)

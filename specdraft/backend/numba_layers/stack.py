@@ -32,6 +32,10 @@ MAX_TOKENS = 32  # tokens a call of the layer stack computes
 # few hundred tokens (`benchmarks/results/cpu_prefill.md`); by default they run the eager layers
 # (BLAS: the same tokens, logits equal to float rounding).
 LONG_PASSES = os.environ.get("SPECDRAFT_INVARIANT_PREFILL") == "1"
+# Any pass of up to this many tokens runs here too, a short prompt's prefill included: the stack is the
+# faster there (`cpu_prefill.md`: 1.15x BLAS at 128 tokens), and the eager layers' linears compute
+# each of up to 64 rows on its own (`backend/linear.py`), which a prefill need not pay.
+SHORT_PASS = 128
 
 
 @njit(cache=True)
@@ -195,11 +199,15 @@ class NumbaLayers:
         read = linears_reader(model, layers) in (native.Reader.KERNEL, native.Reader.NUMBA)
         return all(silu_mlp(layer.mlp) for layer in layers) and read
 
-    def takes(self, tokens: int) -> bool:
-        """Whether a pass of this many tokens runs here: every pass where `LONG_PASSES` or the int8
-        arithmetic (a longer one in calls of `MAX_TOKENS` tokens, each token computed as a decode step
-        computes it), else up to `MAX_TOKENS` (longer ones run the eager layers)."""
-        return LONG_PASSES or self.arithmetic == "int8" or tokens <= MAX_TOKENS  # the eager layers have no int8
+    def takes(self, tokens: int, width: int) -> bool:
+        """Whether a pass of `tokens` tokens, `width` a row, runs here (a pass of more than `MAX_TOKENS`
+        tokens in calls of that many, each token computed as a decode step computes it): every pass
+        where `LONG_PASSES` or the int8 arithmetic; else every pass that feeds a row at most
+        `MAX_TOKENS` tokens, decode and verify steps of any batch (their tokens must be computed as a
+        plain step computes them, whatever the rows beside them), and every pass of up to
+        `SHORT_PASS` tokens; a longer prefill chunk runs the eager layers (BLAS)."""
+        return (LONG_PASSES or self.arithmetic == "int8" or width <= MAX_TOKENS  # the eager layers have no int8
+                or tokens <= SHORT_PASS)
 
     def stack(self, p: Pass) -> torch.Tensor:
         """Every layer on the pass's tokens, attention and cache writes included, in one call per
