@@ -27,17 +27,25 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def machine() -> str:
-    """The CPU's model name, its cores, and the accelerator (or the CPU threads torch uses)."""
+    """The CPU's model name and instruction kind (and the kernel path where `SPECDRAFT_KERNEL_PATH`
+    chooses one), its cores, and the accelerator (or the CPU threads torch uses)."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+            if cpu and flags:
                 break
     except OSError:
         pass
+    kind = next((name for flag, name in (("avx512_vnni", "AVX-512 VNNI"), ("avx512f", "AVX-512"), ("avx2", "AVX2 only"))
+                 if flag in flags), None)
+    path = os.environ.get("SPECDRAFT_KERNEL_PATH")
+    cpu += "".join(f" ({part})" for part in (kind, path and f"SPECDRAFT_KERNEL_PATH={path}") if part)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU only, {torch.get_num_threads()} threads"
     return f"{cpu}; {os.cpu_count()} cores; {device}"
 

@@ -3,8 +3,9 @@
 Rows are packed in slots so that a batch of neighbouring rows is a view, never a gather. A forward
 pass writes its new entries at each row's positions past its length; the owner then commits how many
 of them to keep, and rolling back is lowering a length: entries past it are masked out of attention
-and overwritten by later writes. Storage grows geometrically (or is reserved up front); only moving
-a row to another slot copies its entries. `update(k, v, layer_idx)` is the part of transformers'
+and overwritten by later writes. Storage grows geometrically (or is reserved up front), and shrinks
+when it holds four times what its rows need (`_fit`: a long prompt's room is handed back when it
+ends, not kept for every slot); only moving a row to another slot, or a resize, copies entries. `update(k, v, layer_idx)` is the part of transformers'
 Cache API that its attention modules call, so the stock model can run on it too.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 SPAN = 128  # capacity is a whole number of these: attention kernels read a token's keys in spans at fixed offsets
+SLACK = 4  # a growable cache shrinks where it holds this many times the slots or positions its rows need
 
 
 class RowKVCache:
@@ -28,6 +30,8 @@ class RowKVCache:
         self._keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
         self._values: list[torch.Tensor] = []
         self.generation = 0  # counts allocations: buffers fetched by `window_buffers` stay valid while it holds
+        self._least = (slots, -(-capacity // SPAN) * SPAN)  # a growable cache never shrinks below its first size
+        self._derived: dict[tuple, object] = {}  # what others made of the buffers (`derived`), dropped with them
         self._allocate(slots, capacity)
         self._window: slice = slice(0, 0)
         self._write_index: torch.Tensor | None = None  # [batch, kv_heads, T, head_dim] positions to write
@@ -64,7 +68,28 @@ class RowKVCache:
         for old, new in zip(self._keys + self._values, keys + values):
             new[: self.rows, :, :used] = old[: self.rows, :, :used]
         self._keys, self._values = keys, values
+        self._derived.clear()
         self.generation += 1
+
+    def _fit(self) -> None:
+        """Shrink a growable cache that holds `SLACK` times the slots or positions its rows need, to
+        twice what they need (no smaller than its first size): geometric both ways, so a row that
+        comes and goes costs amortised copies, and a long prompt's room goes when it does."""
+        least_slots, least_capacity = self._least
+        rows, longest = self.rows, max(self.lengths, default=0)
+        if self.fixed or (self.slots < SLACK * max(rows, least_slots)
+                          and self.capacity < SLACK * max(longest, least_capacity)):
+            return
+        self._allocate(max(least_slots, 2 * rows), max(least_capacity, 2 * longest))
+
+    def derived(self, key: tuple, make):
+        """What `make()` builds from the buffers (views, a kernel's typed lists of them), kept under `key`
+        until the buffers change: nothing outside the cache holds a resized-away buffer alive."""
+        if key not in self._derived:
+            if len(self._derived) >= 8:  # a few windows at a time (the batch, a prefilling row)
+                self._derived.clear()
+            self._derived[key] = make()
+        return self._derived[key]
 
     def reserve(self, rows: int, length: int) -> None:
         """Room for `rows` rows of `length` positions; grows geometrically (amortised copies)."""
@@ -83,8 +108,9 @@ class RowKVCache:
         return self.rows - 1
 
     def pop_row(self) -> None:
-        """Drop the row in the last slot."""
+        """Drop the row in the last slot (the storage shrinks where it is far larger than the rest need: `_fit`)."""
         self.lengths.pop()
+        self._fit()
 
     def copy_row(self, src: int, dst: int) -> None:
         """Make slot `dst` hold what slot `src` holds (its committed entries and length)."""

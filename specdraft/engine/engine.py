@@ -149,17 +149,19 @@ class Engine:
         for request in list(self._in(Phase.WAITING))[: max(0, self.max_batch - rows)]:
             self.verifier.add(request.id, request.params, request.grammar)
             request.phase = Phase.ADMITTED
-        deltas, budget = [], None
+        deltas, budget = [], self.token_budget
         if self.running:
-            step_deltas, verified = self._decode()
-            deltas, budget = step_deltas, self.token_budget - verified
+            deltas, verified = self._decode()
+            budget -= verified
         deltas += self._prefill(budget)
         self._publish()
         return deltas
 
-    def _prefill(self, budget: int | None) -> list[Delta]:
-        """Prefill admitted prompts in order with `budget` tokens (None: every prompt whole, as no row
-        decodes). A prompt is fed in chunks at fixed positions (`Verifier.chunk_end`): the budget
+    def _prefill(self, budget: int) -> list[Delta]:
+        """Prefill admitted prompts in order with `budget` tokens, whether or not rows decode: a long
+        prompt is a job of many steps, and a request that comes after it waits for a step, not for the
+        whole prompt (in a step where the long prompt's chunk leaves room, it is prefilled beside it).
+        A prompt is fed in chunks at fixed positions (`Verifier.chunk_end`): the budget
         decides only how many chunks run, so a prompt's passes, and its output, never depend on what
         other rows drafted. A chunk runs while it fits in what is left, and the step's first chunk
         always runs (a waiting prompt advances however much the running rows verify). A prompt starts
@@ -174,7 +176,7 @@ class Engine:
                 request.metrics.cached_tokens = request.prefilled
             while request.phase is Phase.PREFILLING:
                 end = self.verifier.chunk_end(request.id, len(request.prompt_ids))
-                if budget is not None and spent and spent + end - request.prefilled > budget:
+                if spent and spent + end - request.prefilled > budget:
                     return deltas
                 spent += end - request.prefilled
                 delta = self._prefill_chunk(request, end)

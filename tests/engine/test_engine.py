@@ -205,7 +205,7 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tiny_mode
     engine = Engine(Verifier(tiny_model, prefill_chunk=3), {"none": create_drafter("none")}, ToyTokenizer(), (), 256,
                     k=4, max_batch=4, token_budget=8)
     short = [engine.submit(p, SamplingParams(max_tokens=40)) for p in PROMPTS[:2]]
-    for _ in range(3):
+    while engine.running < 2:  # their prefill, under the step's budget too
         engine.step()
     long_prompt = [(7 * i) % TINY_VOCAB for i in range(60)]
     long_id = engine.submit(long_prompt, SamplingParams(max_tokens=10))
@@ -262,7 +262,8 @@ def test_the_steps_chosen_drafts_count_in_its_token_budget(tiny_model):
                         max_batch=4, policy="fixed", calibrate=False, token_budget=12)
         for p in PROMPTS[:2]:
             engine.submit(p, SamplingParams(max_tokens=20))
-        engine.step()  # the two rows are prefilled
+        while engine.running < 2:  # the two rows are prefilled
+            engine.step()
         late = engine.submit(prompt, SamplingParams(max_tokens=2))
         engine.step()
         assert engine.request(late).prefilled == prefilled

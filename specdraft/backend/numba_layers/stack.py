@@ -164,7 +164,6 @@ class NumbaLayers:
         self._head = (host_array(model.model.norm.weight), family.norm_eps, weights[-1], self._kernel)
         self._vocabulary = weights[-1][0].shape[0]  # the output layer's rows: the logits `head` computes
         self._kept: tuple[int, np.ndarray] | None = None  # `keep_vocabulary`'s rows, and its other blocks (`also_rows`)
-        self._buffers: tuple = (None, None, None)  # (cache, its generation and window, (keys, values) typed lists)
         self._warm_up(model.config.hidden_size, len(layers))
 
     def _warm_up(self, hidden: int, layers: int) -> None:
@@ -177,7 +176,6 @@ class NumbaLayers:
         rotary = torch.zeros(1, head_dim)
         self.head(self._run(x, rotary, rotary, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
                             torch.ones(1, 1, dtype=torch.bool), cache))
-        self._buffers = (None, None, None)  # hold no reference to the warm-up cache
 
     def use_kernel_build(self, path: str) -> None:
         """Run on another build of the compiled kernel (`native.PATHS`), for a benchmark to compare:
@@ -231,15 +229,13 @@ class NumbaLayers:
             numba.set_num_threads(threads)
 
     def _cache(self, cache: RowKVCache) -> tuple:
-        """The prepared pass's keys and values per layer as typed lists (rebuilt when the window or
-        the cache's buffers change)."""
-        held, key, buffers = self._buffers
-        now = (cache.generation, cache.window.start, cache.window.stop)
-        if held is not cache or key != now:
+        """The prepared pass's keys and values per layer as typed lists, kept by the cache for its window
+        (rebuilt when the window or the cache's buffers change)."""
+        def typed() -> tuple:
             keys, values = cache.window_buffers()
-            buffers = (_as_list(tuple(k.numpy() for k in keys)), _as_list(tuple(v.numpy() for v in values)))
-            self._buffers = (cache, now, buffers)
-        return buffers
+            return _as_list(tuple(k.numpy() for k in keys)), _as_list(tuple(v.numpy() for v in values))
+
+        return cache.derived(("numba", cache.window.start, cache.window.stop), typed)
 
     def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
              visible: torch.Tensor, cache: RowKVCache) -> torch.Tensor:
