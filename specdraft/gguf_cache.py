@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
+import shutil
 import sys
 import tempfile
 import weakref
@@ -18,11 +20,18 @@ import torch
 from specdraft.params import cache_dir
 
 
+PATH_HEX = 12  # hex digits of a cache directory's name that name the file's path
+VERSION_HEX = 8  # and its version (its size and time of change)
+
+
 def _gguf_key(gguf: Path) -> str:
-    """A cache directory's name for a GGUF: its stem and a hash of its path, size and modification time."""
+    """A cache directory's name for a GGUF: `{stem}-{path}-{version}`, hashes of its path, and of its
+    size and time of change (a file changed in place, or fetched again, gets a new directory, and the
+    one made for its earlier version goes: `_drop_earlier`)."""
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return f"{gguf.stem}-{key}"
+    where = hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:PATH_HEX]
+    version = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:VERSION_HEX]
+    return f"{gguf.stem}-{where}-{version}"
 
 
 def gguf_cache_path(gguf: Path) -> Path:
@@ -48,7 +57,20 @@ def _write_once(target: Path, write: Callable[[Path], None]) -> Path:
         except OSError:
             if not target.is_dir():
                 raise
+    _drop_earlier(target)
     return target
+
+
+def _drop_earlier(target: Path) -> None:
+    """Remove what was made for an earlier version of the same file (its path's name, another version),
+    and what was made, under the same stem, when a name held one hash of path, size and time of change."""
+    prefix = target.name[:-VERSION_HEX]
+    stem = prefix[:-(PATH_HEX + 2)]
+    unversioned = re.compile(re.escape(stem) + r"-[0-9a-f]{16}")
+    for earlier in target.parent.iterdir():
+        same_file = earlier.name.startswith(prefix) and len(earlier.name) == len(target.name)
+        if earlier != target and (same_file or unversioned.fullmatch(earlier.name)):
+            shutil.rmtree(earlier, ignore_errors=True)
 
 
 def cache_gguf_config(gguf: Path) -> Path:

@@ -25,6 +25,7 @@ import json
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
+from urllib.parse import unquote
 
 import torch
 
@@ -148,6 +149,47 @@ class RowGrammar:
             raise GrammarError(f"the grammar failed: {self._matcher.get_error() or 'a legal token was refused'}")
 
 
+def _ref_cycle(schema: Any) -> list[str] | None:
+    """A chain of local `$ref`s and `allOf`s that comes back to where it started (`{"$ref": "#"}`): a
+    schema that is only itself, which validators recurse on forever and a grammar cannot start. The
+    chain's JSON pointers, its first repeated last; None where there is none. A reference under a
+    property or an item (a tree of nodes) has JSON around it and is no such cycle."""
+    edges: dict[str, list[str]] = {}
+
+    def walk(node: Any, pointer: str) -> None:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            local = isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
+            parts = node.get("allOf") if isinstance(node.get("allOf"), list) else []
+            edges[pointer] = ([unquote(ref[1:])] if local else []) + [f"{pointer}/allOf/{i}" for i in range(len(parts))]
+            for key, value in node.items():
+                walk(value, f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{pointer}/{i}")
+
+    walk(schema, "")
+    done: set[str] = set()
+
+    def visit(pointer: str, path: list[str]) -> list[str] | None:
+        if pointer in path:
+            return [f"#{p}" for p in path[path.index(pointer):]] + [f"#{pointer}"]
+        if pointer in done:
+            return None
+        found = next(filter(None, (visit(target, [*path, pointer]) for target in edges.get(pointer, ()))), None)
+        done.add(pointer)
+        return found
+
+    return next(filter(None, (visit(pointer, []) for pointer in list(edges))), None)
+
+
+def _starts(matcher: llguidance.LLMatcher) -> bool:
+    """Whether some token can begin an output (a grammar that describes no value has none)."""
+    probe = matcher.deep_copy()
+    probe.compute_bitmask()
+    return not probe.is_error() and not probe.is_stopped()
+
+
 class GrammarCompiler:
     """Compiles response formats for one tokenizer. tokenizer: a Hugging Face fast tokenizer, or an
     object with llguidance's `TokenizerWrapper` fields (`tokens` as bytes, `eos_token_id`,
@@ -186,6 +228,10 @@ class GrammarCompiler:
             raise GrammarError("response_format: the JSON schema is false, which no value satisfies")
         if schema is True:
             schema = {}  # any JSON value
+        cycle = _ref_cycle(schema)
+        if cycle:
+            raise GrammarError(f"response_format: the JSON schema refers to itself with nothing in between "
+                               f"({' -> '.join(cycle)}), so it describes no value")
         tokenizer = self._llguidance_tokenizer()
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
@@ -195,6 +241,8 @@ class GrammarCompiler:
             problem = f"{type(exc).__name__}: {exc}"
         if not problem and matcher.is_error():
             problem = matcher.get_error()
+        if not problem and not _starts(matcher):
+            problem = "no JSON value satisfies it"
         if problem:
             raise GrammarError(f"response_format: the JSON schema cannot be used: {' '.join(problem.split())}")
         return matcher

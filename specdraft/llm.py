@@ -14,7 +14,8 @@ finish_reason, error, logprobs, and `metrics`, the request's `RequestMetrics`: s
 accepted_tokens, acceptance_rate, tokens_per_second, ...); `stream` yields one request's `Delta`s as
 steps produce them.
 Every prompt is checked before any is submitted, once, by the engine's intake (`Engine.resolve`): bad
-input raises `RequestError` (a ValueError) naming the problem; a `max_tokens` that does not fit in
+input raises `RequestError` (a ValueError) naming the problem (text that is not valid Unicode, such as
+a lone surrogate, names where: `specdraft.text.check_unicode`); a `max_tokens` that does not fit in
 the context with the prompt is refused (code "context_length_exceeded"), and None generates what fits. A request whose drafter fails ends with finish_reason "error" and its `error`;
 the others finish as usual. A step that raises (a fault of the engine itself) raises from the call,
 after that call's requests are cancelled.
@@ -37,6 +38,7 @@ from specdraft.models import LoadedModel
 from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime, encode_prompt
 from specdraft.settings import Settings
+from specdraft.text import check_unicode
 
 Prompt = str | Sequence[int]  # raw text, or token ids (vLLM's token prompts)
 Conversation = Sequence[Mapping[str, Any]]  # chat messages: {"role": ..., "content": ...}
@@ -101,6 +103,9 @@ class LLM:
             bad = next((j for j, m in enumerate(prompt) if not isinstance(m, Mapping) or "role" not in m), None)
             if bad is not None:
                 raise RequestError(f"message {bad} must be a mapping with a 'role', got {prompt[bad]!r}")
+            for j, message in enumerate(prompt):  # the tokenizer's own error on a lone surrogate names nothing
+                if isinstance(message.get("content"), str):
+                    check_unicode(message["content"], f"message {j}'s content")
             return encode_prompt(self.tokenizer, [dict(m) for m in prompt], chat=True)
         if isinstance(prompt, str):
             return encode_prompt(self.tokenizer, prompt, chat=False)

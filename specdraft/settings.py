@@ -9,6 +9,8 @@ queue) are the CLI's."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -20,6 +22,9 @@ from specdraft.params import (ARITHMETIC, DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULA
 
 if TYPE_CHECKING:
     from specdraft.models import LoadedModel, Loading
+
+log = logging.getLogger("specdraft")
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")  # where a model may run
 
 # What an engine for one request changes (`specdraft generate`): one row, and no prefix cache, since
 # nothing could reuse what it computed.
@@ -53,7 +58,7 @@ class Settings:
     # directory or .gguf sharing the target's vocabulary, or a `LoadedModel` (default: self-int8, an int8
     # copy of the target). Refused where no drafter uses it.
     draft_model: str | LoadedModel | None = None
-    # Where the model runs: "cpu", "cuda", ... (default: cuda when present).
+    # Where the model runs: "cpu", "cuda" or "cuda:N" (default: cuda when present).
     device: str | None = None
     # The weights' and activations' dtype (`DTYPES`): auto is float32 on CPU and bfloat16 on CUDA.
     dtype: str = "auto"
@@ -93,6 +98,8 @@ class Settings:
         if self.draft_model is not None and not any(uses(name, "model") for name in self.served):
             raise ValueError(f"a draft model is used by the model and hybrid drafters (and any built on model), not by "
                              f"{', '.join(map(repr, self.served))}")
+        if self.device is not None and not DEVICE.fullmatch(str(self.device)):
+            raise ValueError(f"device must be cpu or cuda (cuda:N for the Nth GPU), got {self.device!r}")
         for name, value, choices in (("dtype", self.dtype, DTYPES), ("weights", self.weights, WEIGHTS),
                                      ("arithmetic", self.arithmetic, ARITHMETIC)):
             if value not in choices:
@@ -185,7 +192,11 @@ class Resolved:
         return self.drafters[0]
 
     def context(self, model_context: int) -> int:
-        """The context served on a model whose own is `model_context`."""
+        """The context served on a model whose own is `model_context`: a `max_context` beyond it is
+        cut to it, with a warning saying so."""
+        if self.max_context and self.max_context > model_context:
+            log.warning("max_context (--max-model-len) %d is more than the model's context: serving %d tokens",
+                        self.max_context, model_context)
         return min(self.max_context, model_context) if self.max_context else model_context
 
 

@@ -1,17 +1,57 @@
-"""Prompt text's one check, incremental detokenization and stop-string matching for streamed output."""
+"""Prompt text's one check, the fewest tokens a text can be, incremental detokenization and stop-string
+matching for streamed output."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+from typing import Any, Sequence
 
 from specdraft.errors import RequestError
 
+# Pre-tokenizers that split text without dropping any of it (Split and Punctuation unless "Removed").
+_KEEPING = {"ByteLevel", "Digits", "Split", "Punctuation"}
+
 
 def check_text(prompt: str) -> str:
-    """Prompt text, refused where it is empty or only whitespace (light: the CLI checks before it loads a model)."""
+    """Prompt text, refused where it is empty or only whitespace, or not valid Unicode (`check_unicode`);
+    light: the CLI checks before it loads a model."""
     if not prompt.strip():
         raise RequestError("prompt is empty", param="prompt")
+    check_unicode(prompt, "prompt")
     return prompt
+
+
+def check_unicode(text: str, what: str) -> None:
+    """Refuse text that is not valid Unicode, naming `what` it is (a field, an option) and where: a lone
+    surrogate (U+D800-U+DFFF), as JSON's "\\ud800" and Python's surrogateescape of a byte that is not
+    UTF-8 make, which no tokenizer can encode. RequestError, its `param` `what`."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{what} is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} at index "
+                           f"{exc.start} (text must be UTF-8)", param=what) from None
+
+
+def characters_per_token(tokenizer: Any) -> int | None:
+    """The most characters one token of `tokenizer` covers, where that bounds a text's tokens from
+    below (n characters are at least n / this many tokens); None where no bound is sound.
+
+    Sound for a byte-level BPE that neither normalizes the text nor drops any of it while splitting:
+    its tokens' bytes are the text's UTF-8 bytes (and added tokens' texts), and a character is at least
+    one byte. A normalizer (NFC, lowercasing, stripping) may shrink the text, and an added token that
+    strips the spaces beside it covers more than its own text: with either, there is no bound."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(tokenizer, "get_vocab"):
+        return None
+    spec = json.loads(backend.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    byte_level = any(step.get("type") == "ByteLevel" for step in steps)
+    keeps = all(step.get("type") in _KEEPING and step.get("behavior") != "Removed" for step in steps)
+    strips = any(added.get("lstrip") or added.get("rstrip") for added in spec.get("added_tokens", []))
+    if spec.get("normalizer") is not None or spec.get("model", {}).get("type") != "BPE" or not (byte_level and keeps) or strips:
+        return None
+    return max(len(token) for token in tokenizer.get_vocab())
 
 
 class IncrementalDetokenizer:

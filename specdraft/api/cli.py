@@ -12,9 +12,11 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from specdraft.drafters import DEFAULT_DRAFTER, check_options, drafter_names, uses
-from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, ARITHMETIC, POLICIES, WEIGHTS, SamplingParams
+from specdraft.params import (DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY, ARITHMETIC, MAX_TEMPERATURE, POLICIES, WEIGHTS,
+                              SamplingParams)
 from specdraft.settings import DTYPES, ONE_REQUEST, Settings, default, server_drafters
 
 
@@ -43,6 +45,21 @@ def _integer(name: str, low: int, high: int | None = None):
 
 def _positive(name: str):
     return _integer(name, 1)
+
+
+def _number(name: str, low: float, high: float):
+    """An argparse type: a number in [low, high]."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{name} must be between {low:g} and {high:g}, got {value}")
+        return number
+
+    return parse
 
 
 def _draft_length(value: str) -> int:
@@ -80,8 +97,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The options of the model and its engine, shared by generate and serve. An option that sets a
     `Settings` field is stored under the field's name (`settings_from` reads them); one left out is not
     set (SUPPRESS, or None where the field's default is None), so that `Settings` owns every default."""
-    parser.add_argument("--model", default=None, help="a name `specdraft models` lists (fetched on first use), HF id, local directory or "
-                             ".gguf file (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default=None,
+                        help="a name `specdraft models` lists (fetched on first use), a local directory or .gguf file, "
+                             "or a Hugging Face id owner/name (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=None, choices=drafter_names(),
                         help="how drafts are proposed: a built-in drafter or an installed plugin (`specdraft drafters` "
                              f"lists them; none = plain decoding). Default: the first of serve's --drafters, else {DEFAULT_DRAFTER}")
@@ -112,6 +130,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recalibrate", action="store_true", default=argparse.SUPPRESS,
                         help="measure this machine's costs at start even where a calibration is kept for the same "
                              "machine, models and settings (it is kept again)")
+    parser.add_argument("--verify", action="store_true",
+                        help="hash a model `specdraft models` lists (the target's and the draft's) against the "
+                             "catalogue before loading it, even where it has not changed since it was verified")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=_positive("--max-tokens"), default=SamplingParams.max_tokens,
                      help="the most tokens to generate (default: what fits in the context with the prompt, as "
                           "SamplingParams; more than fits is an error naming the numbers)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--temperature", type=_number("--temperature", 0.0, MAX_TEMPERATURE), default=0.0,
+                     help=f"0 = greedy (at most {MAX_TEMPERATURE:g}, as the server takes)")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
@@ -153,19 +175,36 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefix-cache-mb", type=_integer("--prefix-cache-mb", 0), default=argparse.SUPPRESS,
                        metavar="MB", help="keep earlier requests' keys and values, up to this many MiB, for prompts that "
                             f"start alike (multi-turn chats, shared system prompts); 0 turns it off (default: {default('prefix_cache_mb')})")
-    serve.add_argument("--ngram-memory", nargs="?", const="", default=None, metavar="PATH",
+    serve.add_argument("--ngram-memory", nargs="?", const="", type=_ngram_memory, default=None, metavar="PATH",
                        help="let the ngram drafter (and hybrid's n-gram part) draft from earlier requests' outputs; with "
                             "PATH, load it from there at start and save it there periodically and at shutdown")
     serve.add_argument("--ngram-memory-save-every", type=_positive("--ngram-memory-save-every"), default=DEFAULT_SAVE_EVERY,
                        metavar="SECONDS")
+    # Who may call the server and what it reads (`specdraft.api.gate.access_for` owns the defaults).
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="the key clients must send (Authorization: Bearer KEY) on every route but /health "
+                            "(default: $SPECDRAFT_API_KEY; neither: no key)")
+    serve.add_argument("--allowed-hosts", type=lambda value: [h.strip() for h in value.split(",") if h.strip()],
+                       default=[], metavar="HOSTS",
+                       help="comma-separated host names the Host header may carry besides localhost, the --host and IP "
+                            "addresses (against DNS rebinding); * allows any")
+    serve.add_argument("--max-body-bytes", type=_positive("--max-body-bytes"), default=None, metavar="BYTES",
+                       help="the largest request body read; a larger one gets 413 (default: 4 MiB)")
 
     sub.add_parser("drafters", help="list every drafter (built-in and installed plugins), where it comes from and its options")
+    add_models_command(sub)
+    return parser
 
+
+def add_models_command(sub) -> None:
     models = sub.add_parser("models", help="list the models known by name (--model NAME), their sizes and what is cached")
     models.add_argument("--fetch", nargs="+", default=[], metavar="NAME",
                         help="fetch and verify these models now (otherwise their first use does)")
+    models.add_argument("--force", action="store_true",
+                        help="with --fetch: fetch again whatever is cached (a file that changed since it was verified)")
+    models.add_argument("--verify", action="store_true",
+                        help="hash every model that is here (fetched or installed) against the catalogue first")
     models.add_argument("--json", action="store_true", help="print a JSON array, one object a model")
-    return parser
 
 
 def _drafter_list(value: str) -> list[str]:
@@ -197,6 +236,26 @@ def _port(value: str) -> int:
     return _integer("--port", 0, 65535)(value)
 
 
+def _ngram_memory(value: str) -> str:
+    """--ngram-memory PATH: a memory saved before, or a new file in a folder that exists ("": the flag
+    without a PATH, a memory kept in the process only)."""
+    from specdraft.drafters.memory import open_saved
+
+    path = Path(value).expanduser()
+    if not value:
+        return value
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    if path.exists():
+        try:
+            open_saved(path).close()
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    elif not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path.parent} is not a folder, so {path} cannot be saved there")
+    return value
+
+
 def settings_from(args: argparse.Namespace, **worked_out) -> Settings:
     """The engine's settings from a command's options: every `Settings` field it has an option (or a
     default) for, under the field's name, and those it `worked_out` from several."""
@@ -204,12 +263,40 @@ def settings_from(args: argparse.Namespace, **worked_out) -> Settings:
     return Settings(**{**given, **worked_out})
 
 
+def _unicode(text: str, what: str) -> str:
+    """Text from the command line or stdin, refused where it is not valid UTF-8 (Python keeps each
+    byte it cannot decode as a lone surrogate, U+DC80..U+DCFF)."""
+    at = next((i for i, c in enumerate(text) if "\udc80" <= c <= "\udcff"), None)
+    if at is None:
+        return text
+    raise ValueError(f"{what} is not valid UTF-8: the byte 0x{ord(text[at]) - 0xDC00:02x} at character {at}")
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    if args.prompt != "-":
+        return _unicode(args.prompt, "the prompt")
+    return _unicode(sys.stdin.buffer.read().decode("utf-8", "surrogateescape"), "the prompt (stdin)")
+
+
+def _check_models(args: argparse.Namespace) -> None:
+    """Refuse a model or draft model that is not there, or not what it claims, in one line before
+    anything heavy loads (`catalogue.resolve`, which fetches a name on first use and hashes it again
+    where it changed since it was verified, or with --verify)."""
+    from specdraft import catalogue
+
+    catalogue.resolve(args.model, verify=args.verify)
+    if args.draft_model not in (None, catalogue.SELF_DRAFT):
+        catalogue.resolve(args.draft_model, verify=args.verify)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from specdraft.params import ResponseFormat
 
     from specdraft.text import check_text
 
-    prompt = check_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
+    prompt = check_text(_prompt(args))
+    for stop in args.stop:
+        _unicode(stop, "a --stop string")
     response_format = args.json_schema or (ResponseFormat.json_object() if args.json_object else None)
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -221,6 +308,7 @@ def _generate(args: argparse.Namespace) -> int:
         response_format=response_format,
     )
     settings = settings_from(args)
+    _check_models(args)
     from specdraft.llm import LLM  # loads torch: after the cheap checks
     from specdraft.runtime import encode_prompt
 
@@ -265,14 +353,18 @@ def _serve(args: argparse.Namespace) -> int:
         path = {"memory_path": args.ngram_memory} if args.ngram_memory else {}
         options["ngram"] = {**options.get("ngram", {}), "memory": True, **path}
     settings = settings_from(args, drafters=drafters, drafter_options=options)
+    _check_models(args)
     import uvicorn
 
+    from specdraft.api.gate import access_for
     from specdraft.api.server import create_app
     from specdraft.runtime import build_runtime
 
+    limit = {} if args.max_body_bytes is None else {"max_body_bytes": args.max_body_bytes}
+    access = access_for(args.host, args.api_key, args.allowed_hosts, **limit)  # before the model loads: a bad key fails fast
     runtime = build_runtime(args.model, settings)
     app = create_app(runtime, max_queued=args.max_queue, save_every=args.ngram_memory_save_every,
-                     model_name=args.served_model_name)
+                     model_name=args.served_model_name, access=access)
     print(f"specdraft: serving {runtime.target.name} on http://{args.host}:{args.port} "
           f"(drafters: {', '.join(sorted(runtime.engine.drafters))}; default {runtime.drafter_name}, "
           f"k <= {settings.k}, policy {settings.policy}; costs {_calibration(runtime.engine.calibration)})",
@@ -315,8 +407,13 @@ def _models(args: argparse.Namespace) -> int:
     `--fetch` fetches the named ones first."""
     from specdraft import catalogue
 
+    if args.force and not args.fetch:
+        raise ValueError("--force fetches again the models --fetch names; name them")
     for model in [catalogue.entry(name) for name in args.fetch]:  # every name checked before any fetch
-        print(f"{model.name}: {catalogue.fetch(model)}", file=sys.stderr)
+        print(f"{model.name}: {catalogue.fetch(model, force=args.force)}", file=sys.stderr)
+    if args.verify:
+        verified = catalogue.verify_cached()
+        print(f"verified: {', '.join(m.name for m in verified) or 'no model is here'}", file=sys.stderr)
     rows = [(model, catalogue.cached_path(model)) for model in catalogue.CATALOGUE]
     if args.json:
         print(json.dumps([{"name": m.name, "role": m.role, "family": m.family, "bytes": m.size, "sha256": m.sha256,

@@ -14,12 +14,13 @@ import itertools
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Annotated, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specdraft.params import (MAX_LOGPROBS, MAX_SPECULATIVE_TOKENS, POLICIES, ResponseFormat, SamplingParams,
-                              SpeculationParams)
+from specdraft.params import (MAX_LOGPROBS, MAX_SPECULATIVE_TOKENS, MAX_TEMPERATURE, POLICIES, ResponseFormat,
+                              SamplingParams, SpeculationParams)
+from specdraft.text import check_unicode
 
 if TYPE_CHECKING:
     from specdraft.engine import Completion, RequestMetrics
@@ -84,7 +85,7 @@ class _Sampling(_Strict):
     """Fields shared by both endpoints."""
 
     model: str | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # extension; -1 or 0: off
     seed: int | None = Field(default=None, ge=0, lt=2**63)
@@ -100,6 +101,15 @@ class _Sampling(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data):
+        """Every string of the body, keys too, is valid Unicode (JSON's "\\ud800" is not): refused before
+        any field reads it, naming where (`specdraft.text.check_unicode`)."""
+        for where, text in _strings(data, ""):
+            check_unicode(text, where)
+        return data
 
     @field_validator("n")
     @classmethod
@@ -238,6 +248,20 @@ class ChatRequest(_Sampling):
 
     def chat(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    """Each string in a parsed JSON value, keys included, with where it is ("messages[0].content")."""
+    if isinstance(value, str):
+        yield where or "the body", value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key, f"a key of {where or 'the body'}")
+            yield from _strings(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, (str, dict, list)):  # not one call per token id of a long prompt
+                yield from _strings(item, f"{where}[{i}]")
 
 
 # -- responses ---------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ as server-sent events or not), `GET /v1/models`, `GET /health` and `GET /metrics
 
 This module parses, validates and formats; the engine runs on the `EngineService` thread. Every
 client mistake is a 4xx with an OpenAI error body (`{"error": {"message", "type", "param", "code"}}`),
-never a 500. A streamed request whose client goes away is cancelled and its rows freed.
+never a 500. A streamed request whose client goes away is cancelled and its rows freed. Before a
+request is parsed, `specdraft.api.gate` checks its Host header, API key, content type and size.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 from contextlib import asynccontextmanager
 from importlib.resources import files as resources_files
 from typing import Sequence
@@ -24,6 +26,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdraft.api import protocol
+from specdraft.api.gate import Access, Gate
 from specdraft.api.protocol import ChatRequest, CompletionRequest
 from specdraft.engine import Completion, Delta
 from specdraft.errors import RequestError
@@ -32,6 +35,7 @@ from specdraft.runtime import Runtime, encode_prompt
 from specdraft.params import DEFAULT_MAX_QUEUED, DEFAULT_SAVE_EVERY
 from specdraft.results import TokenLogprob
 from specdraft.service import EngineService, Failed, Overloaded, ShuttingDown
+from specdraft.text import characters_per_token
 
 log = logging.getLogger("specdraft.server")
 POLL_DISCONNECT = 0.5  # seconds between checks that a non-streamed request's client is still there
@@ -51,12 +55,14 @@ def served_name(runtime: Runtime) -> str:
 
 
 def create_app(runtime: Runtime, max_queued: int = DEFAULT_MAX_QUEUED, save_every: float = DEFAULT_SAVE_EVERY,
-               model_name: str | None = None) -> FastAPI:
+               model_name: str | None = None, access: Access | None = None) -> FastAPI:
     """The app over a built runtime. What its drafters keep across requests (the n-gram memory, where
-    it has a path) is saved every `save_every` seconds and at shutdown."""
+    it has a path) is saved every `save_every` seconds and at shutdown. access: who may call it and
+    what it reads (default `Access()`: no key, localhost names and IP addresses, 4 MiB bodies)."""
     api = Api(runtime, max_queued, save_every, model_name)
     app = FastAPI(title="specdraft", version="0.1.0", lifespan=api.lifespan,
                   description="Lossless speculative decoding behind an OpenAI-compatible API.")
+    app.add_middleware(Gate, access=access or Access())
     app.state.service, app.state.runtime, app.state.metrics = api.service, runtime, api.metrics
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, api.invalid)
@@ -89,6 +95,9 @@ async def _internal_error(_request: Request, exc: Exception):
 def _validation_error(exc: RequestValidationError) -> JSONResponse:
     """A body that does not parse or validate: the first problem, naming its field."""
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, RequestError):  # a check of ours that names its field (`check_unicode`)
+        return JSONResponse(protocol.error_body(str(cause), param=cause.param, code=cause.code), 400)
     if first.get("type") == "json_invalid":
         return JSONResponse(protocol.error_body(f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"), 400)
     loc, union = [], False
@@ -121,6 +130,9 @@ class Api:
         self.service = EngineService(self.engine, max_queued, on_step=self.metrics.on_step,
                                      on_finish=self.metrics.on_finish,
                                      periodic=resources.save if resources.saves else None, every_seconds=save_every)
+        per_token = characters_per_token(runtime.target.tokenizer)
+        # The most characters a prompt's text may have and still leave room in the context (None: no sound bound).
+        self.most_characters = None if per_token is None else self.engine.max_context * per_token
         self._page = resources_files("specdraft.api").joinpath("playground.html").read_text(encoding="utf-8")
         # A token's text for logprobs, decoded once per token id.
         self._token_text = functools.lru_cache(maxsize=1 << 16)(functools.partial(_token_text, runtime.target.tokenizer))
@@ -160,8 +172,21 @@ class Api:
             prompt_ids = list(prompt)
         else:
             text = prompt[0] if isinstance(prompt, list) else prompt
+            self._check_characters(text)
             prompt_ids = await run_in_threadpool(_encode, self.runtime, text, False)
         return await self._serve("completion", body, body.max_tokens, prompt_ids, request)
+
+    def _check_characters(self, text: str) -> None:
+        """Refuse raw text too long for the context by its characters, before tokenizing it. Chat has no
+        such check: its template may drop text (a reasoning model's earlier thinking, trimmed spaces), so
+        its messages' characters bound nothing; the body's size bounds what is tokenized."""
+        if self.most_characters is None or len(text) <= self.most_characters:
+            return
+        per_token = self.most_characters // self.engine.max_context
+        raise ApiError(400, f"the prompt has {len(text)} characters, so at least {math.ceil(len(text) / per_token)} "
+                            f"tokens (this model's tokens are at most {per_token} characters); this model's context is "
+                            f"{self.engine.max_context} tokens, leaving no room to generate", param="prompt",
+                       code="context_length_exceeded")
 
     async def chat(self, body: ChatRequest, request: Request):
         if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:

@@ -16,6 +16,7 @@ most half the cap is used, so rare n-grams go first and old counts fade.
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +170,8 @@ class NgramMemory:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "NgramMemory":
-        with np.load(Path(path)) as data:
+        """The memory `save` wrote at `path`; ValueError naming the path where it is not one."""
+        with open_saved(path) as data:
             version, max_n, capacity = (int(v) for v in data["config"])
             if version != FORMAT_VERSION:
                 raise ValueError(f"{path}: memory format {version}, expected {FORMAT_VERSION}")
@@ -178,3 +180,24 @@ class NgramMemory:
                 raise ValueError(f"{path}: table shape does not match its capacity {capacity}")
             memory.keys[:], memory.vals[:], memory.stats[:] = data["keys"], data["vals"], data["stats"]
         return memory
+
+
+SAVED = ("config", "keys", "vals", "stats")  # the arrays `NgramMemory.save` writes
+
+
+def open_saved(path: str | os.PathLike) -> np.lib.npyio.NpzFile:
+    """The arrays of a memory saved at `path`, opened (read as far as their names, so a check costs
+    nothing); ValueError naming the path where it is no such file (a directory, a device, another file)."""
+    path = Path(path)
+    if not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{path} is not an n-gram memory file: {what}")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        data = None
+    if not isinstance(data, np.lib.npyio.NpzFile) or not set(SAVED) <= set(data.files):
+        if isinstance(data, np.lib.npyio.NpzFile):
+            data.close()
+        raise ValueError(f"{path} is not an n-gram memory file (a NumPy archive of {', '.join(SAVED)})")
+    return data

@@ -10,8 +10,10 @@ what the registry supplies is handed only to factories that declare a parameter 
 - `options`: the drafter's own keyword arguments. A factory declares each one it takes, or names
   the class whose constructor declares them and passes them on as `**options`
   (`register(name, options=cls)`); an option neither declares is refused with a message naming it
-  and the options it does take (a factory that takes `**options` and names no class gets every
-  option, unchecked).
+  and the options it does take, and a value its declaration rules out (text for an `int`, a number
+  for a `bool`: annotations of bools, integers, numbers, strings and None are checked) with one
+  naming the option and the type it takes (a factory that takes `**options` and names no class gets
+  every option, unchecked).
 
 A composite drafter declares its parts the same way, as parameters whose default is a `Part`
 (`ngram: NgramDrafter = Part("ngram")`): the registry builds each part as that drafter, with the
@@ -32,6 +34,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import numbers
+import types
+import typing
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable, Mapping
@@ -159,12 +164,17 @@ def drafter_options(name: str) -> list[str]:
 
 def drafter_option_defaults(name: str) -> dict[str, Any]:
     """Each option a drafter declares, with its default (`REQUIRED` where it has none)."""
-    declared = {p.name: p.default for p in _parameters(name) if not isinstance(p.default, Part)}
+    return {option: parameter.default for option, parameter in _option_parameters(name).items()}
+
+
+def _option_parameters(name: str) -> dict[str, inspect.Parameter]:
+    """Each option a drafter declares, as the parameter that declares it."""
+    declared = {p.name: p for p in _parameters(name) if not isinstance(p.default, Part)}
     source = _OPTIONS_FROM.get(name)
     if source is None:
         return declared
-    # In the declaring class's order; where the factory declares an option itself, its default.
-    merged = {p.name: declared.pop(p.name, p.default) for p in inspect.signature(source).parameters.values()
+    # In the declaring class's order; where the factory declares an option itself, its parameter.
+    merged = {p.name: declared.pop(p.name, p) for p in inspect.signature(source).parameters.values()
               if p.kind in _NAMED and p.name not in _SUPPLIED}
     return {**merged, **declared}
 
@@ -193,8 +203,8 @@ def takes_any_option(name: str) -> bool:
 
 
 def check_options(name: str, options: Mapping[str, Any]) -> None:
-    """Refuse, by name, an option the drafter does not take (before anything is loaded), a part's
-    included."""
+    """Refuse, by name, an option the drafter does not take or a value of a type it does not take
+    (before anything is loaded), a part's included."""
     parts = drafter_parts(name)
     for part, drafter in parts.items():
         given = options.get(part, {})
@@ -204,11 +214,49 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
         check_options(drafter, given)
     if takes_any_option(name):
         return
-    takes = drafter_options(name)
+    takes = _option_parameters(name)
     unknown = sorted(set(options) - set(takes) - set(parts))
     if unknown:
         listed = ", ".join(takes) if takes else "none"
         raise ValueError(f"drafter {name!r} has no option {unknown[0]!r}; its options: {listed}")
+    for option, value in options.items():
+        kinds = _declared_kinds(takes[option]) if option in takes else None
+        if kinds is not None and not _fits(value, kinds):
+            named = [_KIND_NAMES[kind] for kind in kinds]
+            expected = " or ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+            raise ValueError(f"drafter {name!r}: option {option!r} must be {expected}, got {value!r}")
+
+
+# The kinds of value an option's type is checked against where it enters, each as a message names it.
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "None (null)"}
+
+
+def _declared_kinds(parameter: inspect.Parameter) -> tuple[type, ...] | None:
+    """The kinds of value an option takes, where its annotation names only bools, integers, numbers,
+    strings and None (`int | None`, as text or as types), or, with no annotation, its default is
+    one of those; None where the option's declaration says nothing that simple (the drafter checks)."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:  # a default of 0 may stand for any number
+        kinds = {bool: [bool], int: [float], float: [float], str: [str]}.get(type(parameter.default), [None])
+    elif isinstance(annotation, str):
+        by_name = {kind.__name__: kind for kind in _KIND_NAMES} | {"None": type(None)}
+        kinds = [by_name.get(part.strip()) for part in annotation.split("|")]
+    else:
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        named = typing.get_args(annotation) if union else [annotation]
+        kinds = [type(None) if kind is None else kind for kind in named]
+    return tuple(kinds) if all(kind in _KIND_NAMES for kind in kinds) else None
+
+
+def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether `value` is of one of `kinds`: a bool is no integer, an integer is a number."""
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, numbers.Integral):
+        return int in kinds or float in kinds
+    if isinstance(value, numbers.Real):
+        return float in kinds
+    return isinstance(value, tuple(kind for kind in kinds if kind not in (int, float, bool)))
 
 
 def needs_target(name: str) -> bool:

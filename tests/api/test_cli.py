@@ -28,7 +28,7 @@ def run_cli(*args, timeout=120):
         (["generate", "hi", "--model", "/no/such/model.gguf"], "model file not found: /no/such/model.gguf"),
         (["generate", "hi", "--model", "./no-such-dir"], "model path not found: ./no-such-dir"),
         (["generate", "hi", "--model", "nobody/no-such-model"], "no hub download attempted"),
-        (["generate", "hi", "--temperature", "-1"], "temperature must be between 0 and 100"),
+        (["generate", "hi", "--temperature", "-1"], "--temperature must be between 0 and 2, got -1"),
         (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
         (["generate", "hi", "--drafter", "ngram", "--draft-model", "x"], "a draft model is used by the model and hybrid drafters"),
         (["serve", "--port", "99999"], "--port must be between 0 and 65535, got 99999"),

