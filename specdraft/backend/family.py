@@ -79,6 +79,18 @@ def attention_shape(config) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
+def attention_knee(config) -> float:
+    """How many cache entries a token's attention reads before it costs as many multiply-adds as its
+    layer's projections (q, k, v, o and a gated MLP; inf where the config does not say): past it,
+    attention is most of a prefill pass's work (SmolLM2-135M: 3072 entries)."""
+    heads, kv_heads, head_dim = attention_shape(config)
+    hidden, inner = getattr(config, "hidden_size", None), getattr(config, "intermediate_size", None)
+    if not hidden or not inner:
+        return float("inf")
+    projections = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inner
+    return projections / (2 * heads * head_dim)  # a key and a value each a query head
+
+
 def family_problem(config) -> str | None:
     """Why our forward does not run a model of this config (None: it does): a family not in
     `FAMILIES`, or attention that is not full attention at every layer (a sliding window)."""

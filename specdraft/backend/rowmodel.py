@@ -16,6 +16,8 @@ step's budget. The chunk size has this one owner; a caller that budgets prefill 
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -23,11 +25,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdraft.backend import llama
-from specdraft.backend.family import FAMILIES, attention_shape
+from specdraft.backend import llama, memory
+from specdraft.backend.family import FAMILIES, attention_knee, attention_shape
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
+
+MIN_CHUNK = 64  # the fewest tokens a prefill pass is cut to deep in a long prompt (`RowModel.chunk_end`)
 
 MIN_PREFILL_WIDTH = 16  # the narrowest padded prefill pass (`RowModel._static_width`)
 
@@ -85,7 +89,7 @@ class RowModel:
     forward's families only); compiled:
     on CPU, run passes of a few tokens compiled; kernels: which kernels run our own forward
     (`llama.LlamaForward`: auto, triton or torch); prefill_chunk: the most tokens a prefill pass
-    takes, its passes at fixed positions (`chunk_end`)."""
+    takes, its passes at fixed positions, fewer as the positions grow (`chunk_end`)."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
                  static: StaticShapes | None = None, compiled: bool = False, kernels: str = "auto",
@@ -94,6 +98,8 @@ class RowModel:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
         self.prefill_chunk = prefill_chunk
+        self._knee = attention_knee(model.config)
+        self._boundaries = [0]  # where prefill passes begin (`chunk_end`), as far as asked
         self.device = next(model.parameters()).device
         config = model.config
         if llama.supports(model):
@@ -140,8 +146,10 @@ class RowModel:
         self._active += 1
 
     def remove(self, row_id: str) -> None:
-        """Drop a row. Its slot is filled from the end of its group, so both groups stay packed."""
+        """Drop a row. Its slot is filled from the end of its group, so both groups stay packed; the memory a
+        long row took is handed back (`memory.return_freed`)."""
         hole = self._slot.pop(row_id)
+        long = self.cache.lengths[hole] > self.prefill_chunk
         if hole < self._active:
             self._active -= 1
             if hole != self._active:
@@ -152,6 +160,8 @@ class RowModel:
             self._move(last, hole)
         self.cache.pop_row()
         self._order.pop()
+        if long:  # what its prefill and its room took goes back to the system, not just to the heap
+            memory.return_freed()
 
     def _move(self, src: int, dst: int, swap: bool = False) -> None:
         if src == dst:
@@ -397,8 +407,27 @@ class RowModel:
 
     def chunk_end(self, start: int, stop: int) -> int:
         """Where a prefill pass from position `start` ends, feeding at most up to `stop`: the next
-        multiple of `prefill_chunk`, so that chunks fall at the same positions however a prompt is fed."""
-        return min(stop, (start // self.prefill_chunk + 1) * self.prefill_chunk)
+        boundary, so that chunks fall at the same positions however a prompt is fed. Passes are of equal
+        work rather than of equal length: from boundary b the next is `prefill_chunk` times knee / (knee
+        + b) tokens on (a multiple of 16, never under MIN_CHUNK), knee being the cache entries at which a
+        token's attention costs as much as its projections (`family.attention_knee`); so a pass deep in a
+        long prompt takes about as long as the first, and a request waiting behind it no longer."""
+        return min(stop, self._boundaries[self._boundary_at(start) + 1])
+
+    def chunk_cost(self, start: int, end: int) -> int:
+        """What a prefill pass of positions [start, end) counts in a step's token budget: its tokens
+        scaled to a whole chunk's worth at its boundary (a full pass anywhere: `prefill_chunk`)."""
+        i = self._boundary_at(start)
+        return math.ceil((end - start) * self.prefill_chunk / (self._boundaries[i + 1] - self._boundaries[i]))
+
+    def _boundary_at(self, position: int) -> int:
+        """The index of the last pass boundary at or before `position` (boundaries computed as far as it)."""
+        while self._boundaries[-1] <= position:
+            last = self._boundaries[-1]
+            shrunk = self.prefill_chunk if math.isinf(self._knee) else int(
+                self.prefill_chunk * self._knee / (self._knee + last)) // 16 * 16
+            self._boundaries.append(last + max(min(self.prefill_chunk, MIN_CHUNK), shrunk))
+        return bisect.bisect_right(self._boundaries, position) - 1
 
     def prefill(self, row_id: str, token_ids: Sequence[int]) -> torch.Tensor:
         """Feed one row `token_ids` in passes that end at chunk boundaries (`chunk_end`) and commit them;

@@ -158,31 +158,46 @@ class Engine:
         return deltas
 
     def _prefill(self, budget: int) -> list[Delta]:
-        """Prefill admitted prompts in order with `budget` tokens, whether or not rows decode: a long
-        prompt is a job of many steps, and a request that comes after it waits for a step, not for the
-        whole prompt (in a step where the long prompt's chunk leaves room, it is prefilled beside it).
-        A prompt is fed in chunks at fixed positions (`Verifier.chunk_end`): the budget
-        decides only how many chunks run, so a prompt's passes, and its output, never depend on what
-        other rows drafted. A chunk runs while it fits in what is left, and the step's first chunk
+        """Prefill admitted prompts with `budget` tokens, whether or not rows decode, a chunk a prompt a
+        round: a long prompt is a job of many steps, and a prompt that comes after it is fed beside it
+        (its first chunk in the next round), so a short request waits for a chunk, not for the long
+        prompt's whole prefill. A prompt is fed in chunks at fixed positions (`Verifier.chunk_end`): the
+        budget decides only how many chunks run, so a prompt's passes, and its output, never depend on
+        what other rows drafted. A chunk counts as its share of a whole chunk's work (`chunk_cost`: deep
+        in a long prompt, chunks are shorter and count more a token). A chunk runs while it fits in what is left, and the step's first chunk
         always runs (a waiting prompt advances however much the running rows verify). A prompt starts
         from the longest prefix of it that the verifier's prefix cache holds, looked up when its
-        prefill begins (not at admission): requests admitted together that share a system prompt find
-        it stored by the one prefilled before them."""
-        deltas, spent = [], 0
-        for request in list(self._in(Phase.ADMITTED, Phase.PREFILLING)):
-            if request.phase is Phase.ADMITTED:
-                request.phase = Phase.PREFILLING
-                request.prefilled = self.verifier.read_prefix(request.id, request.params.cache_salt, request.prompt_ids)
-                request.metrics.cached_tokens = request.prefilled
-            while request.phase is Phase.PREFILLING:
+        prefill begins (not at admission); one whose first chunk is the first chunk of a prompt still
+        being prefilled waits for that one to finish and store it (`_shares_a_prefill`), so requests
+        admitted together that share a system prompt prefill it once."""
+        deltas, spent, progress = [], 0, True
+        while progress:
+            progress = False
+            for request in list(self._in(Phase.ADMITTED, Phase.PREFILLING)):
+                if request.phase is Phase.ADMITTED:
+                    if self._shares_a_prefill(request):
+                        continue
+                    request.phase = Phase.PREFILLING
+                    request.prefilled = self.verifier.read_prefix(request.id, request.params.cache_salt,
+                                                                  request.prompt_ids)
+                    request.metrics.cached_tokens = request.prefilled
                 end = self.verifier.chunk_end(request.id, len(request.prompt_ids))
-                if spent and spent + end - request.prefilled > budget:
-                    return deltas
-                spent += end - request.prefilled
+                cost = self.verifier.chunk_cost(request.id, end)
+                if spent and spent + cost > budget:
+                    continue
+                spent += cost
+                progress = True
                 delta = self._prefill_chunk(request, end)
                 if delta is not None:
                     deltas.append(delta)
         return deltas
+
+    def _shares_a_prefill(self, request: Request) -> bool:
+        """Whether a prompt still being prefilled begins with the same chunk as `request`'s (whose prefix
+        the cache will hold once that prompt is prefilled)."""
+        head = request.prompt_ids[: self.verifier.chunk_end(request.id, len(request.prompt_ids))]
+        return any(other.prompt_ids[: len(head)] == head and len(other.prompt_ids) > len(head)
+                   for other in self._in(Phase.PREFILLING))
 
     def _prefill_chunk(self, request: Request, end: int) -> Delta | None:
         """Feed the request's prompt up to `end`; where that ends the prompt, the request begins (its delta)."""

@@ -111,6 +111,10 @@ class Verifier:
         """Where the row's next prefill pass ends, feeding at most up to position `stop` (`RowModel.chunk_end`)."""
         return self.rows.chunk_end(self.rows.length(row_id), stop)
 
+    def chunk_cost(self, row_id: str, end: int) -> int:
+        """What the row's next prefill pass, to `end`, counts in a step's token budget (`RowModel.chunk_cost`)."""
+        return self.rows.chunk_cost(self.rows.length(row_id), end)
+
     def prefill(self, row_id: str, token_ids: Sequence[int], last: bool) -> StepResult | None:
         """Feed the next part of a row's prompt (in chunks at fixed positions: `chunk_end`). After the last part the row joins the steps and its
         first generated token is returned (a result of one token, or the error of a grammar that failed)."""

@@ -224,7 +224,8 @@ def test_prefill_takes_whole_chunks_of_what_the_verified_tokens_leave_and_always
         engine = chunked_engine(target, max_batch=16, token_budget=12, chunk=3)
         for i in range(rows):
             engine.submit([3 + i, 4, 5], SamplingParams(max_tokens=30))
-        engine.step()  # the rows are prefilled; they decode from the next step on, a token each a step
+        while engine.running < rows:  # prefill too runs under the budget: the rows begin over a few steps
+            engine.step()  # and decode a token each a step once begun
         late = engine.submit(prompt, SamplingParams(max_tokens=4))
         engine.step()  # the rows verify `rows` tokens, then prefill spends what is left
         assert engine.request(late).prefilled == prefilled

@@ -7,8 +7,10 @@ import random
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaConfig
 
+from specdraft.backend import memory
+from specdraft.backend.family import attention_knee
 from specdraft.drafters import create_drafter
 from specdraft.engine import Engine, RequestError
 from specdraft.params import SamplingParams
@@ -225,6 +227,38 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tiny_mode
     assert engine.collect(long_id).token_ids == hf_greedy(tiny_model, long_prompt, 10)
 
 
+def test_a_short_request_overtakes_a_long_prefill(tiny_model, references):
+    """With no row decoding, a long prompt is still fed a budget a step, and a short prompt submitted
+    after it is fed beside it: its first token comes in the next step, long before the long prompt's."""
+    engine = Engine(Verifier(tiny_model, prefill_chunk=4), {"none": create_drafter("none")}, ToyTokenizer(), (), 256,
+                    k=4, max_batch=4, token_budget=8)
+    long_prompt = [(7 * i) % TINY_VOCAB for i in range(60)]
+    long_id = engine.submit(long_prompt, SamplingParams(max_tokens=10))
+    engine.step()
+    assert engine.request(long_id).prefilled == 8  # two chunks of 4: the budget, not the whole prompt
+    short_id = engine.submit(PROMPTS[2], SamplingParams(max_tokens=40))  # one token: a chunk of its own
+    deltas = {d.request_id: d for d in engine.step()}
+    assert short_id in deltas and deltas[short_id].token_ids  # its first token, beside a chunk of the long one
+    assert long_id not in deltas and engine.request(long_id).prefilled == 12
+    while engine.has_work:
+        engine.step()
+    assert engine.collect(short_id).token_ids == references[tuple(PROMPTS[2])]
+    assert engine.collect(long_id).token_ids == hf_greedy(tiny_model, long_prompt, 10)
+
+
+def test_a_prompt_that_begins_as_one_being_prefilled_waits_for_its_prefix(tiny_model):
+    """Requests that share a long system prompt prefill it once: the later one starts from the cache."""
+    engine = Engine(Verifier(tiny_model, prefill_chunk=4, prefix_cache_bytes=1 << 20), {"none": create_drafter("none")},
+                    ToyTokenizer(), (), 256, k=4, max_batch=4, token_budget=8)
+    system = [(5 * i) % TINY_VOCAB for i in range(40)]
+    first, second = (engine.submit(system + tail, SamplingParams(max_tokens=3)) for tail in ([1, 2], [3, 4]))
+    while engine.has_work:
+        engine.step()
+    assert engine.collect(first).metrics.cached_tokens == 0
+    done = engine.collect(second)
+    assert done.metrics.cached_tokens >= 32 and done.token_ids == hf_greedy(tiny_model, system + [3, 4], 3)
+
+
 def test_cancel_frees_rows_and_drafter_state_in_every_phase(tiny_model):
     drafter = ScriptedDrafter(lambda context, limit: [1] * limit)
     engine = Engine(Verifier(tiny_model, prefill_chunk=2), {"scripted": drafter}, ToyTokenizer(), (), 256, k=4,
@@ -251,6 +285,29 @@ def test_an_engine_and_its_rows_refuse_a_budget_or_chunk_below_one(tiny_model):
 @pytest.mark.parametrize("start, stop, end", [(0, 100, 8), (0, 5, 5), (3, 100, 8), (8, 100, 16), (13, 14, 14), (15, 40, 16)])
 def test_a_prefill_pass_ends_at_the_next_multiple_of_the_chunk(tiny_model, start, stop, end):
     assert Verifier(tiny_model, prefill_chunk=8).rows.chunk_end(start, stop) == end
+
+
+def test_prefill_passes_shorten_where_attention_outweighs_the_projections(tiny_model):
+    """The tiny model's attention costs as much as its projections at 288 entries (`attention_knee`):
+    a pass from position b takes 128 * 288 / (288 + b) tokens (a multiple of 16, at least 64), and
+    counts as a whole chunk's work in the budget; the output is the model's whichever passes feed it."""
+    assert attention_knee(tiny_model.config) == 288
+    assert attention_knee(LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                                      num_key_value_heads=3)) == 3072  # SmolLM2-135M
+    rows = Verifier(tiny_model, prefill_chunk=128).rows
+    assert [rows.chunk_end(start, 10_000) for start in (0, 100, 128, 150, 208, 272)] == [128, 128, 208, 208, 272, 336]
+    assert (rows.chunk_cost(0, 128), rows.chunk_cost(128, 208), rows.chunk_cost(128, 168), rows.chunk_cost(208, 216)) == (
+        128, 128, 64, 16)
+    engine = Engine(Verifier(tiny_model, prefill_chunk=128), {"none": create_drafter("none")}, ToyTokenizer(), (), 256,
+                    max_batch=2, token_budget=128)
+    prompt = [(11 * i + 3) % TINY_VOCAB for i in range(240)]
+    request_id = engine.submit(prompt, SamplingParams(max_tokens=6))
+    progress = []
+    while engine.has_work:
+        engine.step()
+        progress.append(engine.request(request_id).prefilled)
+    assert progress[:3] == [128, 208, 240]  # a pass a step: each a whole chunk's work
+    assert engine.collect(request_id).token_ids == hf_greedy(tiny_model, prompt, 6)
 
 
 def test_the_steps_chosen_drafts_count_in_its_token_budget(tiny_model):
@@ -296,3 +353,16 @@ class CountingPolicy:
 
     def __getattr__(self, name):
         return getattr(self.policy, name)
+
+
+def test_a_long_row_hands_its_memory_back_when_it_ends(tiny_model, monkeypatch):
+    """A row longer than a prefill chunk returns the C heap's free pages when it goes (`memory.return_freed`);
+    short rows do not pay for it."""
+    calls = []
+    monkeypatch.setattr(memory, "return_freed", lambda: calls.append(1))
+    engine = Engine(Verifier(tiny_model, prefill_chunk=16), {"none": create_drafter("none")}, ToyTokenizer(), (), 256,
+                    max_batch=2, calibrate=False)
+    engine.run([(PROMPTS[0], SamplingParams(max_tokens=4))])
+    assert calls == []
+    engine.run([([(3 * i) % TINY_VOCAB for i in range(40)], SamplingParams(max_tokens=4))])
+    assert calls == [1]
