@@ -79,16 +79,23 @@ def attention_shape(config) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
-def attention_knee(config) -> float:
-    """How many cache entries a token's attention reads before it costs as many multiply-adds as its
-    layer's projections (q, k, v, o and a gated MLP; inf where the config does not say): past it,
-    attention is most of a prefill pass's work (SmolLM2-135M: 3072 entries)."""
+def projection_work(config) -> float | None:
+    """The multiply-adds of a layer's projections a token (q, k, v, o and a gated MLP; None where the
+    config does not say)."""
     heads, kv_heads, head_dim = attention_shape(config)
     hidden, inner = getattr(config, "hidden_size", None), getattr(config, "intermediate_size", None)
     if not hidden or not inner:
-        return float("inf")
-    projections = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inner
-    return projections / (2 * heads * head_dim)  # a key and a value each a query head
+        return None
+    return float(hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inner)
+
+
+def attention_knee(config) -> float:
+    """How many cache entries a token's attention reads before it costs as many multiply-adds as its
+    layer's projections (inf where the config does not say): past it, attention is most of a prefill
+    pass's work (SmolLM2-135M: 3072 entries)."""
+    heads, _, head_dim = attention_shape(config)
+    work = projection_work(config)
+    return float("inf") if work is None else work / (2 * heads * head_dim)  # a key and a value a query head
 
 
 def family_problem(config) -> str | None:

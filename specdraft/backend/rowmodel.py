@@ -26,12 +26,15 @@ import numpy as np
 import torch
 
 from specdraft.backend import llama, memory
-from specdraft.backend.family import FAMILIES, attention_knee, attention_shape
+from specdraft.backend.family import FAMILIES, attention_knee, attention_shape, projection_work
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
 
-MIN_CHUNK = 64  # the fewest tokens a prefill pass is cut to deep in a long prompt (`RowModel.chunk_end`)
+MIN_CHUNK = 64  # the fewest tokens a prefill pass is cut to (`RowModel.chunk_end`)
+# The most multiply-adds a prefill pass on CPU takes (SmolLM2-135M: 320 tokens, a quarter of a second on two
+# Zen 4 cores; the 1.5B of the catalogue's pair: MIN_CHUNK): so a step with a long prompt in it stays short.
+PASS_WORK = 2**35
 
 MIN_PREFILL_WIDTH = 16  # the narrowest padded prefill pass (`RowModel._static_width`)
 
@@ -122,6 +125,10 @@ class RowModel:
         slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)
         self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device, slots, capacity,
                                 fixed=static is not None)
+        work = projection_work(config)
+        self._widest = prefill_chunk  # the first pass (`chunk_end`)
+        if work is not None and self.device.type == "cpu" and prefill_chunk * num_layers * work > PASS_WORK:
+            self._widest = max(min(prefill_chunk, MIN_CHUNK), int(PASS_WORK / (num_layers * work)) // 16 * 16)
         self._shapes: dict[tuple, _Shape] = {}
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self._order: list[str] = []  # row id in each slot
@@ -407,12 +414,18 @@ class RowModel:
 
     def chunk_end(self, start: int, stop: int) -> int:
         """Where a prefill pass from position `start` ends, feeding at most up to `stop`: the next
-        boundary, so that chunks fall at the same positions however a prompt is fed. Passes are of equal
-        work rather than of equal length: from boundary b the next is `prefill_chunk` times knee / (knee
-        + b) tokens on (a multiple of 16, never under MIN_CHUNK), knee being the cache entries at which a
-        token's attention costs as much as its projections (`family.attention_knee`); so a pass deep in a
-        long prompt takes about as long as the first, and a request waiting behind it no longer."""
+        boundary, so that chunks fall at the same positions however a prompt is fed. Passes are of about
+        equal work rather than equal length (never under MIN_CHUNK tokens, a multiple of 16): on CPU
+        the first takes at most PASS_WORK multiply-adds, up to `prefill_chunk` tokens; from boundary b,
+        that times knee / (knee + b), knee being the cache entries at which a token's attention costs as
+        much as its projections (`family.attention_knee`). So a pass deep in a long prompt, or of a
+        large model, takes about as long as a small model's first, and a request waiting behind it no longer."""
         return min(stop, self._boundaries[self._boundary_at(start) + 1])
+
+    @property
+    def widest_pass(self) -> int:
+        """The tokens of a prompt's first prefill pass, the longest (`chunk_end`)."""
+        return self._boundaries[self._boundary_at(0) + 1]
 
     def chunk_cost(self, start: int, end: int) -> int:
         """What a prefill pass of positions [start, end) counts in a step's token budget: its tokens
@@ -424,8 +437,8 @@ class RowModel:
         """The index of the last pass boundary at or before `position` (boundaries computed as far as it)."""
         while self._boundaries[-1] <= position:
             last = self._boundaries[-1]
-            shrunk = self.prefill_chunk if math.isinf(self._knee) else int(
-                self.prefill_chunk * self._knee / (self._knee + last)) // 16 * 16
+            shrunk = self._widest if math.isinf(self._knee) else int(
+                self._widest * self._knee / (self._knee + last)) // 16 * 16
             self._boundaries.append(last + max(min(self.prefill_chunk, MIN_CHUNK), shrunk))
         return bisect.bisect_right(self._boundaries, position) - 1
 

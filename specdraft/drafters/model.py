@@ -261,8 +261,9 @@ class ModelDrafter:
     def _catch_up(self, wanted: dict[str, int]) -> CatchUp:
         """Rows asked to draft but far behind: copy what the target holds (where it is shared), then
         feed them part of the rest, one row per pass."""
-        # Catch-up tokens per call, over all rows: one prefill chunk (the draft's rows own its size).
-        budget, started = self.rows.prefill_chunk, time.perf_counter()
+        # Catch-up tokens per call, over all rows: one prefill pass (the draft's rows own its size).
+        budget = widest = self.rows.widest_pass
+        started = time.perf_counter()
         for request_id in wanted:
             self._leave_gap(request_id)
         if self._target is not None:
@@ -280,7 +281,7 @@ class ModelDrafter:
             start = self.rows.length(request_id)
             self.rows.prefill(request_id, self._requests[request_id].held(start, start + take))
             budget -= take
-        return CatchUp(self.rows.prefill_chunk - budget, time.perf_counter() - started)
+        return CatchUp(widest - budget, time.perf_counter() - started)
 
     def _draft(self, wanted: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], float | None]:
         """Draft wanted[r] tokens for each row r, every row of the cache riding along: one pass

@@ -159,9 +159,9 @@ class Engine:
 
     def _prefill(self, budget: int) -> list[Delta]:
         """Prefill admitted prompts with `budget` tokens, whether or not rows decode, a chunk a prompt a
-        round: a long prompt is a job of many steps, and a prompt that comes after it is fed beside it
-        (its first chunk in the next round), so a short request waits for a chunk, not for the long
-        prompt's whole prefill. A prompt is fed in chunks at fixed positions (`Verifier.chunk_end`): the
+        round, the prompts with the fewest tokens left first: a long prompt is a job of many steps, and
+        a short prompt that comes after it goes before its next chunk, so a short request waits for a
+        chunk, not for the long prompt's whole prefill. A prompt is fed in chunks at fixed positions (`Verifier.chunk_end`): the
         budget decides only how many chunks run, so a prompt's passes, and its output, never depend on
         what other rows drafted. A chunk counts as its share of a whole chunk's work (`chunk_cost`: deep
         in a long prompt, chunks are shorter and count more a token). A chunk runs while it fits in what is left, and the step's first chunk
@@ -173,7 +173,8 @@ class Engine:
         deltas, spent, progress = [], 0, True
         while progress:
             progress = False
-            for request in list(self._in(Phase.ADMITTED, Phase.PREFILLING)):
+            for request in sorted(self._in(Phase.ADMITTED, Phase.PREFILLING),
+                                  key=lambda r: len(r.prompt_ids) - r.prefilled):
                 if request.phase is Phase.ADMITTED:
                     if self._shares_a_prefill(request):
                         continue

@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from specdraft.backend import memory
+from specdraft.backend import memory, rowmodel
 from specdraft.backend.family import attention_knee
+from specdraft.backend.rowmodel import RowModel
 from specdraft.drafters import create_drafter
 from specdraft.engine import Engine, RequestError
 from specdraft.params import SamplingParams
@@ -229,20 +230,21 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tiny_mode
 
 def test_a_short_request_overtakes_a_long_prefill(tiny_model, references):
     """With no row decoding, a long prompt is still fed a budget a step, and a short prompt submitted
-    after it is fed beside it: its first token comes in the next step, long before the long prompt's."""
+    after it goes first (fewest tokens left first): its first token comes in the next step, long
+    before the long prompt's, which waits where both do not fit."""
     engine = Engine(Verifier(tiny_model, prefill_chunk=4), {"none": create_drafter("none")}, ToyTokenizer(), (), 256,
-                    k=4, max_batch=4, token_budget=8)
+                    k=4, max_batch=4, token_budget=6)
     long_prompt = [(7 * i) % TINY_VOCAB for i in range(60)]
     long_id = engine.submit(long_prompt, SamplingParams(max_tokens=10))
     engine.step()
-    assert engine.request(long_id).prefilled == 8  # two chunks of 4: the budget, not the whole prompt
-    short_id = engine.submit(PROMPTS[2], SamplingParams(max_tokens=40))  # one token: a chunk of its own
+    assert engine.request(long_id).prefilled == 4  # a chunk of 4 (two would be over the budget), not the prompt
+    short_id = engine.submit(PROMPTS[0], SamplingParams(max_tokens=40))  # 6 tokens: two chunks, 4 and 2
     deltas = {d.request_id: d for d in engine.step()}
-    assert short_id in deltas and deltas[short_id].token_ids  # its first token, beside a chunk of the long one
-    assert long_id not in deltas and engine.request(long_id).prefilled == 12
+    assert short_id in deltas and deltas[short_id].token_ids  # its first token
+    assert long_id not in deltas and engine.request(long_id).prefilled == 4
     while engine.has_work:
         engine.step()
-    assert engine.collect(short_id).token_ids == references[tuple(PROMPTS[2])]
+    assert engine.collect(short_id).token_ids == references[tuple(PROMPTS[0])]
     assert engine.collect(long_id).token_ids == hf_greedy(tiny_model, long_prompt, 10)
 
 
@@ -308,6 +310,16 @@ def test_prefill_passes_shorten_where_attention_outweighs_the_projections(tiny_m
         progress.append(engine.request(request_id).prefilled)
     assert progress[:3] == [128, 208, 240]  # a pass a step: each a whole chunk's work
     assert engine.collect(request_id).token_ids == hf_greedy(tiny_model, prompt, 6)
+
+
+def test_a_prefill_pass_on_cpu_takes_at_most_pass_work(tiny_model, monkeypatch):
+    """A larger model's first pass is shorter (its projections' multiply-adds at most PASS_WORK), a
+    multiple of 16 and never under MIN_CHUNK; a small chunk is left as it is."""
+    per_token = 2 * 36864  # the tiny model's two layers' projections
+    for work, chunk, widest in ((100 * per_token, 512, 96), (10 * per_token, 512, 64), (10 * per_token, 48, 48),
+                                (1000 * per_token, 512, 512)):
+        monkeypatch.setattr(rowmodel, "PASS_WORK", work)
+        assert RowModel(tiny_model, prefill_chunk=chunk).widest_pass == widest
 
 
 def test_the_steps_chosen_drafts_count_in_its_token_budget(tiny_model):
