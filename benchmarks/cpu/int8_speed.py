@@ -130,7 +130,8 @@ def main() -> None:
         print(json.dumps(row))
     medians = {name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]
                       if key != "build"} for name in rounds[0]}
-    result = {"machine": machine(), "model": name, "load_at_start": load, "threads": threads, "rounds": rounds, "medians": medians,
+    result = {"machine": machine(), "kernel_path": os.environ.get("SPECDRAFT_KERNEL_PATH", "native"),
+              "model": name, "load_at_start": load, "threads": threads, "rounds": rounds, "medians": medians,
               "weight_bytes_per_token": weight_bytes,
               "llama_bench": str(args.llama_bench) if args.llama_bench else None,
               "llama_cpp_build": rounds[0].get("llama.cpp", {}).get("build")}

@@ -107,6 +107,27 @@ def test_every_kinds_int8_dot_products_hold_ggufs_values_on_every_build(kind):
         assert np.all(np.abs(want - exact) <= bound), f"{n} tokens: beyond the quantisation's error"
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
+def test_every_kinds_int8_sums_at_the_extremes_are_bitwise_the_same_on_every_build(kind):
+    """Every weight at its largest code (bytes 0xff) or scales at their most negative (0x80), against
+    activations all at +-127: sums at their largest, where a build that sums in int16 (AVX2 without
+    VNNI) would wrap if it were not exact."""
+    built = builds()
+    x = np.repeat(np.array([[1.0], [-1.0], [1.0], [-1.0], [1.0], [-1.0]], np.float32), WIDTH, axis=1)
+    x[2:4, 1::2] *= -1  # alternating signs: each pair's products of opposite signs
+    for byte in (0xFF, 0x80):
+        w = np.full((ROWS, WIDTH // kind.weights, kind.bytes), byte, np.uint8)
+        for at in kind.float16_at:
+            w[..., at : at + 2] = np.full(w.shape[:2], 0.01, np.float16)[..., None].view(np.uint8)
+        w = w.reshape(ROWS, -1)
+        tiles = built["portable"].tile(w, kind.number)
+        for n in (1, 6):
+            want = projected(built["portable"].calls("int8"), tiles, kind.number, x[:n])
+            assert np.isfinite(want).all()
+            for name, kernel in built.items():
+                assert np.array_equal(projected(kernel.calls("int8"), tiles, kind.number, x[:n]), want), f"{name}, {byte:#x}"
+
+
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.weights > native.BLOCK], ids=lambda k: k.name)
 def test_a_row_of_part_of_a_super_block_is_refused_by_name(kind):
     import torch

@@ -67,6 +67,7 @@ struct Ymm {
     static I all(I a, I b) { return _mm256_and_si256(a, b); }
     static I either(I a, I b) { return _mm256_or_si256(a, b); }
     static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+    static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
     static I times(I a, I b) { return _mm256_mullo_epi32(a, b); }
     static I times16(I a, I b) { return _mm256_madd_epi16(a, b); }  // 16-bit halves' products, pairs summed
     // acc + each lane's two 16-bit halves times the int16 pair at x (broadcast), the products summed
@@ -85,6 +86,21 @@ struct Ymm {
     static I up32(I a, int n) { return _mm256_slli_epi32(a, n); }
     static I signed_down32(I a, int n) { return _mm256_srai_epi32(a, n); }
     static I dot(I acc, I w, const int8_t* x) { return group_dot(acc, w, broadcast4(x)); }
+#ifdef SPECDRAFT_VNNI
+    static constexpr bool kSums16 = false;
+#else
+    // Without VNNI a product of 4 bytes is 3 instructions (vpmaddubsw, vpmaddwd, an add), two of them on
+    // the pipes that multiply; a sub-block's products are summed in int16 instead (`dot16`: vpmaddubsw
+    // and an add), where no sum can leave int16, and widened once, times the sub-block's scale (`scaled`).
+    static constexpr bool kSums16 = true;
+#endif
+    // acc16 + each lane's two int16 halves: the products of w's bytes (unsigned) and x's (signed) in pairs
+    static I dot16(I acc16, I w, const int8_t* x) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, broadcast4(x))); }
+    // acc + each lane's two int16 halves, summed, times the lane's scale (below 2^15 in magnitude)
+    static I scaled(I acc, I sums16, I scale) {
+        const I pair = _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(scale, 16));
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(sums16, pair));
+    }
     static F halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
     static F each(float v) { return _mm256_set1_ps(v); }
     static F zeros() { return _mm256_setzero_ps(); }
@@ -100,6 +116,7 @@ struct Zmm {
     using I = __m512i;
     using F = __m512;
     static constexpr int64_t kRows = kTile, kTokens = 6;
+    static constexpr bool kSums16 = false;  // vpdpbusd: a product of 4 bytes is one instruction
     static I load(const uint8_t* p) { return _mm512_loadu_si512((const void*)p); }
     static I zero() { return _mm512_setzero_si512(); }
     static I bytes(int v) { return _mm512_set1_epi8(char(v)); }
@@ -187,9 +204,20 @@ template <typename V, int64_t VECTOR, int T>
             for (int t = 0; t < T; ++t) dot[t] = V::zero();
             for (int G = 0; G < 8; ++G) {
                 const I w = V::all(V::down16(V::load(q + VECTOR * (3 + 8 * (s / 2) + G)), 4 * (s % 2)), low4);
-                for (int t = 0; t < T; ++t) dot[t] = V::dot(dot[t], w, p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G);
+                for (int t = 0; t < T; ++t) {
+                    const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G;
+                    if constexpr (V::kSums16)  // 8 pairs of 4-bit weights and int8s: below 8 x 2 x 15 x 128 < 2^15
+                        dot[t] = V::dot16(dot[t], w, x);
+                    else
+                        dot[t] = V::dot(dot[t], w, x);
+                }
             }
-            for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
+            for (int t = 0; t < T; ++t) {
+                if constexpr (V::kSums16)
+                    i[t] = V::scaled(i[t], dot[t], scale);
+                else
+                    i[t] = V::add(i[t], V::times(dot[t], scale));
+            }
         }
         // Several tokens: each row's mins as int16 pairs, sub-blocks 2j and 2j + 1 in pair j (min bytes 0-3
         // of word 2, 4-7 of word 3), against each token's sums paired alike: 4 products a token, not 8.
@@ -240,10 +268,13 @@ template <typename V, int64_t VECTOR, int T>
             for (int j = 0; j < 2; ++j) {  // the piece's 16s: scale 2s + j (int8, sign-extended)
                 const int index = 2 * s + j;
                 const I scale = V::signed_down32(V::up32(words[index / 4], 24 - 8 * (index % 4)), 24);
-                I dot[T];
+                I dot[T], second[T];  // second: the last two groups' int16 sums (kSums16)
+                int32_t sum16[T];
                 for (int t = 0; t < T; ++t) {
                     const int32_t sums = p.xtotal[(t0 + t) * blocks + 8 * b + s];  // this 32's two 16s
-                    dot[t] = V::words(-32 * int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16)));
+                    sum16[t] = int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16));
+                    dot[t] = V::kSums16 ? V::zero() : V::words(-32 * sum16[t]);
+                    second[t] = V::zero();
                 }
                 for (int e = 0; e < 4; ++e) {
                     const int G = 4 * j + e;
@@ -251,9 +282,24 @@ template <typename V, int64_t VECTOR, int T>
                     const I qh = V::load(q + VECTOR * (36 + 8 * h + G));
                     const I high = k < 2 ? V::up16(qh, 4 - 2 * k) : V::down16(qh, 2 * k - 4);  // bits 2k, 2k + 1 to 4, 5
                     const I w = V::either(V::all(V::down16(ql, 4 * (k / 2)), low4), V::all(high, top2));
-                    for (int t = 0; t < T; ++t) dot[t] = V::dot(dot[t], w, p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G);
+                    for (int t = 0; t < T; ++t) {
+                        const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G;
+                        if constexpr (V::kSums16) {  // 2 pairs of 6-bit weights and int8s: below 2 x 2 x 63 x 128 < 2^15
+                            if (e < 2)
+                                dot[t] = V::dot16(dot[t], w, x);
+                            else
+                                second[t] = V::dot16(second[t], w, x);
+                        } else
+                            dot[t] = V::dot(dot[t], w, x);
+                    }
                 }
-                for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
+                for (int t = 0; t < T; ++t) {
+                    if constexpr (V::kSums16)  // (q . x - 32 (sum of x)) times the scale, the same integer
+                        i[t] = V::sub(V::scaled(V::scaled(i[t], dot[t], scale), second[t], scale),
+                                      V::up32(V::times16(scale, V::words(sum16[t] & 0xffff)), 5));
+                    else
+                        i[t] = V::add(i[t], V::times(dot[t], scale));
+                }
             }
         }
         const typename V::F d = V::halves(rows.d + at);
