@@ -41,7 +41,7 @@ DEFAULT_SAVE_EVERY = 300  # seconds between a server's saves of what its drafter
 # holds ~23k tokens, a few agent conversations' histories.
 DEFAULT_PREFIX_CACHE_MB = 1024
 MAX_LOGPROBS = 20  # the most likely tokens a request may ask to see at each position, as OpenAI allows
-MAX_TEMPERATURE = 2.0  # the highest temperature a request to the server or the CLI may ask for, as OpenAI allows
+MAX_TEMPERATURE = 2.0  # the highest temperature a request may ask for (server, CLI, library), as OpenAI allows
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # a model's dtype (auto: float32 on CPU, bfloat16 on CUDA)
 WEIGHTS = ("auto", "native", "dense")  # how a GGUF model's layers are read (`models.plan_load`)
 ARITHMETIC = ("auto", "int8", "float32")  # what native weights compute in (`models.plan_load`)
@@ -135,8 +135,8 @@ class SamplingParams:
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
                                             or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:

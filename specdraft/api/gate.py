@@ -6,6 +6,8 @@ middleware, answers each refusal at once in OpenAI's error body; a body is read 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import ipaddress
 import logging
@@ -23,6 +25,7 @@ log = logging.getLogger("specdraft.server")
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # an 8k-token prompt is ~32 KB of text or ~56 KB of token ids
 API_KEY_ENV = "SPECDRAFT_API_KEY"
 OPEN_PATH = "/health"  # the one route without a key: a load balancer's probe
+PAGE_PATH = "/"  # the playground: a browser asks its user for the key (`Gate._key`)
 LOCAL_NAMES = frozenset({"localhost"})
 ANY_HOST = "*"
 
@@ -92,18 +95,25 @@ class Gate:
                             f"--allowed-hosts {name} to allow that name")
 
     def _key(self, path: str, headers: Headers) -> JSONResponse | None:
+        """The API key as clients send it (`Authorization: Bearer KEY`), or as a browser does once it has
+        asked for it (`Basic`, the key as the password, any user name): the playground page asks by
+        `WWW-Authenticate: Basic`, and the browser sends what was typed with the page's own requests."""
         if self.access.api_key is None or path == OPEN_PATH:
             return None
+        challenge = {"WWW-Authenticate": 'Basic realm="specdraft", charset="UTF-8"' if path == PAGE_PATH else "Bearer"}
         given = headers.get("authorization")
         if not given:
             return _refuse(401, "no API key given: send it in the header Authorization: Bearer YOUR_KEY",
-                           headers={"WWW-Authenticate": "Bearer"})
+                           headers=challenge)
         scheme, _, token = given.partition(" ")
         # Headers arrive as bytes (latin-1 here); the key compared as the client's UTF-8 bytes, in constant time.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1"),
-                                                                 self.access.api_key.encode("utf-8")):
-            return _refuse(401, "incorrect API key provided", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+        key = token.strip().encode("latin-1")
+        if scheme.lower() == "basic":
+            key = _basic_password(key)
+        elif scheme.lower() != "bearer":
+            key = b""
+        if not hmac.compare_digest(key, self.access.api_key.encode("utf-8")):
+            return _refuse(401, "incorrect API key provided", code="invalid_api_key", headers=challenge)
         return None
 
     @staticmethod
@@ -146,6 +156,14 @@ class Gate:
     def _too_large(self, size: str) -> JSONResponse:
         return _refuse(413, f"the request body is {size}; this server reads at most {self.access.max_body_bytes} "
                             "bytes (--max-body-bytes)")
+
+
+def _basic_password(credentials: bytes) -> bytes:
+    """The password of `Basic` credentials (base64 of "user:password"); b"" where they are malformed."""
+    try:
+        return base64.b64decode(credentials, validate=True).partition(b":")[2]
+    except binascii.Error:
+        return b""
 
 
 def _refuse(status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:

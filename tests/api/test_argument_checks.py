@@ -1,6 +1,7 @@
 """The library's arguments refused by name before anything loads: `LLM`'s model and device, drafter
 options of the wrong type (a part's too), an n-gram memory path that is no memory file; and a
-context asked beyond the model's is served at the model's with a warning saying so."""
+context asked beyond the model's is served at the model's with a warning saying so; a temperature
+beyond the server's bound."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from specdraft.drafters import check_options
 from specdraft.drafters.memory import NgramMemory, open_saved
 from specdraft.llm import LLM
 from specdraft.models import LoadedModel
+from specdraft.params import SamplingParams
 from specdraft.settings import Settings
 
 
@@ -70,3 +72,10 @@ def test_a_context_beyond_the_models_is_cut_with_a_warning(caplog):
         assert Settings(max_context=4096).resolve(loaded).context(8192) == 4096
     assert [r.getMessage() for r in caplog.records] == [
         "max_context (--max-model-len) 1000000 is more than the model's context: serving 8192 tokens"]
+
+
+@pytest.mark.parametrize("temperature", [-0.5, 2.5, 100.0])
+def test_the_library_bounds_temperature_as_the_server_and_cli_do(temperature):
+    with pytest.raises(ValueError, match=f"temperature must be between 0 and 2, got {temperature!r}"):
+        SamplingParams(temperature=temperature)
+    assert SamplingParams(temperature=2.0).temperature == 2.0

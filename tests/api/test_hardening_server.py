@@ -7,6 +7,7 @@ and `specdraft serve`'s flags reach the app."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import random
@@ -165,7 +166,8 @@ def test_every_route_but_health_needs_the_key(keyed, method, path):
     response = keyed.request(method, path, json=COMPLETION if method == "POST" else None)
     error = openai_error(response, 401)
     assert "no API key given" in error["message"] and error["code"] is None
-    assert response.headers["www-authenticate"] == "Bearer"
+    # the playground's page asks a browser for the key (Basic: its user types it as the password)
+    assert response.headers["www-authenticate"] == ('Basic realm="specdraft", charset="UTF-8"' if path == "/" else "Bearer")
 
 
 def test_health_needs_no_key(keyed):
@@ -176,6 +178,21 @@ def test_health_needs_no_key(keyed):
 def test_a_wrong_key_is_a_401_invalid_api_key(keyed, header):
     error = openai_error(keyed.get("/v1/models", headers={"authorization": header}), 401)
     assert error["code"] == "invalid_api_key" and KEY not in error["message"]
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_a_browser_sends_the_key_as_basic_credentials_for_the_page_and_its_requests(keyed):
+    header = {"authorization": basic("anyone", KEY)}
+    page = keyed.get("/", headers=header)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert keyed.get("/v1/models", headers=header).status_code == 200
+    assert keyed.post("/v1/completions", json=COMPLETION, headers=header).status_code == 200
+    for wrong in (basic("anyone", KEY + "x"), basic(KEY, ""), "Basic !!notbase64", basic("", KEY)[:-2]):
+        error = openai_error(keyed.get("/", headers={"authorization": wrong}), 401)
+        assert error["code"] == "invalid_api_key"
 
 
 def test_the_right_key_is_served(keyed):
