@@ -192,3 +192,25 @@ def test_server_errors_are_shown_on_the_page(page):
     assert message.startswith("400: ") and "num_speculative_tokens" in message, message
     assert "num_speculative_tokens" in page.text_content("#pane-a .out .error")
     assert page.is_enabled("#run")  # ready for the next try
+
+
+def test_behind_an_api_key_the_browser_asks_for_it_and_the_page_runs(sync_playwright):
+    """With --api-key the page answers 401 asking for Basic credentials; given the key as the password,
+    the browser loads the page and sends the key with the page's own requests (models, a stream)."""
+    key = "playground-test-key"
+    with live_server("--device", "cpu", "--dtype", "float32", "--max-batch-size", "1", "--api-key", key) as url, \
+            sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            refused = httpx.get(url + "/", timeout=30)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
+            page = browser.new_context(http_credentials={"username": "me", "password": key}).new_page()
+            page.set_default_timeout(WAIT_MS)
+            assert page.goto(url + "/").status == 200
+            page.wait_for_selector("body[data-ready=true]")
+            fill(page, "completion", "ngram", prompt="one, two, one, two, one,", max_tokens=6)
+            page.click("#run")
+            page.wait_for_selector("#pane-a[data-state=done]")
+            assert page.text_content("#pane-a .out").strip()
+        finally:
+            browser.close()
