@@ -54,18 +54,24 @@ def server(sync_playwright):
 
 
 @pytest.fixture(scope="module")
-def page(sync_playwright, server):
-    """The playground, loaded; `page.errors` collects uncaught script errors."""
+def playwright(sync_playwright):
+    """One Playwright for the module (a second one started inside the first refuses to run)."""
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 860})
-        page.errors = []
-        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
-        page.set_default_timeout(WAIT_MS)
-        page.goto(server + "/")
-        page.wait_for_selector("body[data-ready=true]")
-        yield page
-        browser.close()
+        yield playwright
+
+
+@pytest.fixture(scope="module")
+def page(playwright, server):
+    """The playground, loaded; `page.errors` collects uncaught script errors."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.errors = []
+    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+    page.set_default_timeout(WAIT_MS)
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    yield page
+    browser.close()
 
 
 def fill(page, mode: str, drafter: str, prompt: str = COPY_PROMPT, k: str = "5", max_tokens: int = MAX_TOKENS) -> None:
@@ -194,12 +200,11 @@ def test_server_errors_are_shown_on_the_page(page):
     assert page.is_enabled("#run")  # ready for the next try
 
 
-def test_behind_an_api_key_the_browser_asks_for_it_and_the_page_runs(sync_playwright):
+def test_behind_an_api_key_the_browser_asks_for_it_and_the_page_runs(playwright):
     """With --api-key the page answers 401 asking for Basic credentials; given the key as the password,
     the browser loads the page and sends the key with the page's own requests (models, a stream)."""
     key = "playground-test-key"
-    with live_server("--device", "cpu", "--dtype", "float32", "--max-batch-size", "1", "--api-key", key) as url, \
-            sync_playwright() as playwright:
+    with live_server("--device", "cpu", "--dtype", "float32", "--max-batch-size", "1", "--api-key", key) as url:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             refused = httpx.get(url + "/", timeout=30)

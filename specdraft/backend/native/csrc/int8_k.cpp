@@ -96,11 +96,11 @@ struct Ymm {
 #endif
     // acc16 + each lane's two int16 halves: the products of w's bytes (unsigned) and x's (signed) in pairs
     static I dot16(I acc16, I w, const int8_t* x) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, broadcast4(x))); }
-    // acc + each lane's two int16 halves, summed, times the lane's scale (below 2^15 in magnitude)
-    static I scaled(I acc, I sums16, I scale) {
-        const I pair = _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(scale, 16));
-        return _mm256_add_epi32(acc, _mm256_madd_epi16(sums16, pair));
-    }
+    // each lane's scale (below 2^15 in magnitude) in both its int16 halves, for `scaled`
+    static I pair(I scale) { return _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(scale, 16)); }
+    // acc + each lane's two int16 halves, summed, times the lane's scale (`pair`)
+    static I scaled(I acc, I sums16, I pair) { return _mm256_add_epi32(acc, _mm256_madd_epi16(sums16, pair)); }
+    static I signed_down16(I a, int n) { return _mm256_srai_epi16(a, n); }
     static F halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
     static F each(float v) { return _mm256_set1_ps(v); }
     static F zeros() { return _mm256_setzero_ps(); }
@@ -212,11 +212,11 @@ template <typename V, int64_t VECTOR, int T>
                         dot[t] = V::dot(dot[t], w, x);
                 }
             }
-            for (int t = 0; t < T; ++t) {
-                if constexpr (V::kSums16)
-                    i[t] = V::scaled(i[t], dot[t], scale);
-                else
-                    i[t] = V::add(i[t], V::times(dot[t], scale));
+            if constexpr (V::kSums16) {
+                const I pair = V::pair(scale);
+                for (int t = 0; t < T; ++t) i[t] = V::scaled(i[t], dot[t], pair);
+            } else {
+                for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
             }
         }
         // Several tokens: each row's mins as int16 pairs, sub-blocks 2j and 2j + 1 in pair j (min bytes 0-3
@@ -268,14 +268,15 @@ template <typename V, int64_t VECTOR, int T>
             for (int j = 0; j < 2; ++j) {  // the piece's 16s: scale 2s + j (int8, sign-extended)
                 const int index = 2 * s + j;
                 const I scale = V::signed_down32(V::up32(words[index / 4], 24 - 8 * (index % 4)), 24);
-                I dot[T], second[T];  // second: the last two groups' int16 sums (kSums16)
-                int32_t sum16[T];
-                for (int t = 0; t < T; ++t) {
-                    const int32_t sums = p.xtotal[(t0 + t) * blocks + 8 * b + s];  // this 32's two 16s
-                    sum16[t] = int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16));
-                    dot[t] = V::kSums16 ? V::zero() : V::words(-32 * sum16[t]);
-                    second[t] = V::zero();
+                I dot[T];
+                if constexpr (!V::kSums16) {
+                    for (int t = 0; t < T; ++t) {
+                        const int32_t sums = p.xtotal[(t0 + t) * blocks + 8 * b + s];  // this 32's two 16s
+                        dot[t] = V::words(-32 * int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16)));
+                    }
                 }
+                I pair = scale;  // kSums16: the scale in both int16 halves of each lane
+                if constexpr (V::kSums16) pair = V::pair(scale);
                 for (int e = 0; e < 4; ++e) {
                     const int G = 4 * j + e;
                     const I ql = V::load(q + VECTOR * (4 + 8 * (2 * h + k % 2) + G));
@@ -285,20 +286,29 @@ template <typename V, int64_t VECTOR, int T>
                     for (int t = 0; t < T; ++t) {
                         const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G;
                         if constexpr (V::kSums16) {  // 2 pairs of 6-bit weights and int8s: below 2 x 2 x 63 x 128 < 2^15
-                            if (e < 2)
-                                dot[t] = V::dot16(dot[t], w, x);
-                            else
-                                second[t] = V::dot16(second[t], w, x);
-                        } else
+                            dot[t] = V::dot16(e % 2 ? dot[t] : V::zero(), w, x);
+                            if (e % 2) i[t] = V::scaled(i[t], dot[t], pair);
+                        } else {
                             dot[t] = V::dot(dot[t], w, x);
+                        }
                     }
                 }
+                if constexpr (!V::kSums16)
+                    for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
+            }
+        }
+        if constexpr (V::kSums16) {
+            // The 16 scales' "- 32 (sum of x)" terms, the scales as int16 pairs (2m, 2m + 2 of word v's
+            // bytes, then 2m + 1, 2m + 3) against the token's sums of 16 paired alike: 8 products a token,
+            // not 16 (below 32 x 16 x 128 x 2048 < 2^31 in all).
+            for (int v = 0; v < 4; ++v) {
+                const I even = V::signed_down16(V::up16(words[v], 8), 8), odd = V::signed_down16(words[v], 8);
                 for (int t = 0; t < T; ++t) {
-                    if constexpr (V::kSums16)  // (q . x - 32 (sum of x)) times the scale, the same integer
-                        i[t] = V::sub(V::scaled(V::scaled(i[t], dot[t], scale), second[t], scale),
-                                      V::up32(V::times16(scale, V::words(sum16[t] & 0xffff)), 5));
-                    else
-                        i[t] = V::add(i[t], V::times(dot[t], scale));
+                    const uint32_t a = uint32_t(p.xtotal[(t0 + t) * blocks + 8 * b + 2 * v]);
+                    const uint32_t c = uint32_t(p.xtotal[(t0 + t) * blocks + 8 * b + 2 * v + 1]);
+                    const I terms = V::add(V::times16(even, V::words(int32_t((a & 0xffff) | (c << 16)))),
+                                           V::times16(odd, V::words(int32_t((a >> 16) | (c & 0xffff0000u)))));
+                    i[t] = V::sub(i[t], V::up32(terms, 5));
                 }
             }
         }
