@@ -8,10 +8,10 @@ pass feeds each row of a window T new tokens at the positions after its committe
 then `commit`s how many of them each row keeps (padding and rejected drafts are never committed),
 and `truncate` rolls a row back. Lengths live on the host, so none of this syncs with the device.
 
-A row's prompt is prefilled in chunks of `prefill_chunk` tokens at fixed positions (multiples of the
-chunk from the row's start, `chunk_end`), whoever feeds it and in whatever parts: a pass of many
-tokens is not bitwise the same as passes of fewer (BLAS), so where the chunks fall never depends on a
-step's budget. The chunk size has this one owner; a caller that budgets prefill reads it here.
+A row's prompt is prefilled in chunks at fixed positions (boundaries from the row's start, at most
+`prefill_chunk` tokens apart and closer as attention's share of a pass grows: `chunk_end`), whoever
+feeds it and in whatever parts, so where the chunks fall never depends on a step's budget. The chunks
+have this one owner; a caller that budgets prefill reads their sizes and costs here (`chunk_cost`).
 """
 
 from __future__ import annotations
@@ -101,8 +101,6 @@ class RowModel:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
         self.prefill_chunk = prefill_chunk
-        self._knee = attention_knee(model.config)
-        self._boundaries = [0]  # where prefill passes begin (`chunk_end`), as far as asked
         self.device = next(model.parameters()).device
         config = model.config
         if llama.supports(model):
@@ -125,10 +123,12 @@ class RowModel:
         slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)
         self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device, slots, capacity,
                                 fixed=static is not None)
-        work = projection_work(config)
-        self._widest = prefill_chunk  # the first pass (`chunk_end`)
+        # Prefill passes (`chunk_end`): the first of `_widest` tokens, none under `_least`, shrinking past the knee.
+        work, self._knee, self._least = projection_work(config), attention_knee(config), min(prefill_chunk, MIN_CHUNK)
+        self._widest = prefill_chunk
         if work is not None and self.device.type == "cpu" and prefill_chunk * num_layers * work > PASS_WORK:
-            self._widest = max(min(prefill_chunk, MIN_CHUNK), int(PASS_WORK / (num_layers * work)) // 16 * 16)
+            self._widest = max(self._least, int(PASS_WORK / (num_layers * work)) // 16 * 16)
+        self._boundaries = [0]  # where prefill passes begin, as far as asked
         self._shapes: dict[tuple, _Shape] = {}
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self._order: list[str] = []  # row id in each slot
@@ -439,7 +439,7 @@ class RowModel:
             last = self._boundaries[-1]
             shrunk = self._widest if math.isinf(self._knee) else int(
                 self._widest * self._knee / (self._knee + last)) // 16 * 16
-            self._boundaries.append(last + max(min(self.prefill_chunk, MIN_CHUNK), shrunk))
+            self._boundaries.append(last + max(self._least, shrunk))
         return bisect.bisect_right(self._boundaries, position) - 1
 
     def prefill(self, row_id: str, token_ids: Sequence[int]) -> torch.Tensor:

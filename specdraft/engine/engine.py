@@ -161,15 +161,16 @@ class Engine:
         """Prefill admitted prompts with `budget` tokens, whether or not rows decode, a chunk a prompt a
         round, the prompts with the fewest tokens left first: a long prompt is a job of many steps, and
         a short prompt that comes after it goes before its next chunk, so a short request waits for a
-        chunk, not for the long prompt's whole prefill. A prompt is fed in chunks at fixed positions (`Verifier.chunk_end`): the
-        budget decides only how many chunks run, so a prompt's passes, and its output, never depend on
-        what other rows drafted. A chunk counts as its share of a whole chunk's work (`chunk_cost`: deep
-        in a long prompt, chunks are shorter and count more a token). A chunk runs while it fits in what is left, and the step's first chunk
-        always runs (a waiting prompt advances however much the running rows verify). A prompt starts
-        from the longest prefix of it that the verifier's prefix cache holds, looked up when its
-        prefill begins (not at admission); one whose first chunk is the first chunk of a prompt still
-        being prefilled waits for that one to finish and store it (`_shares_a_prefill`), so requests
-        admitted together that share a system prompt prefill it once."""
+        chunk, not for the long prompt's whole prefill. A prompt is fed in chunks at fixed positions
+        (`Verifier.chunk_end`): the budget decides only how many chunks run, so a prompt's passes, and
+        its output, never depend on what other rows drafted. A chunk counts as its share of a whole
+        chunk's work (`chunk_cost`: deep in a long prompt, chunks are shorter and count more a token). A
+        chunk runs while it fits in what is left, and the step's first chunk always runs (a waiting
+        prompt advances however much the running rows verify). A prompt starts from the longest prefix
+        of it that the verifier's prefix cache holds, looked up when its prefill begins (not at
+        admission); one whose first chunk is the first chunk of a prompt still being prefilled waits for
+        that one to finish and store it (`_shares_a_prefill`), so requests admitted together that share
+        a system prompt prefill it once."""
         deltas, spent, progress = [], 0, True
         while progress:
             progress = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.cpu.kind_kernel import synthetic_blocks
 from specdraft.backend import native
 from specdraft.backend.native.calls import expand
 from specdraft.backend.numba_layers import NO_RESIDUAL, project
@@ -33,16 +34,6 @@ def builds() -> dict[str, native.Kernel]:
     return built
 
 
-def synthetic_blocks(rng, kind: native.BlockKind, rows: int = ROWS, width: int = WIDTH) -> np.ndarray:
-    """Random bytes [rows, row bytes], but for the kind's float16 fields: random finite values of a
-    weight's scale (random bits would give infinities and NaNs)."""
-    b = rng.integers(0, 256, (rows, width // kind.weights, kind.bytes), dtype=np.uint8)
-    for at in kind.float16_at:
-        halves = (rng.standard_normal((rows, width // kind.weights)) * 0.01).astype(np.float16)
-        b[..., at : at + 2] = halves[..., None].view(np.uint8)
-    return b.reshape(rows, -1)
-
-
 def gguf_values(kind: native.BlockKind, w: np.ndarray) -> np.ndarray:
     """gguf's dequantisation of blocks w [rows, row bytes]: float32 [rows, width]."""
     return gguf.quants.dequantize(w, getattr(gguf.GGMLQuantizationType, kind.name))
@@ -58,7 +49,7 @@ def projected(kernel: tuple, w: np.ndarray, kind: int, x: np.ndarray) -> np.ndar
 def test_every_kind_is_stated_and_dequantised_as_gguf_does_on_every_build(kind):
     import torch
 
-    w = synthetic_blocks(np.random.default_rng(kind.number), kind)
+    w = synthetic_blocks(np.random.default_rng(kind.number), kind, ROWS, WIDTH)
     want = gguf_values(kind, w)
     assert w.shape[1] == kind.row_bytes(WIDTH) and np.isfinite(want).all()
     assert np.array_equal(native.dequantize(torch.from_numpy(w), kind.number, WIDTH).numpy(), want)
@@ -74,7 +65,7 @@ def test_every_kind_is_stated_and_dequantised_as_gguf_does_on_every_build(kind):
 @pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
 def test_every_kinds_float32_dot_products_are_those_of_ggufs_values_on_every_build(kind):
     rng = np.random.default_rng(10 + kind.number)
-    w = synthetic_blocks(rng, kind)
+    w = synthetic_blocks(rng, kind, ROWS, WIDTH)
     values = gguf_values(kind, w)
     rows = np.ascontiguousarray(values).view(np.uint8)  # gguf's values as the kernel's float32 rows
     for name, kernel in builds().items():
@@ -89,7 +80,7 @@ def test_every_kinds_float32_dot_products_are_those_of_ggufs_values_on_every_bui
 @pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
 def test_every_kinds_int8_dot_products_hold_ggufs_values_on_every_build(kind):
     rng = np.random.default_rng(20 + kind.number)
-    w = synthetic_blocks(rng, kind)
+    w = synthetic_blocks(rng, kind, ROWS, WIDTH)
     values = gguf_values(kind, w).astype(np.float64)
     built = builds()
     tiles = built["portable"].tile(w, kind.number)

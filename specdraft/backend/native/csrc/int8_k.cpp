@@ -95,9 +95,13 @@ struct Ymm {
     static constexpr bool kSums16 = true;
 #endif
     // acc16 + each lane's two int16 halves: the products of w's bytes (unsigned) and x's (signed) in pairs
-    static I dot16(I acc16, I w, const int8_t* x) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, broadcast4(x))); }
+    static I dot16(I acc16, I w, const int8_t* x) {
+        return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, broadcast4(x)));
+    }
     // each lane's scale (below 2^15 in magnitude) in both its int16 halves, for `scaled`
-    static I pair(I scale) { return _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(scale, 16)); }
+    static I pair(I scale) {
+        return _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(scale, 16));
+    }
     // acc + each lane's two int16 halves, summed, times the lane's scale (`pair`)
     static I scaled(I acc, I sums16, I pair) { return _mm256_add_epi32(acc, _mm256_madd_epi16(sums16, pair)); }
     static I signed_down16(I a, int n) { return _mm256_srai_epi16(a, n); }
@@ -285,7 +289,8 @@ template <typename V, int64_t VECTOR, int T>
                     const I w = V::either(V::all(V::down16(ql, 4 * (k / 2)), low4), V::all(high, top2));
                     for (int t = 0; t < T; ++t) {
                         const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G;
-                        if constexpr (V::kSums16) {  // 2 pairs of 6-bit weights and int8s: below 2 x 2 x 63 x 128 < 2^15
+                        // kSums16: 2 pairs of 6-bit weights and int8s, below 2 x 2 x 63 x 128 < 2^15
+                        if constexpr (V::kSums16) {
                             dot[t] = V::dot16(e % 2 ? dot[t] : V::zero(), w, x);
                             if (e % 2) i[t] = V::scaled(i[t], dot[t], pair);
                         } else {
