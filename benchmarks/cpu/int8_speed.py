@@ -4,6 +4,8 @@ GGUF file (the embedded SmolLM2-135M-Instruct, Q4_1, or `--model`), in one run, 
 - plain decoding: a row fed one token a step from a one-token prompt for 128 steps (llama-bench's
   tg128), tokens per second over the 128 steps;
 - a verify pass of 6 tokens (k = 5) against a plain step at the same context (128 tokens), as a ratio;
+- a step of 8 rows of one token each against a plain step of one of them (each row's context 128
+  tokens), as a ratio;
 - prefill: a 512-token prompt in one row (llama-bench's pp512), tokens per second;
 - the floor beside them: the rate two threads read a buffer far larger than the caches at
   (`benchmarks.cpu.floor.read_bandwidth`), over the bytes of weights a decode step reads: the
@@ -38,7 +40,7 @@ from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 
 ARITHMETICS = ("float32", "int8")
-DECODE, CONTEXT, PREFILL, VERIFY_K = 128, 128, 512, 5
+DECODE, CONTEXT, PREFILL, VERIFY_K, BATCH = 128, 128, 512, 5, 8
 
 
 def decode(verifier: Verifier, rng: np.random.Generator) -> float:
@@ -52,22 +54,34 @@ def decode(verifier: Verifier, rng: np.random.Generator) -> float:
     return DECODE / seconds
 
 
-def verify_ratio(verifier: Verifier, rng: np.random.Generator, repeats: int = 15) -> dict:
-    """A 6-token verify pass against a plain step, alternating, each from the same 128-token context."""
-    verifier.admit("verify", rng.integers(1000, 2000, CONTEXT).tolist(), SamplingParams())
-    length = verifier.length("verify")
-    times: dict[int, list[float]] = {0: [], VERIFY_K: []}
+def step_times(verifier: Verifier, rng: np.random.Generator, rows: int, steps: dict, repeats: int = 15) -> dict:
+    """Median seconds of each kind of step, alternating, every row from its own 128-token context and
+    back to it after each step. steps: a name -> (the rows stepped, each row's draft length)."""
+    ids = [f"row{r}" for r in range(rows)]
+    for row in ids:
+        verifier.admit(row, rng.integers(1000, 2000, CONTEXT).tolist(), SamplingParams())
+    length = verifier.length(ids[0])
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(repeats + 1):
-        for k in times:
-            drafts = {"verify": Draft(rng.integers(1000, 2000, k).astype(np.int32))} if k else {}
+        for name, (stepped, k) in steps.items():
+            drafts = {row: Draft(rng.integers(1000, 2000, k).astype(np.int32)) for row in ids[:stepped]} if k else {}
             start = time.perf_counter()
-            verifier.step({"verify": int(rng.integers(1000, 2000))}, drafts)
+            verifier.step({row: int(rng.integers(1000, 2000)) for row in ids[:stepped]}, drafts)
             if i:  # the first round warms up
-                times[k].append(time.perf_counter() - start)
-            verifier.truncate("verify", length)
-    verifier.remove("verify")
-    plain, verify = statistics.median(times[0]), statistics.median(times[VERIFY_K])
-    return {"plain_ms": plain * 1e3, "verify_ms": verify * 1e3, "ratio": verify / plain}
+                times[name].append(time.perf_counter() - start)
+            for row in ids[:stepped]:
+                verifier.truncate(row, length)
+    for row in ids:
+        verifier.remove(row)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
+def step_ratios(verifier: Verifier, rng: np.random.Generator) -> dict:
+    """A 6-token verify pass against a plain step, and a step of 8 rows of one token each against a
+    plain step of one of them."""
+    t = step_times(verifier, rng, BATCH, {"plain": (1, 0), "verify": (1, VERIFY_K), "batch": (BATCH, 0)})
+    return {"plain_ms": t["plain"] * 1e3, "verify_ms": t["verify"] * 1e3, "ratio": t["verify"] / t["plain"],
+            "batch_ms": t["batch"] * 1e3, "batch_ratio": t["batch"] / t["plain"]}
 
 
 def prefill(verifier: Verifier, rng: np.random.Generator) -> float:
@@ -122,7 +136,7 @@ def main() -> None:
     for r in range(args.rounds):
         row: dict = {"floor": {"read_gb_s": read_bandwidth(buffer) / 1e9}}
         for arithmetic, verifier in verifiers.items():
-            row[arithmetic] = {"decode_tok_s": decode(verifier, rng), **verify_ratio(verifier, rng),
+            row[arithmetic] = {"decode_tok_s": decode(verifier, rng), **step_ratios(verifier, rng),
                                "prefill_tok_s": prefill(verifier, rng)}
         if args.llama_bench:
             row["llama.cpp"] = llama_bench(args.llama_bench, gguf, threads)
@@ -144,22 +158,24 @@ def report(result: dict) -> str:
              f"load {result['load_at_start']:.2f} at start)", "",
              f"Medians of {len(result['rounds'])} interleaved rounds: `python -m benchmarks.cpu.int8_speed"
              + (" --llama-bench build/bin/llama-bench`" if result["llama_bench"] else "`"), "",
-             "| | plain decoding, tg128 (tok/s) | 6-token verify pass / plain step | prefill, pp512 (tok/s) |",
-             "| --- | --- | --- | --- |"]
+             f"| | plain decoding, tg128 (tok/s) | 6-token verify pass / plain step | {BATCH} rows of one token / plain step "
+             "| prefill, pp512 (tok/s) |",
+             "| --- | --- | --- | --- | --- |"]
     floor = m["floor"]["read_gb_s"] * 1e9 / result["weight_bytes_per_token"]
     lines.append(f"| the floor: {m['floor']['read_gb_s']:.1f} GB/s read over {result['weight_bytes_per_token'] / 1e6:.0f} MB "
-                 f"a token | {floor:.1f} | | |")
+                 f"a token | {floor:.1f} | | | |")
     for name in ARITHMETICS:
         if name not in m:
             continue
         f = m[name]
+        batch = f"{f['batch_ratio']:.2f} ({f['batch_ms']:.2f} ms)" if "batch_ratio" in f else ""
         lines.append(f"| specdraft, {name} arithmetic | {f['decode_tok_s']:.1f} | {f['ratio']:.2f} "
-                     f"({f['verify_ms']:.2f} / {f['plain_ms']:.2f} ms) | {f['prefill_tok_s']:.0f} |")
+                     f"({f['verify_ms']:.2f} / {f['plain_ms']:.2f} ms) | {batch} | {f['prefill_tok_s']:.0f} |")
     if "llama.cpp" in m:
         f = m["llama.cpp"]
         six, one = 6 / f["pp6"] * 1e3, 1 / f["tg128"] * 1e3
         lines.append(f"| llama.cpp llama-bench ({result['llama_cpp_build']}) | {f['tg128']:.1f} | "
-                     f"{six / one:.2f} (pp6 {six:.2f} ms / tg {one:.2f} ms) | {f['pp512']:.0f} |")
+                     f"{six / one:.2f} (pp6 {six:.2f} ms / tg {one:.2f} ms) | | {f['pp512']:.0f} |")
         lines.append("")
         if "int8" in m:
             i8 = m["int8"]

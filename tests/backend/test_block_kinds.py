@@ -22,7 +22,7 @@ gguf = pytest.importorskip("gguf")
 
 KINDS = list(native.KINDS.values())
 ROWS, WIDTH = 40, 512  # whole tiles of 16 rows and a last one of 8; rows of whole 256-weight superblocks
-COUNTS = [1, 2, 6, 9, 17]
+COUNTS = [*range(1, 18), 33]  # every pass width to 17, and one past a pass's 32-token chunk (int8_k.cpp's kPassTokens)
 
 
 def builds() -> dict[str, native.Kernel]:
@@ -112,7 +112,7 @@ def test_every_kinds_int8_sums_at_the_extremes_are_bitwise_the_same_on_every_bui
             w[..., at : at + 2] = np.full(w.shape[:2], 0.01, np.float16)[..., None].view(np.uint8)
         w = w.reshape(ROWS, -1)
         tiles = built["portable"].tile(w, kind.number)
-        for n in (1, 6):
+        for n in (1, 4, 6):  # a decode token, the most tokens unpacked as they are read, a pass unpacked once
             want = projected(built["portable"].calls("int8"), tiles, kind.number, x[:n])
             assert np.isfinite(want).all()
             for name, kernel in built.items():
