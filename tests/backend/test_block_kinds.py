@@ -22,7 +22,7 @@ gguf = pytest.importorskip("gguf")
 
 KINDS = list(native.KINDS.values())
 ROWS, WIDTH = 40, 512  # whole tiles of 16 rows and a last one of 8; rows of whole 256-weight superblocks
-COUNTS = [*range(1, 18), 33]  # every pass width to 17, and one past a pass's 32-token chunk (int8_k.cpp's kPassTokens)
+COUNTS = [*range(1, 18), 33]  # every pass width to 17, and one past a pass's 32-token chunk (int8_k_pass.cpp's kPassTokens)
 
 
 def builds() -> dict[str, native.Kernel]:

@@ -26,7 +26,9 @@ Its parts, by job:
   tensors read as transformers' loader gives them (`read_gguf`, `dense_tensor`).
 - `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h` (a
   projection's struct, shared by every file below), `entry.cpp` (the entry points), `float32.cpp` and `int8.cpp` (the two arithmetics;
-  `int8_k.cpp` the K kinds' int8 tiles, `tiles.h` what both int8 files share), `attention.cpp` (the
+  `int8_k.cpp` the K kinds' int8 tiles, `int8_k_pass.cpp` their passes of several tokens in 256-bit
+  registers, `k_vectors.h` the vector operations both K files run on, `tiles.h` what the int8 files
+  share), `attention.cpp` (the
   CPU step's attention), `for_count.h` (shared by them).
 """
 

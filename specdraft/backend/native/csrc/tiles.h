@@ -104,6 +104,10 @@ namespace specdraft {
 // SPECDRAFT_ZMM); row r (0..7) of half tile g's super-block b from its GGUF block into the tiles, and
 // back.
 void k_group(const Projection& p, int64_t g, int64_t halves, const Out& out);
+// Half tile g of the K kinds against a pass of more than kFewTokens tokens, in 256-bit registers
+// (int8_k_pass.cpp: each super-block unpacked once for the whole pass); shorter passes unpack as they read.
+constexpr int64_t kFewTokens = 4;
+void k_pass_half(const Projection& p, int64_t g, const Out& out);
 void k_whole_tile(const Projection& p, int64_t g, const Out& out);
 void k_tile_block(int64_t kind, uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r,
                   const uint8_t* block);

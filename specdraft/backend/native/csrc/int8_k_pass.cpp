@@ -1,0 +1,216 @@
+// The K kinds' passes of more than kFewTokens tokens in 256-bit registers (`specdraft::k_pass_half`):
+// each super-block of a half tile unpacked once for the whole pass, then read against kPairTokens
+// tokens at a time. The same integers and float operations as int8_k.cpp's `q4_k_rows` and `q6_k_rows`,
+// in the same order per row and token; int8.cpp says what they compute.
+
+#include <cstdint>
+#include <cstring>
+
+#include "for_count.h"
+#include "formats.h"
+#include "k_vectors.h"
+#include "projection.h"
+#include "tiles.h"
+
+#ifdef SPECDRAFT_AVX2
+
+namespace {
+
+// A super-block is unpacked once (`K_unpacked`, in L1) for every token of the pass, not once for each
+// Ymm::kTokens of them as int8_k.cpp's code does, and read back a sub-block at a time, its sums finished
+// before the next begins (few registers live, where a whole super-block in flight spilled AVX2's 16).
+constexpr int64_t kPassTokens = 32;  // tokens an unpacked super-block serves at once (their sums in memory)
+constexpr int kPairTokens = 4;       // tokens read against each unpacked vector together
+
+// A super-block's unpacked weights: vector (s, G) holds each row's 4 weights of group G of sub-block s
+// (0..15 for Q4_K, 0..63 for Q6_K, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
+// `dot_scale` reads them.
+template <typename V>
+struct K_unpacked {
+    alignas(32) uint8_t w[8][8][sizeof(typename V::I)];
+    alignas(32) typename V::I scale[16];
+    void put(int s, int G, typename V::I v) { std::memcpy(w[s][G], &v, sizeof v); }
+    typename V::I at(int s, int G) const { return V::load(w[s][G]); }
+};
+
+// A sub-block's scale of each row as `dot_scale` takes it: kSums16, in both int16 halves of each lane
+template <typename V>
+inline typename V::I scale_form(typename V::I scale) {
+    if constexpr (V::kSums16) return V::pair(scale);
+    return scale;
+}
+// acc + a sub-block's sums (dot) times its scale (`scale_form`)
+template <typename V>
+inline typename V::I dot_scale(typename V::I acc, typename V::I dot, typename V::I scale) {
+    acc = V::kSums16 ? V::scaled(acc, dot, scale) : V::add(acc, V::times(dot, scale));
+    asm("" : "+x"(acc));  // as `group_sum`'s
+    return acc;
+}
+// dot + group G's 4 weights of each row (w) times the token's 4 activations at x
+template <typename V>
+inline typename V::I group_sum(typename V::I dot, typename V::I w, const int8_t* x) {
+    if constexpr (V::kSums16)
+        dot = V::dot16(dot, w, x);
+    else
+        dot = V::dot(dot, w, x);
+    // The sum in a register here: without this the compiler computed a sub-block's products first, spilled
+    // them to the stack and summed them after (AVX2's 16 registers): a pass a tenth to a sixth slower.
+    asm("" : "+x"(dot));
+    return dot;
+}
+
+// A Q4_K super-block unpacked (`K_unpacked`) for `k_pass`, with its rows' mins and float scales.
+template <typename V, int64_t VECTOR>
+struct Q4_KSuper {
+    using I = typename V::I;
+    K_unpacked<V> u;
+    I mins[4];
+    typename V::F d, dmin;
+
+    void unpack(const Half& rows, int64_t at) {
+        const uint8_t* q = rows.q + at;
+        I words[4];
+        q4_k_words<V, VECTOR>(q, words);
+        q4_k_min_pairs<V>(words, mins);
+        for (int s = 0; s < 8; ++s) u.scale[s] = scale_form<V>(q4_k_byte<V>(words, s));
+        const I low4 = V::bytes(0x0f);
+        for (int c = 0; c < 4; ++c)  // sub-blocks 2c and 2c + 1: a vector's low and high nibbles
+            for (int G = 0; G < 8; ++G) {
+                const I raw = V::load(q + VECTOR * (3 + 8 * c + G));
+                u.put(2 * c, G, V::all(raw, low4));
+                u.put(2 * c + 1, G, V::all(V::down16(raw, 4), low4));
+            }
+        d = V::halves(rows.d + at);
+        dmin = V::halves(rows.m + at);
+    }
+
+    // Tokens [t0, t0 + T) against super-block b: i and n as `q4_k_rows` sums them, then its float
+    // operations on acc (the tokens' sums, kRows each).
+    template <int T>
+    void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
+        const int64_t blocks = p.width / kBlock;
+        const int8_t* x[T];
+        for (int t = 0; t < T; ++t) x[t] = p.qx + (t0 + t) * p.width + b * kSuper;
+        I i[T];
+        for (int t = 0; t < T; ++t) i[t] = V::zero();
+#pragma GCC unroll 1
+        for (int s = 0; s < 8; ++s) {
+            I dot[T];
+            for (int t = 0; t < T; ++t) dot[t] = V::zero();
+#pragma GCC unroll 8
+            for (int G = 0; G < 8; ++G) {  // kSums16: 8 pairs of 4-bit weights and int8s, below 8 x 2 x 15 x 128 < 2^15
+                const I w = u.at(s, G);
+                for (int t = 0; t < T; ++t) dot[t] = group_sum<V>(dot[t], w, x[t] + kBlock * s + 4 * G);
+            }
+            for (int t = 0; t < T; ++t) i[t] = dot_scale<V>(i[t], dot[t], u.scale[s]);
+        }
+        for (int t = 0; t < T; ++t) {
+            const I n = q4_k_mins_term<V>(V::zero(), mins, p.xtotal + (t0 + t) * blocks + 8 * b);
+            const typename V::F dx = V::each(p.xd[(t0 + t) * blocks + 8 * b]);
+            const typename V::F sum = V::fma(V::mul(d, dx), V::real(i[t]), V::loadf(acc[t]));
+            V::store(acc[t], V::fnma(V::mul(dmin, dx), V::real(n), sum));
+        }
+    }
+};
+
+// A Q6_K super-block unpacked for `k_pass`, with its rows' scales as int16 pairs (kSums16's offsets
+// terms, `q6_k_less_offsets`) and float scale.
+template <typename V, int64_t VECTOR>
+struct Q6_KSuper {
+    using I = typename V::I;
+    K_unpacked<V> u;
+    I even[4], odd[4];
+    typename V::F d;
+
+    void unpack(const Half& rows, int64_t at) {
+        const uint8_t* q = rows.q + at;
+        I words[4];
+        for (int v = 0; v < 4; ++v) words[v] = V::load(q + VECTOR * v);
+        q6_k_scale_pairs<V>(words, even, odd);
+        for (int index = 0; index < 16; ++index) u.scale[index] = scale_form<V>(q6_k_scale_of<V>(words, index));
+        for (int s = 0; s < 8; ++s)
+            for (int G = 0; G < 8; ++G) u.put(s, G, q6_k_group<V, VECTOR>(q, s, G));
+        d = V::halves(rows.d + at);
+    }
+
+    // Tokens [t0, t0 + T) against super-block b: i as `q6_k_rows` sums it (kSums16: the "- 32 (sum of
+    // x)" terms after the sub-blocks), then its float operation on acc.
+    template <int T>
+    void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
+        const int64_t blocks = p.width / kBlock;
+        const int8_t* x[T];
+        const int32_t* sums[T];  // each 32's two sums of 16 (`quantize_super`)
+        for (int t = 0; t < T; ++t) {
+            x[t] = p.qx + (t0 + t) * p.width + b * kSuper;
+            sums[t] = p.xtotal + (t0 + t) * blocks + 8 * b;
+        }
+        I i[T];
+        for (int t = 0; t < T; ++t) i[t] = V::zero();
+#pragma GCC unroll 1
+        for (int s = 0; s < 8; ++s) {
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; ++j) {  // the piece's 16s: scale 2s + j
+                I dot[T];
+                for (int t = 0; t < T; ++t) {
+                    if constexpr (V::kSums16)
+                        dot[t] = V::zero();
+                    else
+                        dot[t] = V::words(-32 * int32_t(int16_t(j == 0 ? sums[t][s] & 0xffff : uint32_t(sums[t][s]) >> 16)));
+                }
+#pragma GCC unroll 4
+                for (int e = 0; e < 4; ++e) {
+                    const I w = u.at(s, 4 * j + e);
+                    for (int t = 0; t < T; ++t) {
+                        // kSums16: 2 pairs of 6-bit weights and int8s, below 2 x 2 x 63 x 128 < 2^15
+                        dot[t] = group_sum<V>(e % 2 || !V::kSums16 ? dot[t] : V::zero(), w, x[t] + kBlock * s + 4 * (4 * j + e));
+                        if (V::kSums16 && e % 2) i[t] = dot_scale<V>(i[t], dot[t], u.scale[2 * s + j]);
+                    }
+                }
+                if constexpr (!V::kSums16)
+                    for (int t = 0; t < T; ++t) i[t] = dot_scale<V>(i[t], dot[t], u.scale[2 * s + j]);
+            }
+        }
+        for (int t = 0; t < T; ++t) {
+            if constexpr (V::kSums16) i[t] = q6_k_less_offsets<V>(i[t], even, odd, sums[t]);
+            V::store(acc[t], V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), V::loadf(acc[t])));
+        }
+    }
+};
+
+// The V::kRows rows of tiles at `rows` (from row0) against tokens [t0, t0 + n), n <= kPassTokens: each
+// super-block unpacked once (Super: `Q4_KSuper`, `Q6_KSuper`), then read against kPairTokens tokens at a
+// time, the tokens' sums in memory.
+template <typename V, typename Super>
+[[gnu::noinline]] void k_pass(const Projection& p, const Half& rows, int64_t row0, int64_t t0, int64_t n, const Out& out) {
+    alignas(64) float acc[kPassTokens][V::kRows] = {};
+    Super super;
+    for (int64_t b = 0; b < p.width / kSuper; ++b) {
+        const int64_t at = b * rows.stride;
+        ask_ahead(rows.d + at, rows.stride);
+        super.unpack(rows, at);
+        for (int64_t t = 0; t < n; t += kPairTokens)
+            for_count<kPairTokens>(n - t, [&](auto T) { super.template tokens<T>(p, b, t0 + t, acc + t); });
+    }
+    for (int64_t t = 0; t < n; ++t)
+        for (int r = 0; r < V::kRows; ++r) out.put(t0 + t, row0 + r, acc[t][r]);
+}
+
+// A pass of tokens [t0, t0 + n) over the V::kRows rows at `rows` of p's kind, its vectors VECTOR bytes long.
+template <typename V, int64_t VECTOR>
+void k_pass_kind(const Projection& p, const Half& rows, int64_t row0, int64_t t0, int64_t n, const Out& out) {
+    p.kind == Q4_K ? k_pass<V, Q4_KSuper<V, VECTOR>>(p, rows, row0, t0, n, out)
+                   : k_pass<V, Q6_KSuper<V, VECTOR>>(p, rows, row0, t0, n, out);
+}
+
+}  // namespace
+
+void specdraft::k_pass_half(const Projection& p, int64_t g, const Out& out) {
+    const Half rows = half_tile(p.kind, p.w, p.rows, p.row_bytes, g);
+    for (int64_t t = 0; t < p.n; t += kPassTokens) {
+        const int64_t n = p.n - t < kPassTokens ? p.n - t : kPassTokens;
+        rows.vector == 4 * kTile ? k_pass_kind<Ymm, 4 * kTile>(p, rows, g * kTileRows, t, n, out)
+                                 : k_pass_kind<Ymm, 4 * kTileRows>(p, rows, g * kTileRows, t, n, out);
+    }
+}
+
+#endif
