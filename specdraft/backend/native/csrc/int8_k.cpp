@@ -53,6 +53,17 @@ void k_untile(int64_t kind, const Half& half, int64_t at, int r, uint8_t* block)
 }
 
 #ifdef SPECDRAFT_AVX2
+
+// Each row's sums of tokens [t0, t0 + T) (acc[t], V::kRows rows from row0) into out.
+template <typename V, int T>
+inline void put_rows(const typename V::F acc[T], int64_t row0, int64_t t0, const Out& out) {
+    for (int t = 0; t < T; ++t) {
+        alignas(64) float sums[V::kRows];
+        V::store(sums, acc[t]);
+        for (int r = 0; r < V::kRows; ++r) out.put(t0 + t, row0 + r, sums[r]);
+    }
+}
+
 // The V::kRows rows of Q4_K tiles at `rows` (from row0) against tokens [t0, t0 + T): per super-block,
 // each row's scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`, lane by
 // lane), then per sub-block the rows' integer sums (V::dot) times their scales into i, and the mins
@@ -140,8 +151,7 @@ template <typename V, int64_t VECTOR, int T>
                 I dot[T];
                 if constexpr (!V::kSums16) {
                     for (int t = 0; t < T; ++t) {
-                        const int32_t sums = p.xtotal[(t0 + t) * blocks + 8 * b + s];  // this 32's two 16s
-                        dot[t] = V::words(-32 * int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16)));
+                        dot[t] = q6_k_offset<V>(p.xtotal[(t0 + t) * blocks + 8 * b + s], j);
                     }
                 }
                 I pair = scale;  // kSums16: the scale in both int16 halves of each lane

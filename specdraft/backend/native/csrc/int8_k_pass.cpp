@@ -155,7 +155,7 @@ struct Q6_KSuper {
                     if constexpr (V::kSums16)
                         dot[t] = V::zero();
                     else
-                        dot[t] = V::words(-32 * int32_t(int16_t(j == 0 ? sums[t][s] & 0xffff : uint32_t(sums[t][s]) >> 16)));
+                        dot[t] = q6_k_offset<V>(sums[t][s], j);
                 }
 #pragma GCC unroll 4
                 for (int e = 0; e < 4; ++e) {

@@ -60,7 +60,7 @@ struct Ymm {
     // acc16 + each lane's two int16 halves: the products of w's bytes (unsigned) and x's (signed) in pairs
     static I dot16(I acc16, I w, const int8_t* x) {
         I sum = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, broadcast4(x)));
-        asm("" : "+x"(sum));  // kept in a register here (`group_sum`)
+        asm("" : "+x"(sum));  // kept in a register here (int8_k_pass.cpp's `group_sum` says why)
         return sum;
     }
     // each lane's scale (below 2^15 in magnitude) in both its int16 halves, for `scaled`
@@ -121,16 +121,6 @@ struct Zmm {
     static void store(float* p, F a) { _mm512_store_ps(p, a); }
 };
 #endif
-
-// Each row's sums of tokens [t0, t0 + T) (acc[t], V::kRows rows from row0) into out.
-template <typename V, int T>
-inline void put_rows(const typename V::F acc[T], int64_t row0, int64_t t0, const Out& out) {
-    for (int t = 0; t < T; ++t) {
-        alignas(64) float sums[V::kRows];
-        V::store(sums, acc[t]);
-        for (int r = 0; r < V::kRows; ++r) out.put(t0 + t, row0 + r, sums[r]);
-    }
-}
 
 // A token's 8 sums of a super-block's 32s (each below 2^12 in magnitude) as 4 words of int16 pairs,
 // sub-blocks 2j (low half) and 2j + 1 (high half) in word j.
@@ -196,6 +186,13 @@ inline typename V::I q6_k_group(const uint8_t* q, int s, int G) {
 template <typename V>
 inline typename V::I q6_k_scale_of(const typename V::I words[4], int index) {
     return V::signed_down32(V::up32(words[index / 4], 24 - 8 * (index % 4)), 24);
+}
+
+// Without kSums16: the start of a 16's sum, -32 times the token's sum of that 16 (`sums`: its 32's two
+// sums of 16, `quantize_super`; half j)
+template <typename V>
+inline typename V::I q6_k_offset(int32_t sums, int j) {
+    return V::words(-32 * int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16)));
 }
 
 // kSums16's "- 32 (sum of x)" terms: the 16 scales as int16 pairs (even: bytes 2m, 2m + 2 of word v;
