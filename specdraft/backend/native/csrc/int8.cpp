@@ -216,32 +216,28 @@ template <int64_t KIND, int H, int T>
         }
 #else
         const __m256i ones = _mm256_set1_epi16(1);
-        if (KIND == Q4_1) {  // 16-bit sums of 16 products, each <= 15 * 127: no saturation
-            __m256i pairs[H][T];
-            for (int G = 0; G < 8; ++G) {
-                __m256i bx[T];
-                for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
-                for (int h = 0; h < H; ++h) {
-                    const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
-                    for (int t = 0; t < T; ++t) {
-                        const __m256i product = _mm256_maddubs_epi16(w, bx[t]);
-                        pairs[h][t] = G == 0 ? product : _mm256_add_epi16(pairs[h][t], product);
+        if (KIND == Q4_1 || KIND == Q5_0) {  // unsigned q times x: 16-bit sums of `run` groups' pairs, then 32 bits
+            // Each sum <= run x 2 x (largest q) x 127 < 2^15 (Q4_1: 8 x 2 x 15 x 127; Q5_0: 4 x 2 x 31 x 127),
+            // so the integers are those of a 32-bit sum of each pair. Q5_0's q is w + 16: less 16 x (sum of x).
+            constexpr int run = KIND == Q4_1 ? 8 : 4;
+            for (int h = 0; h < H; ++h)
+                for (int t = 0; t < T; ++t)
+                    sums[h][t] = KIND == Q5_0 ? _mm256_set1_epi32(-16 * xtotal[t * blocks + b]) : _mm256_setzero_si256();
+            for (int G0 = 0; G0 < 8; G0 += run) {
+                __m256i pairs[H][T];
+                for (int G = G0; G < G0 + run; ++G) {
+                    __m256i bx[T];
+                    for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
+                    for (int h = 0; h < H; ++h) {
+                        const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
+                        for (int t = 0; t < T; ++t) {
+                            const __m256i product = _mm256_maddubs_epi16(w, bx[t]);
+                            pairs[h][t] = G == G0 ? product : _mm256_add_epi16(pairs[h][t], product);
+                        }
                     }
                 }
-            }
-            for (int h = 0; h < H; ++h)
-                for (int t = 0; t < T; ++t) sums[h][t] = _mm256_madd_epi16(pairs[h][t], ones);
-        } else if (KIND == Q5_0) {  // q (<= 31) . x, each group's pairs to 32 bits at once, less 16 * (sum of x)
-            for (int h = 0; h < H; ++h)
-                for (int t = 0; t < T; ++t) sums[h][t] = _mm256_set1_epi32(-16 * xtotal[t * blocks + b]);
-            for (int G = 0; G < 8; ++G) {
-                __m256i bx[T];
-                for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
-                for (int h = 0; h < H; ++h) {
-                    const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
-                    for (int t = 0; t < T; ++t)
-                        sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bx[t]), ones));
-                }
+                for (int h = 0; h < H; ++h)
+                    for (int t = 0; t < T; ++t) sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pairs[h][t], ones));
             }
         } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
             for (int h = 0; h < H; ++h)
