@@ -301,7 +301,7 @@ class Engine:
         self.verifier.store_prefix(request.id, request.params.cache_salt, request.prompt_ids + request.generated)
         self.verifier.remove(request.id)
         if request.phase is Phase.RUNNING:
-            self.policy.end(request.id)
+            self.policy.end(request.id, len(request.generated), request.finish_reason == "stop")
             try:
                 request.drafter.end(request.id)
             except Exception:  # noqa: BLE001 - the request is over either way; its drafter's fault is logged

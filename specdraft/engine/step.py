@@ -201,7 +201,7 @@ class Stages:
         """The rows as the policy sees them: what a free draft has, or what a costly part may draft."""
         return [RowPlan(row.id, row.source, row.limit, not row.waits, row.limit if row.waits else len(row.free),
                         row.request.parts.costly.backlog(row.id) if row.waits else 0,
-                        row.request.room, row.request.policy is Policy.FIXED)
+                        row.request.room, row.request.policy is Policy.FIXED, len(row.request.generated))
                 for row in rows]
 
     def costly_drafts(self, step: Step) -> None:

@@ -36,7 +36,8 @@ draft length n_r (0 = plain decoding for that row) to maximise the batch's expec
   out, gives those). C_d: the catching up drafter d must do before it drafts rows that it sat out
   (`RowPlan.backlog` tokens each, at its measured per-token cost), a new request's whole prompt the
   first time. Once caught up, a row that the drafter keeps drafting for does not pay again, so the
-  cost is spread over the tokens it serves: the tokens the row may still generate times the share
+  cost is spread over the tokens it serves: the tokens the row is expected to generate still (at most
+  its room; how long finished replies ran, `lengths.py`) times the share
   of steps in which the row's draft comes from that drafter (all of them for `model`; for `hybrid`,
   those where its n-gram part has no draft; learned per request from a pooled prior). O: the step's
   other host work. Nothing is hard-coded; everything is measured on this machine.
@@ -73,6 +74,7 @@ import numpy as np
 
 from specdraft.policy.costs import CostModel
 from specdraft.policy.estimates import Acceptance, Estimates
+from specdraft.policy.lengths import ReplyLengths
 from specdraft.policy.report import RowPlan, StepReport
 
 MARGIN = 0.03  # a draft must promise this much more throughput than plain decoding (timings are noisy)
@@ -88,6 +90,7 @@ class DraftPolicy:
         self.max_k, self.packed = max_k, packed
         self.costs = CostModel()
         self.estimates = Estimates(max_k)
+        self.lengths = ReplyLengths()
         self._skipped: dict[str, int] = {}  # measured drafter -> calls skipped since its last call
         self._choices = 0  # choices made with something to choose
 
@@ -101,8 +104,12 @@ class DraftPolicy:
     def begin(self, request_id: str, drafter: str) -> None:
         self.estimates.begin(request_id, drafter)
 
-    def end(self, request_id: str) -> None:
+    def end(self, request_id: str, generated: int | None = None, ended: bool = False) -> None:
+        """A request is over: `generated` tokens (None: not a reply to learn lengths from); `ended`: by
+        itself (a stop), not cut at its limit."""
         self.estimates.end(request_id)
+        if generated is not None:
+            self.lengths.record(generated, ended)
 
     @property
     def pooled(self) -> Mapping[str, Acceptance]:
@@ -127,7 +134,8 @@ class DraftPolicy:
         costly = [p for p in plans if not p.cheap and p.avail]
         # Tokens each costly row's catch-up serves (see the module docstring): fixed for this step.
         fractions = self.estimates.costly_fractions(plans) if any(p.backlog for p in costly) else {}
-        served = {p.request_id: fractions[p.request_id] * p.remaining for p in costly if p.backlog}
+        served = {p.request_id: fractions[p.request_id] * self.lengths.served(p.generated, p.remaining)
+                  for p in costly if p.backlog}
         seconds = np.zeros(len(candidates))
         if costly:
             for i, lengths in enumerate(candidates):

@@ -20,8 +20,9 @@ class RowPlan:
     cheap: bool
     avail: int  # cheap: the proposed draft's length; otherwise == limit
     backlog: int = 0  # costly: context tokens its drafter must catch up on before drafting this row
-    remaining: int = 1  # tokens the row may still generate (the catch-up is an investment in them)
+    remaining: int = 1  # tokens the row may still generate (the catch-up is an investment in them) ...
     fixed: bool = False
+    generated: int = 0  # ... after these (how long replies run says how many it likely will: `lengths.py`)
 
 
 @dataclass(frozen=True)

@@ -402,3 +402,24 @@ def test_the_verify_cost_line_is_the_least_squares_one():
         design = np.array([[1.0, batch, n] for batch, n, _ in cells])
         expected = np.linalg.lstsq(design, np.array([s for *_, s in cells]), rcond=None)[0]
         assert np.allclose(least_squares(cells), expected, rtol=1e-7, atol=1e-12)
+
+
+def test_a_catch_up_is_priced_against_how_long_replies_run_not_the_limit():
+    """A request without a limit may run to the whole context; where the replies seen so far ended after
+    a few tokens, a catch-up that would pay over 2000 tokens does not pay over those few. Replies cut at
+    their limit say nothing against it."""
+    def after(replies: list[tuple[int, bool]]) -> int:
+        policy = policy_with_costs({(1, w): 0.100 + 0.005 * (w - 1) for w in range(1, 7)})
+        policy.costs.observe_draft("model", 1, 0.010)
+        policy.costs.observe_catch_up("model", 256, 0.512)  # 2 ms a token
+        for i, (length, ended) in enumerate(replies):
+            policy.begin(f"done{i}", "model")
+            policy.end(f"done{i}", length, ended)
+        [_] = plans(policy, 1, drafter="model", cheap=False)
+        for _ in range(20):
+            observe(policy, "r0", 5, 5, "model")
+        return policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=2000)])["r0"]
+
+    assert after([]) == 5
+    assert after([(128, False)] * 8) == 5
+    assert after([(6, True)] * 8) == 0
