@@ -54,6 +54,18 @@ def test_a_run_reads_back_the_text_after_the_prompt_and_the_reported_speed(tmp_p
     assert args[args.index("--temp") + 1] == "0" and args[args.index("--spec-draft-n-max") + 1] == "5"
 
 
+def test_tuned_speculation_is_draft_simple_at_each_length_with_its_probability_floor(tmp_path):
+    for name in ("llama-lookup", "llama-speculative"):
+        fake_tool(tmp_path, name, "x", REPORT)
+    found = llama_cpp.methods(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", 5, (3, 16), 0.75)
+    assert list(found)[2:] == ["llama.cpp-speculative-k5", "llama.cpp-speculative-k3-p0.75",
+                               "llama.cpp-speculative-k16-p0.75"]
+    tuned = found["llama.cpp-speculative-k16-p0.75"]
+    assert tuned[tuned.index("-md") + 1] == str(tmp_path / "d.gguf") and tuned[tuned.index("--spec-type") + 1] == "draft-simple"
+    assert tuned[tuned.index("--spec-draft-n-max") + 1] == "16" and tuned[tuned.index("--spec-draft-p-min") + 1] == "0.75"
+    assert "--spec-draft-p-min" not in found["llama.cpp-speculative-k5"]  # as the tool ships it
+
+
 def test_an_output_past_the_budget_is_compared_within_it(tmp_path):
     """A drafting tool stops after the step that passes the budget: its extra tokens are not its output's."""
     fake_tool(tmp_path, "llama-lookup", "one three fives sevennn", REPORT)
