@@ -8,7 +8,7 @@ speculation with `--draft-model`: `benchmarks.peers.llama_cpp`), each held to it
 Methods run interleaved prompt by prompt, so slow drift of the machine hits all of them alike.
 
     python -m benchmarks.domains.run [--prompts 12] [--max-tokens 128] [--k 5] [--repeats 3] [--out benchmarks/results]
-        [--llama-cpp path/to/llama.cpp/build/bin [--llama-cpp-draft-ks 3,5,8,16]]
+        [--llama-cpp path/to/llama.cpp/build/bin [--llama-cpp-draft-ks 3,5,8,16] [--llama-cpp-ngram ngram-mod]]
 """
 
 from __future__ import annotations
@@ -171,6 +171,9 @@ def arguments():
                              "draft lengths (comma-separated, e.g. 3,5,8,16), `--spec-type draft-simple`")
     parser.add_argument("--llama-cpp-p-min", type=float, default=0.75,
                         help="the tuned speculation's `--spec-draft-p-min` (default 0.75)")
+    parser.add_argument("--llama-cpp-ngram", type=lambda v: tuple(t for t in v.split(",") if t), default=(),
+                        help="with --llama-cpp: llama.cpp's other n-gram drafters too, by `--spec-type` (comma-separated, "
+                             "e.g. ngram-mod,ngram-map-k; `llama-speculative-simple`, built beside the others)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature (specdraft's methods alone: --no-peers), every request "
                              "with the same --seed, so that every method draws the same numbers and its output "
@@ -248,7 +251,8 @@ def llama_cpp_methods(args, loaded: LoadedModel) -> dict:
 
     return {name: (lambda ids, argv=argv: llama_cpp.run(argv, prompt(ids), args.max_tokens, threads, loaded.tokenizer))
             for name, argv in llama_cpp.methods(args.llama_cpp, Path(target), draft and Path(draft), args.k,
-                                                 args.llama_cpp_draft_ks, args.llama_cpp_p_min).items()}
+                                                 args.llama_cpp_draft_ks, args.llama_cpp_p_min,
+                                                 args.llama_cpp_ngram).items()}
 
 
 def run_prompts(prompts: dict, ours: dict, theirs: dict, reference_of: dict, loaded: LoadedModel,

@@ -1,7 +1,8 @@
 """llama.cpp on the same GGUF files, as the per-domain benchmark's CPU peer: its plain decoding
 (`llama-lookup` drafting nothing), its prompt lookup (`llama-lookup`, drafts of k) and its draft-model
 speculation (`llama-speculative -md`, drafts of k as shipped, and tuned: `draft-simple` at several
-draft lengths with a probability floor), greedy, a process per prompt on the threads we
+draft lengths with a probability floor) and, where asked, its other n-gram drafters
+(`llama-speculative-simple --spec-type ngram-mod`, ...), greedy, a process per prompt on the threads we
 use. The binaries are a benchmark-only build from the `llama-cpp-python` sdist's vendor tree
 (`benchmarks/results/int8/README.md`), found in the folder `--llama-cpp` names.
 
@@ -25,10 +26,12 @@ PLAIN = "llama.cpp-plain"  # the reference its other methods are held to
 
 
 def methods(folder: Path, target: Path, draft: Path | None, k: int, draft_ks: tuple[int, ...] = (),
-            p_min: float = 0.75) -> dict[str, list[str]]:
+            p_min: float = 0.75, ngram_types: tuple[str, ...] = ()) -> dict[str, list[str]]:
     """Each llama.cpp method's command, but for its prompt and token budget: name -> argv. With a draft
     model: its speculation at k as the tool ships it, and tuned at each of `draft_ks` (`--spec-type
-    draft-simple`, a draft cut where the draft model's probability falls under `p_min`)."""
+    draft-simple`, a draft cut where the draft model's probability falls under `p_min`). Each of
+    `ngram_types` (`ngram-mod`, `ngram-map-k`, ...): that n-gram drafter of `llama-speculative-simple`,
+    at its defaults."""
     lookup = str(folder / "llama-lookup")
     out = {PLAIN: [lookup, "-m", str(target), "--spec-draft-n-max", "0"],
            f"llama.cpp-lookup-k{k}": [lookup, "-m", str(target), "--spec-draft-n-max", str(k)]}
@@ -38,6 +41,8 @@ def methods(folder: Path, target: Path, draft: Path | None, k: int, draft_ks: tu
         for n in draft_ks:
             out[f"llama.cpp-speculative-k{n}-p{p_min:g}"] = [
                 *speculative, "--spec-type", "draft-simple", "--spec-draft-n-max", str(n), "--spec-draft-p-min", str(p_min)]
+    for kind in ngram_types:
+        out[f"llama.cpp-{kind}"] = [str(folder / "llama-speculative-simple"), "-m", str(target), "--spec-type", kind]
     for argv in out.values():
         if not Path(argv[0]).is_file():
             raise FileNotFoundError(f"llama.cpp binary not found: {argv[0]} (build it: benchmarks/results/int8/README.md)")

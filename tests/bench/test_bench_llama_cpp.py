@@ -66,6 +66,17 @@ def test_tuned_speculation_is_draft_simple_at_each_length_with_its_probability_f
     assert "--spec-draft-p-min" not in found["llama.cpp-speculative-k5"]  # as the tool ships it
 
 
+def test_other_ngram_drafters_are_speculative_simple_by_type_and_need_their_binary(tmp_path):
+    fake_tool(tmp_path, "llama-lookup", "x", REPORT)
+    with pytest.raises(FileNotFoundError, match="llama-speculative-simple"):
+        llama_cpp.methods(tmp_path, tmp_path / "t.gguf", None, 5, ngram_types=("ngram-mod",))
+    fake_tool(tmp_path, "llama-speculative-simple", "x", REPORT)
+    found = llama_cpp.methods(tmp_path, tmp_path / "t.gguf", None, 5, ngram_types=("ngram-mod", "ngram-map-k"))
+    assert found["llama.cpp-ngram-mod"] == [str(tmp_path / "llama-speculative-simple"), "-m", str(tmp_path / "t.gguf"),
+                                            "--spec-type", "ngram-mod"]
+    assert list(found)[2:] == ["llama.cpp-ngram-mod", "llama.cpp-ngram-map-k"]
+
+
 def test_an_output_past_the_budget_is_compared_within_it(tmp_path):
     """A drafting tool stops after the step that passes the budget: its extra tokens are not its output's."""
     fake_tool(tmp_path, "llama-lookup", "one three fives sevennn", REPORT)
