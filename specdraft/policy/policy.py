@@ -104,12 +104,10 @@ class DraftPolicy:
     def begin(self, request_id: str, drafter: str) -> None:
         self.estimates.begin(request_id, drafter)
 
-    def end(self, request_id: str, generated: int | None = None, ended: bool = False) -> None:
-        """A request is over: `generated` tokens (None: not a reply to learn lengths from); `ended`: by
-        itself (a stop), not cut at its limit."""
+    def end(self, request_id: str, generated: int, ended: bool) -> None:
+        """A request is over, `generated` tokens long; `ended`: by itself (a stop), not cut at its limit."""
         self.estimates.end(request_id)
-        if generated is not None:
-            self.lengths.record(generated, ended)
+        self.lengths.record(generated, ended)
 
     @property
     def pooled(self) -> Mapping[str, Acceptance]:

@@ -218,11 +218,11 @@ template <int64_t KIND, int H, int T>
         const __m256i ones = _mm256_set1_epi16(1);
         if (KIND == Q4_1 || KIND == Q5_0) {  // unsigned q times x: 16-bit sums of `run` groups' pairs, then 32 bits
             // Each sum <= run x 2 x (largest q) x 127 < 2^15 (Q4_1: 8 x 2 x 15 x 127; Q5_0: 4 x 2 x 31 x 127),
-            // so the integers are those of a 32-bit sum of each pair. Q5_0's q is w + 16: less 16 x (sum of x).
+            // so the integers are those of a 32-bit sum of each pair. Q5_0's q is w + 16: less offset x (sum of x).
             constexpr int run = KIND == Q4_1 ? 8 : 4;
             for (int h = 0; h < H; ++h)
                 for (int t = 0; t < T; ++t)
-                    sums[h][t] = KIND == Q5_0 ? _mm256_set1_epi32(-16 * xtotal[t * blocks + b]) : _mm256_setzero_si256();
+                    sums[h][t] = KIND == Q5_0 ? _mm256_set1_epi32(-offset<KIND>() * xtotal[t * blocks + b]) : _mm256_setzero_si256();
             for (int G0 = 0; G0 < 8; G0 += run) {
                 __m256i pairs[H][T];
                 for (int G = G0; G < G0 + run; ++G) {
