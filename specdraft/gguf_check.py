@@ -4,9 +4,9 @@ tensor infos, and raises `BadModelFileError` naming the file and its first probl
 file's `GgufLayout`. After it passes, every tensor's data lies whole inside the file, aligned, in a
 block kind the loader reads, and the model is of a family specdraft decodes, with nothing in it that
 would make specdraft's arithmetic differ from the model's: no tensor the family's loader does not
-read (`FAMILIES`), no metadata asking for what specdraft does not implement (`UNIMPLEMENTED`), heads
-of one size that the rotary embedding covers whole (`_head_size`). Llama 3.x's `rope_freqs` is read
-(`models.load` applies it).
+read (its `FileFamily` in `backend.family.FAMILIES`, the one list of families), no metadata asking
+for what specdraft does not implement (`UNIMPLEMENTED`), heads of one size that the rotary embedding
+covers whole (`_head_size`). Llama 3.x's `rope_freqs` is read (`models.load` applies it).
 
 The format (GGUF v2 and v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64
 key-value count; the key-values (a string key, a u32 value type, the value); the tensor infos (a
@@ -25,6 +25,7 @@ from pathlib import Path
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
+from specdraft.backend.family import FAMILIES, ROPE_FREQS, FileFamily
 from specdraft.errors import BadModelFileError
 
 VERSIONS = (2, 3)  # GGUF v1 counted in u32s; gguf's reader (and transformers) read v2 and v3
@@ -41,31 +42,6 @@ _SCALARS = {  # value type -> struct format of one item
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
     GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
-}
-
-
-@dataclass(frozen=True)
-class FileFamily:
-    """What specdraft's loader reads of a family's GGUF: the tensors it maps (`top`, and `layer` after
-    `blk.N.`; any other would be left out, and the model decoded wrong without it), and the metadata
-    key transformers takes a head's size from (`head_size_key`; None: embedding_length / head_count)."""
-
-    top: frozenset[str]
-    layer: frozenset[str]
-    head_size_key: str | None
-
-
-_WEIGHTS = frozenset(f"{part}.weight" for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))
-_TOP = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
-ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: a factor per pair of a head's dimensions, each frequency divided by it
-
-# The model families specdraft decodes, by their GGUF `general.architecture`. A Llama file's biases would
-# be dropped (transformers' GGUF config never gives Llama biases), and so would Qwen2's output and MLP
-# biases; llama.cpp reads rope_freqs for Llama alone.
-FAMILIES = {
-    "llama": FileFamily(_TOP | {ROPE_FREQS}, _WEIGHTS, head_size_key="rope.dimension_count"),
-    "qwen2": FileFamily(_TOP, _WEIGHTS | {"attn_q.bias", "attn_k.bias", "attn_v.bias"}, head_size_key=None),
 }
 
 
@@ -321,7 +297,7 @@ def _check_arithmetic(path: Path, architecture: str, metadata: dict[str, object]
                       tensors: tuple[TensorInfo, ...]) -> None:
     """Refuse a file that specdraft would decode otherwise than the model computes: a key of
     `UNIMPLEMENTED` at a value other than its neutral ones, heads of sizes the loader does not take
-    (`_head_size`), a tensor the family's loader does not read (`FAMILIES`), Llama 3's rotary factors
+    (`_head_size`), a tensor the family's loader does not read (`FileFamily`), Llama 3's rotary factors
     in another shape than one float32 factor per pair of a head's dimensions."""
     for row in UNIMPLEMENTED:
         key = f"{architecture}.{row.key}"
@@ -330,7 +306,7 @@ def _check_arithmetic(path: Path, architecture: str, metadata: dict[str, object]
             raise _bad(path, f"{key} is {value!r}: {row.asks}, which specdraft does not implement")
     head = _head_size(path, architecture, metadata)
     for t in tensors:
-        if not _read(t.name, FAMILIES[architecture]):
+        if not _read(t.name, FAMILIES[architecture].file):
             raise _bad(path, f"tensor {t.name!r} is not one specdraft's {architecture} loader reads: the model "
                              "would be decoded without it, which specdraft does not do")
         pairs = None if head is None else head // 2
@@ -369,7 +345,7 @@ def _head_size(path: Path, architecture: str, metadata: dict[str, object]) -> in
         return key(name), metadata[key(name)]
 
     head_from, head = size("attention.key_length", per_head)
-    loaded_from, loaded = size(FAMILIES[architecture].head_size_key, per_head)
+    loaded_from, loaded = size(FAMILIES[architecture].file.head_size_key, per_head)
     sizes = (  # (what, its size, what another size than the key heads' asks for)
         (key("rope.dimension_count"), size("rope.dimension_count", head)[1],
          "rotary embedding on part of each head (partial rotary)"),

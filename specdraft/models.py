@@ -84,7 +84,7 @@ def _from_pretrained(source, dtype: torch.dtype, local_only: bool):
 
 
 def _native_from_gguf(gguf: Path, layout: GgufLayout):
-    """(tokenizer, model) for a GGUF whose quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) are read as its blocks, built from the file
+    """(tokenizer, model) for a GGUF whose quantised layers (the kinds of `native.KINDS`) are read as its blocks, built from the file
     alone: the model's skeleton on the meta device (from the cached config, `cache_gguf_config`), the
     file's blocks swapped in (`use_blocks`), then what is left (norms, biases, layers of other kinds)
     read dense from the file (`_left_over`). None where the model is not of a family our forward runs,
@@ -132,7 +132,7 @@ def _left_over(model: torch.nn.Module, tensors: dict[str, GgufTensor], family: F
 
 
 def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why a model cannot load native weights (its quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the GGUF's blocks, on CPU
+    """Why a model cannot load native weights (its quantised layers, the kinds of `native.KINDS`, read as the GGUF's blocks, on CPU
     in float32, by the kernel compiled here), or None where it can."""
     if gguf is None:
         return "the model is not a GGUF file"
@@ -148,7 +148,7 @@ def native_problem(gguf: Path | None, device: torch.device, dtype: torch.dtype) 
 @dataclass(frozen=True)
 class Loading:
     """How a model loads, every choice made (`plan_load`): what it is, where it runs and in what dtype,
-    whether a GGUF's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) are read as the file's blocks and what they compute in."""
+    whether a GGUF's quantised layers (`native.KINDS`) are read as the file's blocks and what they compute in."""
 
     name: str  # as it is shown
     source: Path | str  # a .gguf file, a Hugging Face directory, or a hub id
@@ -207,7 +207,7 @@ def load_model(
     """Load a target or draft model for decoding, each choice made by `plan_load`. `few_rows_linears`
     (default: on CPU) swaps its linear layers for `FewRowsLinear`, which keeps decode and verify steps
     fast on CPU; False gives the stock Hugging Face model (what the benchmark's peers run). `weights`:
-    a GGUF's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) as its blocks ("native") or as float ("dense"); the same logits either
+    a GGUF's quantised layers (`native.KINDS`) as its blocks ("native") or as float ("dense"); the same logits either
     way. `arithmetic`: what native weights compute in, "int8" (each token quantised in blocks of 32,
     integer dot products) or "float32" (the dense model's logits, bitwise)."""
     return load(plan_load(spec, device, dtype, weights, arithmetic, few_rows_linears=few_rows_linears))

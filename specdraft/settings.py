@@ -62,7 +62,7 @@ class Settings:
     device: str | None = None
     # The weights' and activations' dtype (`DTYPES`): auto is float32 on CPU and bfloat16 on CUDA.
     dtype: str = "auto"
-    # A GGUF model's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the file's blocks ("native") or as a float32 copy ("dense"),
+    # A GGUF model's quantised layers (the kinds of `native.KINDS`) read as the file's blocks ("native") or as a float32 copy ("dense"),
     # same logits; "auto" takes native where it applies, and dense with `enforce_eager` (eager layers
     # would dequantise every block at every pass).
     weights: str = "auto"

@@ -1,5 +1,5 @@
-"""Shared fixtures: a tiny random Llama built in-process, a toy tokenizer, scripted drafters,
-and the embedded SmolLM2 model for end-to-end checks."""
+"""Shared fixtures: a tiny random Llama built in-process and its greedy references, a toy tokenizer,
+scripted drafters, and the embedded SmolLM2 model for end-to-end checks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 from specdraft.drafters.base import EMPTY_DRAFT, Draft, Parts
 from specdraft.params import SamplingParams
+from tests.helpers.prompts import PROMPTS
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Calibrations kept by one test session are not replayed by the next: each session measures afresh.
@@ -102,6 +103,12 @@ def row_passes(rows, prompt: list[int], counts: list[int], generations: list[int
 @pytest.fixture(scope="session")
 def tiny_model():
     return make_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model):
+    """`tests.helpers.prompts.PROMPTS`' plain greedy continuations (40 tokens) on `tiny_model`."""
+    return {tuple(p): hf_greedy(tiny_model, p, 40) for p in PROMPTS}
 
 
 def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:

@@ -93,6 +93,15 @@ def _drafter_options(value: str) -> dict[str, dict]:
     return options
 
 
+class _KindNames:
+    """The block kinds the native kernel reads, from its table (`native.KINDS`), named when a help text
+    is shown (as `%(kinds)s`): the table loads torch, which the CLI's other paths load only for a model."""
+
+    def __str__(self) -> str:
+        from specdraft.backend.native import KINDS
+        return ", ".join(kind.name for kind in KINDS.values())
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The options of the model and its engine, shared by generate and serve. An option that sets a
     `Settings` field is stored under the field's name (`settings_from` reads them); one left out is not
@@ -118,9 +127,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=DTYPES,
                         help="auto: float32 on CPU, bfloat16 on CUDA; float32 gives exact parity with plain decoding on a GPU")
-    parser.add_argument("--weights", default=argparse.SUPPRESS, choices=WEIGHTS,
-                        help="a GGUF model's quantised layers (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) read as the file's blocks (native: a fifth of the "
-                             "bytes a token; auto takes it on CPU) or as a float32 copy (dense); same output")
+    weights = parser.add_argument("--weights", default=argparse.SUPPRESS, choices=WEIGHTS,
+                                  help="a GGUF model's quantised layers (%(kinds)s) read as the file's blocks (native: a "
+                                       "fifth of the bytes a token; auto takes it on CPU) or as a float32 copy (dense); same output")
+    weights.kinds = _KindNames()
     parser.add_argument("--arithmetic", default=argparse.SUPPRESS, choices=ARITHMETIC,
                         help="what native weights compute in: int8 (activations quantised in blocks of 32, integer "
                              "dot products: fastest), float32 (the dense model's arithmetic, bitwise); auto: int8 "

@@ -49,25 +49,49 @@ class Family:
 
 
 @dataclass(frozen=True)
+class FileFamily:
+    """What specdraft's loader reads of a family's GGUF: the tensors it maps (`top`, and `layer` after
+    `blk.N.`; any other would be left out, and the model decoded wrong without it), and the metadata
+    key transformers takes a head's size from (`head_size_key`; None: embedding_length / head_count)."""
+
+    top: frozenset[str]
+    layer: frozenset[str]
+    head_size_key: str | None
+
+
+_WEIGHTS = frozenset(f"{part}.weight" for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))
+_TOP = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: a factor per pair of a head's dimensions, each frequency divided by it
+
+@dataclass(frozen=True)
 class _Row:
     """What a family's config does not say: which projections add a bias (a config field's name that
-    does, or a constant), and whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`)."""
+    does, or a constant), whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`),
+    and what its GGUF files hold that the loader reads (`file`, which `gguf_check` holds a file to)."""
 
     qkv: str | bool
     out: str | bool
     mlp: str | bool
     gguf_interleaved_qk: bool
+    file: FileFamily
 
     def read(self, config, which: str) -> bool:
         where = getattr(self, which)
         return bool(getattr(config, where, False)) if isinstance(where, str) else where
 
 
-FAMILIES = {  # model_type -> what its config does not say: the families our forward runs
+# model_type (a GGUF's `general.architecture`, which transformers takes as it) -> what its config does
+# not say: the families our forward runs, the one list of them. A Llama file's biases would be dropped
+# (transformers' GGUF config never gives Llama biases), and so would Qwen2's output and MLP biases;
+# llama.cpp reads rope_freqs for Llama alone.
+FAMILIES = {
     # Llama 2/3.x, SmolLM2
-    "llama": _Row(qkv="attention_bias", out="attention_bias", mlp="mlp_bias", gguf_interleaved_qk=True),
+    "llama": _Row(qkv="attention_bias", out="attention_bias", mlp="mlp_bias", gguf_interleaved_qk=True,
+                  file=FileFamily(_TOP | {ROPE_FREQS}, _WEIGHTS, head_size_key="rope.dimension_count")),
     # Qwen2, Qwen2.5 (-Coder)
-    "qwen2": _Row(qkv=True, out=False, mlp=False, gguf_interleaved_qk=False),
+    "qwen2": _Row(qkv=True, out=False, mlp=False, gguf_interleaved_qk=False,
+                  file=FileFamily(_TOP, _WEIGHTS | {"attn_q.bias", "attn_k.bias", "attn_v.bias"}, head_size_key=None)),
 }
 
 

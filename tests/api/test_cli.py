@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.helpers.cli import run_cli
+
 pytestmark = pytest.mark.subprocess
-
-
-def run_cli(*args, timeout=120):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    return subprocess.run([sys.executable, "-m", "specdraft.api.cli", *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from specdraft.errors import RequestError
 from specdraft.runtime import build_runtime
 from specdraft.settings import Settings
 from specdraft.text import characters_per_token, check_text, check_unicode
-from tests.tiny_dir import tiny_model_dir
+from tests.helpers.tiny_dir import tiny_model_dir
 
 CONTEXT = 256
 KEY = "sk-test-key"

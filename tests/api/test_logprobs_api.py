@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from benchmarks.common import live_server
-from tests.tiny_dir import tiny_model_dir
+from tests.helpers.tiny_dir import tiny_model_dir
 
 pytestmark = pytest.mark.subprocess
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common import live_server
-from tests.tiny_dir import tiny_model_dir
+from tests.helpers.tiny_dir import tiny_model_dir
 
 pytestmark = pytest.mark.subprocess
 

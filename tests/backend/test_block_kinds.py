@@ -15,6 +15,7 @@ from benchmarks.cpu.kind_kernel import synthetic_blocks
 from specdraft.backend import native
 from specdraft.backend.native.calls import expand
 from specdraft.backend.numba_layers import NO_RESIDUAL, project
+from tests.helpers.kernels import builds
 
 pytestmark = pytest.mark.compiles
 
@@ -23,15 +24,6 @@ gguf = pytest.importorskip("gguf")
 KINDS = list(native.KINDS.values())
 ROWS, WIDTH = 40, 512  # whole tiles of 16 rows and a last one of 8; rows of whole 256-weight superblocks
 COUNTS = [*range(1, 18), 33]  # every pass width to 17, and one past a pass's 32-token chunk (int8_k_pass.cpp's kPassTokens)
-
-
-def builds() -> dict[str, native.Kernel]:
-    """Every build of the kernel this machine runs: portable always, and where it has AVX2 the AVX2
-    code, the native build and that in 256-bit registers only."""
-    built = {"portable": native.kernel("portable")}
-    if native.kernel().avx2:
-        built.update(avx2=native.kernel("avx2"), ymm=native.kernel("ymm"), native=native.kernel())
-    return built
 
 
 def gguf_values(kind: native.BlockKind, w: np.ndarray) -> np.ndarray:

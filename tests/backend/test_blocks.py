@@ -26,24 +26,18 @@ import torch
 
 from specdraft.backend import RowModel
 from specdraft.backend import native as blocks
-from specdraft.backend.family import family_of
 from specdraft.backend.native import Reader, Storage
 from specdraft.backend.native import library as cpp_kernel
 from specdraft.backend.linear import use_few_rows_linears
-from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, NumbaLayers, project
-from tests.conftest import TINY_VOCAB, hf_greedy, make_tiny_model
+from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, project
+from tests.conftest import hf_greedy, make_tiny_model
+from tests.helpers.passes import pass_logits
 
 gguf = pytest.importorskip("gguf")
+from tests.helpers.gguf_files import random_blocks, write_gguf  # noqa: E402 (needs gguf)
 
 KINDS = {"Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0, "Q5_0": blocks.Q5_0}  # the kinds gguf quantises (every kind: test_block_kinds)
 COUNTS = [1, 2, 3, 5, 6, 7, 13, MAX_TOKENS]
-
-
-def random_blocks(rng, kind: int, rows: int, width: int) -> np.ndarray:
-    """Blocks as gguf quantises random weights: [rows, row bytes] uint8."""
-    weights = rng.standard_normal((rows, width)).astype(np.float32) * 0.1
-    qtype = getattr(gguf.GGMLQuantizationType, blocks.NAMES[kind])
-    return gguf.quants.quantize(weights, qtype)
 
 
 def run(kernel: int, weights: tuple, x: np.ndarray, residual: np.ndarray = NO_RESIDUAL) -> np.ndarray:
@@ -156,60 +150,6 @@ def test_dequantising_by_torch_by_the_kernel_and_by_gguf_gives_the_same_values(n
 # -- a tiny random model written as a GGUF --------------------------------------------------------
 
 
-def _llama_cpp_order(weights: np.ndarray, heads: int) -> np.ndarray:
-    """The row order llama.cpp's converter writes q (k) in (what transformers undoes on loading)."""
-    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
-        weights.shape)
-
-
-def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_0",
-               types: dict[str, str] | None = None, extra=None) -> None:
-    """The model's embedding, output layer and projections as a GGUF of these types (`types`: a type
-    for some parts, e.g. {"attn_v": "Q8_0"}), as llama.cpp writes its family (q/k rows interleaved where
-    `gguf_interleaved_qk`; biases and norms as float32). Then the model's weights are set to the
-    file's dequantised values, as transformers would load them. `extra(writer)`, where given, adds
-    what else the file holds (metadata, a tokenizer, more tensors: `tests.gguf_files`)."""
-    family = family_of(model.config)
-    writer = gguf.GGUFWriter(str(path), family.model_type)
-    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
-    tensors = {"token_embd.weight": (model.model.embed_tokens, head_type), "output.weight": (model.lm_head, head_type)}
-    for i, layer in enumerate(model.model.layers):
-        for module, part in names.items():
-            parent = layer.self_attn if part.startswith("attn") else layer.mlp
-            tensors[f"blk.{i}.{part}.weight"] = (getattr(parent, module), (types or {}).get(part, projection_type))
-    with torch.no_grad():
-        for name, (module, type_name) in tensors.items():
-            qtype = getattr(gguf.GGMLQuantizationType, type_name)
-            weight = module.weight.detach().float().numpy()
-            heads = {"attn_q": family.heads, "attn_k": family.kv_heads}.get(name.split(".")[-2])
-            heads = heads if family.gguf_interleaved_qk else None
-            stored = _llama_cpp_order(weight, heads) if heads else weight
-            quantized = gguf.quants.quantize(stored, qtype)
-            writer.add_tensor(name, quantized, raw_shape=quantized.shape, raw_dtype=qtype)
-            values = gguf.quants.dequantize(quantized, qtype)
-            if heads:  # undo the order as transformers does
-                values = values[blocks.rotary_order(values.shape[0], heads)]
-            module.weight.copy_(torch.from_numpy(values))
-            if getattr(module, "bias", None) is not None:
-                writer.add_tensor(name.replace(".weight", ".bias"), module.bias.detach().float().numpy())
-    _write_norms(writer, model)
-    if extra is not None:
-        extra(writer)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def _write_norms(writer, model) -> None:
-    norms = {"output_norm.weight": model.model.norm}
-    for i, layer in enumerate(model.model.layers):
-        norms |= {f"blk.{i}.attn_norm.weight": layer.input_layernorm, f"blk.{i}.ffn_norm.weight": layer.post_attention_layernorm}
-    for name, norm in norms.items():
-        writer.add_tensor(name, norm.weight.detach().float().numpy().copy())
-
-
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     """(dense, native): a tiny float32 Llama holding a Q4_1/Q8_0 GGUF's values, and a copy reading
@@ -223,23 +163,6 @@ def tiny_pair(tmp_path_factory):
     return dense, native
 
 
-def _logits(model, prompt, counts):
-    rows = RowModel(model, compiled=True)
-    assert isinstance(rows._own.compiled, NumbaLayers)
-    rows.add("r", active=True)
-    first = rows.prefill("r", prompt).clone()  # a prefill chunk: longer than the compiled passes
-    return [first, *row_passes_after(rows, counts)]
-
-
-def row_passes_after(rows, counts):
-    out, rng = [], np.random.default_rng(0)
-    for n in counts:
-        ids = rng.integers(0, TINY_VOCAB, size=(1, n))
-        out.append(rows.forward(rows.active_window, ids).clone())
-        rows.commit(rows.active_window, [n])
-    return out
-
-
 def test_a_tiny_gguf_model_reads_its_blocks_and_gives_the_dense_logits_bitwise(tiny_pair):
     dense, native = tiny_pair
     assert isinstance(native.model.layers[0].self_attn.q_proj, blocks.BlockLinear)
@@ -250,7 +173,7 @@ def test_a_tiny_gguf_model_reads_its_blocks_and_gives_the_dense_logits_bitwise(t
             assert torch.equal(module.dense(), dense.get_submodule(name).weight), name
     prompt = list(range(1, 2 * MAX_TOKENS + 9))  # a prefill chunk of 72 tokens
     counts = [1, 6, MAX_TOKENS, 1, 3]
-    for n, got, want in zip(["prefill", *counts], _logits(native, prompt, counts), _logits(dense, prompt, counts)):
+    for n, got, want in zip(["prefill", *counts], pass_logits(native, prompt, counts), pass_logits(dense, prompt, counts)):
         assert torch.equal(got, want), f"a pass of {n}"
 
 
@@ -296,8 +219,8 @@ def test_the_embedded_model_gives_the_dense_logits_bitwise_for_every_pass(embedd
     prompt = embedded.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 3)
     assert len(prompt) > MAX_TOKENS
     counts = [1, 6, MAX_TOKENS, 2]
-    for n, got, want in zip(["prefill", *counts], _logits(embedded.model, prompt, counts),
-                            _logits(embedded_dense.model, prompt, counts)):
+    for n, got, want in zip(["prefill", *counts], pass_logits(embedded.model, prompt, counts),
+                            pass_logits(embedded_dense.model, prompt, counts)):
         assert torch.equal(got, want), f"a pass of {n}"
 
 

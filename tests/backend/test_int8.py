@@ -35,7 +35,7 @@ from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ToyTokenizer, loaded, make_tiny_model
 
 gguf = pytest.importorskip("gguf")
-from tests.backend.test_blocks import random_blocks, write_gguf  # noqa: E402 (needs gguf)
+from tests.helpers.gguf_files import random_blocks, write_gguf  # noqa: E402 (needs gguf)
 
 KINDS = {"Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0, "Q5_0": blocks.Q5_0}  # the kinds gguf quantises (all: test_block_kinds)
 COUNTS = [*range(1, 18), MAX_TOKENS, 40]  # every count a whole tile computes in registers (1 .. 16), and more

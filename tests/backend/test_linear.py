@@ -11,7 +11,7 @@ from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from specdraft.backend.linear import MAX_ROWS, FewRowsLinear, use_few_rows_linears
 from tests.conftest import ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script
-from tests.engine.test_engine import PROMPTS, references  # noqa: F401  (fixture)
+from tests.helpers.prompts import PROMPTS
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3, 1), (2, 7), (1, MAX_ROWS + 1), (4, 40)])
@@ -36,7 +36,7 @@ def test_swap_keeps_parameters_and_state_dict():
     assert all(after[key].data_ptr() == before[key].data_ptr() for key in before)  # shared, not copied
 
 
-def test_swapped_model_decodes_like_the_stock_model(references):  # noqa: F811
+def test_swapped_model_decodes_like_the_stock_model(references):
     model = make_tiny_model()  # the same weights as the `tiny_model` the references come from
     use_few_rows_linears(model)
     drafter = ScriptedDrafter(oracle_script(references, lambda s, i: i == 2))  # verify steps of every width

@@ -29,28 +29,11 @@ from specdraft.backend.family import family_of, family_problem
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS, NumbaLayers
 from tests.conftest import TINY_VOCAB, feed, hf_greedy, loaded, make_tiny_model, row_passes
+from tests.helpers.passes import pass_logits
+from tests.helpers.qwen2 import make_tiny_qwen2
 
 SHAPES = [(7, 1, 64), (6, 2, 128)]  # (heads, kv heads, head_dim): the 0.5B's 7 per kv head, the 1.5B's 6 of 128
 IDS = ["7x64", "6x128"]
-
-
-def make_tiny_qwen2(heads: int = 7, kv_heads: int = 1, head_dim: int = 64, seed: int = 0,
-                    dtype: torch.dtype = torch.float32, layers: int = 2, sharpen: float = 40.0, **overrides):
-    """A random Qwen2 (hidden 128, explicit head_dim) with non-zero q/k/v biases and an untied output layer."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                         max_position_embeddings=512, tie_word_embeddings=False, rope_parameters={
-                             "rope_type": "default", "rope_theta": 1e6}, **overrides)
-    model = Qwen2ForCausalLM(config).to(dtype).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                m.bias.normal_(0, 0.5)
-        model.lm_head.weight.mul_(sharpen)  # varied greedy continuations, not ties
-    return model
 
 
 def stock_logits(model, ids: list[int]) -> torch.Tensor:
@@ -175,7 +158,7 @@ def test_greedy_speculative_output_equals_plain_greedy_and_hugging_face(heads, k
 def qwen_pair(tmp_path_factory):
     """(dense, native): a tiny float32 Qwen2 holding a GGUF's values (q/k/o/gate/up Q4_1; v, down and
     the output layer Q8_0, as the 0.5B's v and head are), and a copy reading the file's blocks."""
-    from tests.backend.test_blocks import write_gguf
+    from tests.helpers.gguf_files import write_gguf
 
     dense = make_tiny_qwen2(7, 1, 64, seed=31, sharpen=12.0)
     path = tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf"
@@ -215,12 +198,10 @@ def test_a_q_k_v_group_of_two_kinds_is_read_as_blocks_of_each(qwen_pair):
 
 
 def test_a_tiny_qwen2_gguf_gives_the_dense_logits_bitwise_in_float32(qwen_pair):
-    from tests.backend.test_blocks import _logits
-
     dense, native = qwen_pair
     prompt = list(range(1, 2 * MAX_TOKENS + 9))  # a prefill chunk of 72 tokens
     counts = [1, 6, MAX_TOKENS, 1, 3]
-    for n, got, want in zip(["prefill", *counts], _logits(native, prompt, counts), _logits(dense, prompt, counts)):
+    for n, got, want in zip(["prefill", *counts], pass_logits(native, prompt, counts), pass_logits(dense, prompt, counts)):
         assert torch.equal(got, want), f"a pass of {n}"
     assert speculative_and_plain(native, PROMPTS[:2], 24)[1] == [hf_greedy(dense, p, 24) for p in PROMPTS[:2]]
 

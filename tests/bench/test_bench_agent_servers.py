@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from benchmarks.serving import agent_servers
-from tests.tiny_dir import tiny_model_dir
+from tests.helpers.tiny_dir import tiny_model_dir
 
 CHUNKS = [{"choices": [{"delta": {"role": "assistant"}}]},
           {"choices": [{"delta": {"content": "[]"}}]},

@@ -27,7 +27,7 @@ from specdraft.drafters import (create_drafter, drafter_names, drafter_option_de
                                 load_plugins, needs_target, plugin_errors)
 from specdraft.params import SamplingParams, SpeculationParams
 from benchmarks.common import live_server
-from tests.tiny_dir import tiny_model_dir
+from tests.helpers.tiny_dir import tiny_model_dir
 
 pytestmark = pytest.mark.subprocess
 
@@ -348,7 +348,7 @@ def test_benchmark_measures_the_plugin(copycat, tmp_path):
 
 def test_vllm_proposer_runs_a_plugin_named_in_additional_config(copycat):
     from specdraft.integrations.vllm import Proposer
-    from tests.integrations.test_vllm_proposer import fake_vllm_config
+    from tests.helpers.vllm_config import fake_vllm_config
 
     proposer = Proposer(fake_vllm_config(k=3, additional_config={"specdraft": {"drafter": "copycat"}}))
     assert proposer.drafter_name == "copycat"

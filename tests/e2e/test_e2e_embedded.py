@@ -16,7 +16,7 @@ from specdraft.engine import Engine
 from specdraft.runtime import encode_prompt
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
-from tests.prompts import E2E_PROMPTS
+from tests.helpers.prompts import E2E_PROMPTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 MAX_TOKENS = 128

@@ -17,23 +17,12 @@ from specdraft.engine import Engine, RequestError
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy, oracle_script
-
-PROMPTS = [
-    [5, 17, 42, 9, 9, 13],
-    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17],
-    [60],
-    [33, 34, 35, 33, 34, 35, 33, 34],
-]
+from tests.helpers.prompts import PROMPTS
 
 
 def make_engine(model, drafter, k=4, max_batch=8, max_context=256, eos=()):
     return Engine(Verifier(model), {"test": drafter}, ToyTokenizer(), eos, max_context, k=k, max_batch=max_batch,
                   policy="fixed")
-
-
-@pytest.fixture(scope="module")
-def references(tiny_model):
-    return {tuple(p): hf_greedy(tiny_model, p, 40) for p in PROMPTS}
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 4, 7])

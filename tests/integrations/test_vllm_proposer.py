@@ -4,8 +4,6 @@ drafters that need a second model refused, and the checkpoint form vLLM loads.""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -13,15 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdraft.integrations.vllm import ENV_DRAFTER, ENV_OPTIONS, Proposer, drafter_choice, vllm_model_dir
-
-
-def fake_vllm_config(k: int = 4, max_model_len: int = 256, eos=7, additional_config=None) -> SimpleNamespace:
-    return SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=k),
-        model_config=SimpleNamespace(max_model_len=max_model_len, hf_config=SimpleNamespace(eos_token_id=eos)),
-        scheduler_config=SimpleNamespace(max_num_seqs=8),
-        additional_config=additional_config or {},
-    )
+from tests.helpers.vllm_config import fake_vllm_config
 
 
 def test_proposer_runs_ngram_by_default_with_the_models_eos(monkeypatch):

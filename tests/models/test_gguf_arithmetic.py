@@ -20,7 +20,7 @@ from specdraft.errors import BadModelFileError
 from specdraft.gguf_check import FAMILIES, ROPE_FREQS, UNIMPLEMENTED, check_gguf
 from specdraft.params import SamplingParams, SpeculationParams
 from tests.conftest import hf_greedy, make_tiny_model
-from tests.gguf_files import SMALL_HEADS, SMALL_WIDTH, write_model_gguf, write_small
+from tests.helpers.gguf_files import SMALL_HEADS, SMALL_WIDTH, write_model_gguf, write_small
 
 THETA, HEAD_DIM = 10000.0, 16  # make_tiny_model: hidden 64 over 4 heads
 # Llama 3.1's shape at a small scale: the original context short enough that a 16-wide head's pairs
@@ -28,7 +28,7 @@ THETA, HEAD_DIM = 10000.0, 16  # make_tiny_model: hidden 64 over 4 heads
 SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
 PROMPT = [5, 17, 42, 9, 9, 13, 60, 2, 33, 34, 35, 36, 33, 34, 35, 36, 71, 3, 8, 64, 12, 50]
 NEW_TOKENS = 24
-EOS = 95  # `tests.gguf_files`' tokenizer: the last id
+EOS = 95  # `tests.helpers.gguf_files`' tokenizer: the last id
 LOADS = [("native", "float32"), ("native", "int8"), ("dense", "float32")]
 
 
@@ -38,7 +38,7 @@ def plain_frequencies() -> torch.Tensor:
 
 
 def llama_cpp_factors() -> np.ndarray:
-    from tests.gguf_files import llama3_rope_freqs
+    from tests.helpers.gguf_files import llama3_rope_freqs
 
     return llama3_rope_freqs(THETA, HEAD_DIM, SCALING["factor"], SCALING["low_freq_factor"],
                              SCALING["high_freq_factor"], SCALING["original_max_position_embeddings"])
@@ -228,13 +228,13 @@ def test_every_tensor_a_family_reads_is_one_transformers_maps_or_llama3s_factors
     from specdraft.backend.native.gguf_file import transformers_name
 
     for family in FAMILIES.values():
-        names = {*family.top, *(f"blk.7.{part}" for part in family.layer)} - {ROPE_FREQS}
+        names = {*family.file.top, *(f"blk.7.{part}" for part in family.file.layer)} - {ROPE_FREQS}
         assert names and all(transformers_name(name) is not None for name in names), names
-    assert ROPE_FREQS in FAMILIES["llama"].top
+    assert ROPE_FREQS in FAMILIES["llama"].file.top
 
 
 def test_a_tiny_qwen2_model_file_passes(tmp_path):
-    from tests.backend.test_qwen2 import make_tiny_qwen2
+    from tests.helpers.qwen2 import make_tiny_qwen2
 
     path = write_model_gguf(make_tiny_qwen2(4, 2, 32, seed=1), tmp_path / "qwen2.gguf")
     assert check_gguf(path).architecture == "qwen2"

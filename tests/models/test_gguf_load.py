@@ -20,11 +20,11 @@ from specdraft.backend.native.gguf_file import dense_tensor, gguf_blocks, read_g
 from specdraft.gguf_cache import gguf_config_path
 from specdraft.gguf_check import check_gguf
 from specdraft.params import cache_dir
-from tests.backend.test_blocks import write_gguf
-from tests.backend.test_qwen2 import make_tiny_qwen2
 from tests.conftest import make_tiny_model
+from tests.helpers.qwen2 import make_tiny_qwen2
 
 gguf = pytest.importorskip("gguf")
+from tests.helpers.gguf_files import write_gguf  # noqa: E402 (needs gguf)
 
 TINY = {"llama": lambda: make_tiny_model(seed=5, dtype=torch.float32, layers=2),
         "qwen2": lambda: make_tiny_qwen2(7, 1, 64, seed=5)}

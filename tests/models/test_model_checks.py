@@ -15,7 +15,7 @@ import pytest
 from specdraft import catalogue, gguf_cache
 from specdraft.catalogue import fetch, resolve
 from specdraft.errors import BadModelFileError, ModelIntegrityError, ModelNotFoundError
-from tests.models.test_catalogue import PARTS, chunk, entry, fake_installer
+from tests.helpers.catalogue import PARTS, chunk, entry, fake_installer
 
 JOINED = b"".join(chunk(i) for i in range(1, PARTS + 1))
 

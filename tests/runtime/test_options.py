@@ -12,7 +12,7 @@ from specdraft.engine import Engine
 from specdraft.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculationParams
 from specdraft.verifier import Verifier
 from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
-from tests.api.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 
 @pytest.mark.parametrize("k, message", [(-1, "between 0 and 64, got -1"), (65, "between 0 and 64, got 65"),

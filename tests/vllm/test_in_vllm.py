@@ -16,7 +16,7 @@ pytest.importorskip(
            "bash scripts/setup_vllm.sh, then .venv-vllm/bin/python -m pytest tests/vllm",
 )
 
-from tests.prompts import E2E_PROMPTS  # noqa: E402
+from tests.helpers.prompts import E2E_PROMPTS  # noqa: E402
 from benchmarks.peers.vllm_engines import PROPOSER, TINY_VOCAB, run_engines  # noqa: E402
 
 K = 4

@@ -24,8 +24,10 @@ Its parts, by job:
 - `pages`: memory on 2 MB pages for the weights a step streams (`huge_page_buffer`).
 - `gguf_file`: a GGUF read in place: its blocks swapped into a model (`use_gguf_blocks`), its other
   tensors read as transformers' loader gives them (`read_gguf`, `dense_tensor`).
-- `csrc/`: the kernel's C++: `formats.h` (the block formats), `projection.h` (a
-  projection's struct, shared by every file below), `entry.cpp` (the entry points), `float32.cpp` and `int8.cpp` (the two arithmetics;
+- `csrc/`: the kernel's C++: `formats.h` (the block formats, one traits entry a kind, `Traits<KIND>`,
+  and `with_kind`, the one dispatch from a kind's number to the code compiled for it), `projection.h` (a
+  projection's struct, shared by every file below), `entry.cpp` (the entry points), `quantize.cpp`
+  (the int8 arithmetic's tokens), `float32.cpp` and `int8.cpp` (the two arithmetics;
   `int8_k.cpp` the K kinds' int8 tiles, `int8_k_pass.cpp` their passes of several tokens in 256-bit
   registers, `k_vectors.h` the vector operations both K files run on, `tiles.h` what the int8 files
   share), `attention.cpp` (the

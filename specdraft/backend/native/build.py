@@ -17,9 +17,9 @@ from specdraft.params import cache_dir
 CSRC = Path(__file__).parent / "csrc"  # where the package data puts the sources
 
 
-def sources() -> list[Path]:
-    """The kernel's files: its C++ sources, compiled together, and the headers they include."""
-    return sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
+def sources(source: Path = CSRC) -> list[Path]:
+    """The kernel's files under `source`: its C++ sources, compiled together, and the headers they include."""
+    return sorted(source.glob("*.cpp")) + sorted(source.glob("*.h"))
 
 
 def _compiler() -> str | None:
@@ -51,14 +51,15 @@ def chosen_path() -> str:
     return path
 
 
-def build(path: str) -> Path:
+def build(path: str, source: Path = CSRC) -> Path:
     """Compile the kernel (`csrc/`'s sources) for this machine, once per source, compiler and CPU;
     return the shared library's path. `path`: "native", everything the CPU's flags offer
     (`-march=native`: AVX2, and for the int8 arithmetic AVX-512 VNNI or AVX-VNNI where it has them,
     and with AVX-512 whole 16-row tiles read in 512-bit registers); "ymm", that code in 256-bit
     registers only; "avx2", the AVX2 code without VNNI, compiled as for a machine without AVX-512 (16
     vector registers); "portable", the loops every machine runs. All give bitwise the same sums; the
-    others are for tests and benchmarks to compare with."""
+    others are for tests and benchmarks to compare with. `source`: where the C++ lies (another
+    revision's, for a benchmark to compare with: `benchmarks.cpu.kernel_ab`)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
     compiler = _compiler()
@@ -70,7 +71,7 @@ def build(path: str) -> Path:
     # "avx2" as a machine without AVX-512 compiles it: 16 vector registers, no VNNI.
     flags += {"native": [], "ymm": ["-DSPECDRAFT_NO_ZMM"], "avx2": ["-DSPECDRAFT_NO_VNNI"] + ["-mno-avx512f"] * x86,
               "portable": ["-DSPECDRAFT_PORTABLE"]}[path]
-    files = sources()  # every source and header: a change to any is a new build
+    files = sources(source)  # every source and header: a change to any is a new build
     texts = [f"{file.name}\0{file.read_text()}" for file in files]
     key = hashlib.sha256("\0".join([*texts, version, _machine(), *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"native-{key}.so"
@@ -81,6 +82,6 @@ def build(path: str) -> Path:
             compiled = [str(file) for file in files if file.suffix == ".cpp"]
             result = subprocess.run([compiler, *flags, *compiled, "-o", str(built)], capture_output=True, text=True)
             if result.returncode != 0:
-                raise RuntimeError(f"compiling the kernel ({CSRC}) failed: {result.stderr.strip()[-2000:]}")
+                raise RuntimeError(f"compiling the kernel ({source}) failed: {result.stderr.strip()[-2000:]}")
             os.replace(built, target)  # atomic: a concurrent build of the same key writes the same file
     return target

@@ -8,9 +8,12 @@ with their own scales). Every value is gguf's float32, bitwise: the products are
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
 
-Adding a kind is one room: its entry here, the same entry in `csrc/formats.h` (its number, bytes and
-scalar dequantisation), and its two dot products (`csrc/float32.cpp`'s `block_values`, the float32
-arithmetic; `csrc/int8.cpp`'s, the int8 one). `tests/backend/test_block_kinds.py` then holds its
+Adding a kind is one room: its entry here, its one entry in `csrc/formats.h` (`Traits<KIND>`: its
+number, name, block, the facts its tiles follow and its scalar dequantisation; and its place in
+`Kinds`, which `with_kind`, the kernel's one dispatch from a number to code, reads), and its two dot
+products (`csrc/float32.cpp`'s `block_values`, the float32 arithmetic; the int8 one from its traits in
+`csrc/int8.cpp`, or its own in `csrc/int8_k.cpp` for a kind of super-blocks). The CLI's help names
+the kinds from this table. `tests/backend/test_block_kinds.py` then holds its
 dequantisation and both dot products to gguf's own dequantisation on every build of the kernel."""
 
 from __future__ import annotations

@@ -29,15 +29,13 @@ extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t en
 // A kind's name, and into weights and bytes those of its unit (a float32 weight, or a block); null
 // for a number that is no kind.
 extern "C" const char* specdraft_kind(int64_t kind, int64_t* weights, int64_t* bytes) {
-    switch (kind) {
-        case F32: *weights = 1; *bytes = 4; return "F32";
-        case Q4_1: *weights = block_weights(Q4_1); *bytes = block_bytes(Q4_1); return "Q4_1";
-        case Q8_0: *weights = block_weights(Q8_0); *bytes = block_bytes(Q8_0); return "Q8_0";
-        case Q5_0: *weights = block_weights(Q5_0); *bytes = block_bytes(Q5_0); return "Q5_0";
-        case Q4_K: *weights = block_weights(Q4_K); *bytes = block_bytes(Q4_K); return "Q4_K";
-        case Q6_K: *weights = block_weights(Q6_K); *bytes = block_bytes(Q6_K); return "Q6_K";
-    }
-    return nullptr;
+    const char* name = nullptr;
+    with_kind(kind, [&](auto k) {
+        name = Traits<k>::name;
+        *weights = Traits<k>::weights;
+        *bytes = Traits<k>::bytes;
+    });
+    return name;
 }
 
 // Where a `Projection` holds the field so named (null: its size); -1 where it has none.

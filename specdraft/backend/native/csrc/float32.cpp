@@ -2,7 +2,7 @@
 // give bitwise the same sums whether they are read as float32 rows or as GGUF blocks, and whether
 // the pass has 1 token or 32:
 //   - a row's weights are float32 values: a float32 row as it is, a block's as formats.h's
-//     `piece_values` gives them (Q4_1's d * q + m, Q8_0's d * q, Q5_0's d * (q - 16), Q4_K's
+//     `Traits<KIND>::piece` gives them (Q4_1's d * q + m, Q8_0's d * q, Q5_0's d * (q - 16), Q4_K's
 //     (d * scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32): each product is exact in float32, so
 //     the value is exact or the one rounding of the sum, the value a dequantised float32 copy holds);
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
@@ -67,12 +67,17 @@ inline __m256i widen_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_load
 inline __m256i widen_i8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
 inline __m256 half(const uint8_t* p) { return _mm256_cvtph_ps(_mm_set1_epi16(int16_t(load_u16(p)))); }
 
-// A piece's 32 values, each kind's in its own function below: v[i] holds elements 8i .. 8i + 7 (the
-// layouts: formats.h's `*_piece`, which compute the same values one at a time).
 inline __m256i low_nibbles(__m256i a) { return _mm256_and_si256(a, _mm256_set1_epi32(15)); }
 
+// Piece `sub` of a block of KIND at p (sub 0 for a block of 32) as its 32 values, one specialisation a
+// kind below: v[i] holds elements 8i .. 8i + 7 (the layouts: formats.h's `*_piece`, which compute the
+// same values one at a time).
+template <int64_t KIND>
+void block_values(const uint8_t* p, int sub, Lanes v[4]);
+
 // Q4_1: byte j holds element j in its low nibble and element j + 16 in its high one.
-inline void q4_1_values(const uint8_t* p, Lanes v[4]) {
+template <>
+inline void block_values<Q4_1>(const uint8_t* p, int, Lanes v[4]) {
     // d, m, d, m, ... from one 4-byte broadcast, then each spread to every lane
     __m256 dm = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss((const float*)p)));
     __m256 d = _mm256_moveldup_ps(dm), m = _mm256_movehdup_ps(dm);
@@ -83,13 +88,15 @@ inline void q4_1_values(const uint8_t* p, Lanes v[4]) {
     v[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), m);
 }
 
-inline void q8_0_values(const uint8_t* p, Lanes v[4]) {
+template <>
+inline void block_values<Q8_0>(const uint8_t* p, int, Lanes v[4]) {
     __m256 d = half(p);
     for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen_i8(p + 2 + 8 * i)));
 }
 
 // Q5_0: Q4_1's nibbles (at 6), and element j's 5th bit qh's bit j (qh at 2).
-inline void q5_0_values(const uint8_t* p, Lanes v[4]) {
+template <>
+inline void block_values<Q5_0>(const uint8_t* p, int, Lanes v[4]) {
     const __m256 d = half(p);
     uint32_t qh;
     std::memcpy(&qh, p + 2, 4);
@@ -104,7 +111,8 @@ inline void q5_0_values(const uint8_t* p, Lanes v[4]) {
 }
 
 // Q4_K's sub-block `sub`: its 32 nibbles at 16 + 32 (sub / 2), low for even sub, high for odd.
-inline void q4_k_values(const uint8_t* p, int sub, Lanes v[4]) {
+template <>
+inline void block_values<Q4_K>(const uint8_t* p, int sub, Lanes v[4]) {
     int scale, min;
     q4_k_scale(p + 4, sub, scale, min);
     const __m256 ds = _mm256_set1_ps(_cvtsh_ss(load_u16(p)) * float(scale));
@@ -117,7 +125,8 @@ inline void q4_k_values(const uint8_t* p, int sub, Lanes v[4]) {
 
 // Q6_K's sub-block `sub` = 4h + k: low 4 bits from ql (64h + 32 (k % 2)), top 2 from qh (128 + 32h),
 // scales 192 + 8h + 2k and the next (each 16 weights).
-inline void q6_k_values(const uint8_t* p, int sub, Lanes v[4]) {
+template <>
+inline void block_values<Q6_K>(const uint8_t* p, int sub, Lanes v[4]) {
     const int h = sub / 4, k = sub % 4;
     const uint8_t *ql = p + 64 * h + 32 * (k % 2), *qh = p + 128 + 32 * h;
     const float d = _cvtsh_ss(load_u16(p + 208));
@@ -127,17 +136,6 @@ inline void q6_k_values(const uint8_t* p, int sub, Lanes v[4]) {
         const __m256i high = _mm256_and_si256(_mm256_srli_epi32(widen_u8(qh + 8 * i), 2 * k), _mm256_set1_epi32(3));
         const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
         v[i] = _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q));
-    }
-}
-
-// Piece `sub` of the block at p (sub 0 for a block of 32).
-inline void block_values(int64_t kind, const uint8_t* p, int sub, Lanes v[4]) {
-    switch (kind) {
-        case Q4_1: q4_1_values(p, v); break;
-        case Q8_0: q8_0_values(p, v); break;
-        case Q5_0: q5_0_values(p, v); break;
-        case Q4_K: q4_k_values(p, sub, v); break;
-        default: q6_k_values(p, sub, v); break;
     }
 }
 
@@ -178,9 +176,10 @@ inline void fma_into(const Lanes& w, const Lanes& x, Lanes& acc) {
     for (int j = 0; j < kLanes; ++j) acc.v[j] = std::fmaf(w.v[j], x.v[j], acc.v[j]);
 }
 
-inline void block_values(int64_t kind, const uint8_t* p, int sub, Lanes v[4]) {
+template <int64_t KIND>
+inline void block_values(const uint8_t* p, int sub, Lanes v[4]) {
     alignas(32) float values[kBlock];
-    piece_values(kind, p, sub, values);
+    Traits<KIND>::piece(p, sub, values);
     for (int i = 0; i < 4; ++i) v[i] = load(values + 8 * i);
 }
 
@@ -194,7 +193,7 @@ template <int64_t kind, int R>
 void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t width, const float* x, float* sums) {
     Lanes acc[R];
     for (int r = 0; r < R; ++r) acc[r] = zero();
-    if (kind == F32) {
+    if constexpr (Traits<kind>::dense) {
         int64_t i = 0;
         for (; i + kLanes <= width; i += kLanes) {
             Lanes xv = load(x + i);
@@ -206,8 +205,8 @@ void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t width, const float
             for (int r = 0; r < R; ++r) fma_into(load((const float*)(w + r * row_bytes) + i, width - i), xv, acc[r]);
         }
     } else {
-        const int64_t bytes = block_bytes(kind);
-        const int shift = piece_shift(kind), last = (1 << shift) - 1;
+        constexpr int64_t bytes = Traits<kind>::bytes;
+        constexpr int shift = Traits<kind>::piece_shift, last = Traits<kind>::pieces - 1;
         for (int64_t b = 0; b < width / kBlock; ++b) {
             const float* xb = x + b * kBlock;
             const int sub = int(b & last);
@@ -217,7 +216,7 @@ void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t width, const float
                 const uint8_t* p = w + r * row_bytes + (b >> shift) * bytes;
                 // the same piece two tiles on (about: a K kind's block in eighths): memory and arithmetic overlap
                 prefetch(p + (sub * bytes >> shift) + kAhead * R * row_bytes);
-                block_values(kind, p, sub, v);
+                block_values<kind>(p, sub, v);
                 for (int i = 0; i < 4; ++i) fma_into(v[i], load(xb + 8 * i), acc[r]);  // x from L1: registers hold sums
             }
         }
@@ -225,12 +224,13 @@ void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t width, const float
     for (int r = 0; r < R; ++r) sums[r] = total(acc[r]);
 }
 
-// A row of blocks -> its float32 values out[width] (`expand_row`'s values, vectorised).
-void expand_values(int64_t kind, const uint8_t* row, int64_t width, float* out) {
-    const int shift = piece_shift(kind);
+// A row of blocks of KIND -> its float32 values out[width] (`expand_row`'s values, vectorised).
+template <int64_t KIND>
+void expand_values(const uint8_t* row, int64_t width, float* out) {
+    using T = Traits<KIND>;
     for (int64_t b = 0; b < width / kBlock; ++b) {
         Lanes v[4];
-        block_values(kind, row + (b >> shift) * block_bytes(kind), int(b & ((1 << shift) - 1)), v);
+        block_values<KIND>(row + (b >> T::piece_shift) * T::bytes, int(b & (T::pieces - 1)), v);
         for (int i = 0; i < 4; ++i) store(out + b * kBlock + 8 * i, v[i]);
     }
 }
@@ -242,7 +242,7 @@ void row_tokens(const uint8_t* row, int64_t width, const float* x, int64_t xs, f
     Lanes acc[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[t] = zero();
-    if (kind == F32) {
+    if constexpr (Traits<kind>::dense) {
         const float* values = (const float*)row;
         int64_t i = 0;
         for (; i + kLanes <= width; i += kLanes) {
@@ -255,11 +255,10 @@ void row_tokens(const uint8_t* row, int64_t width, const float* x, int64_t xs, f
             for (int t = 0; t < T; ++t) fma_into(v, load(x + t * xs + i, width - i), acc[t]);
         }
     } else {
-        const int64_t bytes = block_bytes(kind);
-        const int shift = piece_shift(kind);
+        using K = Traits<kind>;
         for (int64_t b = 0; b < width / kBlock; ++b) {
             Lanes v[4];
-            block_values(kind, row + (b >> shift) * bytes, int(b & ((1 << shift) - 1)), v);
+            block_values<kind>(row + (b >> K::piece_shift) * K::bytes, int(b & (K::pieces - 1)), v);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 8
@@ -365,14 +364,14 @@ void project_kind(const Projection& p, int64_t start, int64_t end, const Out& ou
         return;
     }
     static thread_local std::vector<float> scratch;  // a longer pass: rows expanded into scratch, tiles of 2 x 6
-    const bool dense = kind == F32;
+    constexpr bool dense = Traits<kind>::dense;
     if (!dense) scratch.resize(kPassRows * width);
     for (int64_t r = start; r < end; r += kPassRows) {
         int64_t rows = end - r < kPassRows ? end - r : kPassRows;
         for (int64_t i = 0; i < kPassRows * row_bytes; i += 64) prefetch(w + (r + kPassRows) * row_bytes + i);  // the next tile
         const float* values = (const float*)(w + r * row_bytes);
-        if (!dense) {  // each row's blocks expanded once, read for every token
-            for (int64_t i = 0; i < rows; ++i) expand_values(kind, w + (r + i) * row_bytes, width, scratch.data() + i * width);
+        if constexpr (!dense) {  // each row's blocks expanded once, read for every token
+            for (int64_t i = 0; i < rows; ++i) expand_values<kind>(w + (r + i) * row_bytes, width, scratch.data() + i * width);
             values = scratch.data();
         }
         if (rows == kPassRows) {
@@ -386,24 +385,18 @@ void project_kind(const Projection& p, int64_t start, int64_t end, const Out& ou
 }  // namespace
 
 void specdraft::project_float32(const Projection& p, int64_t start, int64_t end, const Out& out) {
-    switch (p.kind) {
-        case F32: project_kind<F32>(p, start, end, out); break;
-        case Q4_1: project_kind<Q4_1>(p, start, end, out); break;
-        case Q8_0: project_kind<Q8_0>(p, start, end, out); break;
-        case Q5_0: project_kind<Q5_0>(p, start, end, out); break;
-        case Q4_K: project_kind<Q4_K>(p, start, end, out); break;
-        case Q6_K: project_kind<Q6_K>(p, start, end, out); break;
-    }
+    with_kind(p.kind, [&](auto k) { project_kind<k>(p, start, end, out); });
 }
 
 // Rows [start, end) of w as float32 values into y (stride ys): the dense weight, for passes that
 // multiply by it elsewhere (prefill chunks, by BLAS). Reads kind, w, row_bytes, width, y and ys.
 extern "C" void specdraft_expand(const Projection* p, int64_t start, int64_t end) {
-    for (int64_t r = start; r < end; ++r) {
-        if (p->kind == F32) {
-            std::memcpy(p->y + r * p->ys, p->w + r * p->row_bytes, p->width * 4);
-        } else {
-            expand_values(p->kind, p->w + r * p->row_bytes, p->width, p->y + r * p->ys);
+    with_kind(p->kind, [&](auto k) {
+        for (int64_t r = start; r < end; ++r) {
+            if constexpr (Traits<k>::dense)
+                std::memcpy(p->y + r * p->ys, p->w + r * p->row_bytes, p->width * 4);
+            else
+                expand_values<k>(p->w + r * p->row_bytes, p->width, p->y + r * p->ys);
         }
-    }
+    });
 }

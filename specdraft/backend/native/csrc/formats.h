@@ -1,17 +1,20 @@
-// GGUF's block formats as the kernels read them: each kind's number (as
-// `specdraft.backend.native.formats` numbers it; `specdraft_kind` states it back for a test to
-// compare), its block (weights and bytes) and its dequantisation to float32 (`piece_values`, the
-// values a dequantised float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K
-// kinds (Q4_K, Q6_K: a super-block of sub-blocks with their own scales). Both arithmetics read a row
-// in pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift(kind), as its sub-block
-// b & (pieces - 1). Each arithmetic has its own dot product per kind (float32.cpp's `block_values`,
-// int8.cpp's). A new kind is an entry here (its number, `block_bytes`, its `piece_values`,
-// `specdraft_kind`'s case) and its two dot products.
+// GGUF's block formats as the kernels read them, one traits entry per kind (`Traits<KIND>`, as ggml's
+// type traits, but known when compiled): its number (as `specdraft.backend.native.formats` numbers it;
+// `specdraft_kind` states it back for a test to compare), name, block (weights and bytes), the facts
+// its tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a
+// dequantised float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds
+// (Q4_K, Q6_K: a super-block of sub-blocks with their own scales). Both arithmetics read a row in
+// pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift, as its sub-block
+// b & (pieces - 1). `with_kind` is the one place a kind's number becomes the code compiled for it:
+// every entry point calls it once, and below it the kind is a template argument. A new kind is its
+// number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
+// int8.cpp's or int8_k.cpp's).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -45,25 +48,6 @@ uint16_t load_u16(const uint8_t* p) {
     uint16_t v;
     std::memcpy(&v, p, 2);
     return v;
-}
-
-inline bool k_kind(int64_t kind) { return kind == Q4_K || kind == Q6_K; }
-
-// log2 of the pieces of 32 weights in a block of `kind`: a row's piece b is sub-block b & ((1 << shift) - 1)
-// of its block b >> shift.
-inline int piece_shift(int64_t kind) { return k_kind(kind) ? 3 : 0; }
-
-inline int64_t block_weights(int64_t kind) { return k_kind(kind) ? kSuper : kBlock; }
-
-inline int64_t block_bytes(int64_t kind) {
-    switch (kind) {
-        case Q4_1: return 20;
-        case Q8_0: return 34;
-        case Q5_0: return 22;
-        case Q4_K: return 144;
-        case Q6_K: return 210;
-    }
-    return 4;  // F32: a weight
 }
 
 // Q4_1 (20 bytes): float16 d at 0, m at 2, qs at 4: element j in byte 4 + j % 16, the low nibble for
@@ -133,26 +117,91 @@ inline void q6_k_piece(const uint8_t* p, int sub, float* o) {
     }
 }
 
-// Piece `sub` (32 weights) of the block at p as float32 into out[32].
-inline void piece_values(int64_t kind, const uint8_t* p, int sub, float* out) {
-    switch (kind) {
-        case Q4_1: q4_1_piece(p, out); break;
-        case Q8_0: q8_0_piece(p, out); break;
-        case Q5_0: q5_0_piece(p, out); break;
-        case Q4_K: q4_k_piece(p, sub, out); break;
-        case Q6_K: q6_k_piece(p, sub, out); break;
-    }
+template <int64_t KIND>
+struct Traits;
+
+// What every block kind's entry states: a block of `weights` weights in `bytes` bytes, `pieces` of 32
+// (a row's piece b lies in block b >> piece_shift); `bits` of each integer weight; `scales`, the
+// float16 fields per row before a tile's integers (d; Q4_1's m, Q4_K's dmin beside it); for a kind of
+// 32 weights, `qs`, where its block's integers begin, and `offset`, what the bytes of its int8 tiles
+// exceed its weights by; `ahead`, whether a decode token asks for its tiles ahead (tiles.h's
+// `asks_ahead`); `halves16`, whether its tokens' sums are kept per 16 (Q6_K's scales).
+template <int64_t WEIGHTS, int64_t BYTES, int BITS, int SCALES, int QS = 0, int32_t OFFSET = 0, bool AHEAD = true,
+          bool HALVES16 = false>
+struct Facts {
+    static constexpr int64_t weights = WEIGHTS, bytes = BYTES;
+    static constexpr bool dense = false, super = WEIGHTS == kSuper;
+    static constexpr int pieces = int(WEIGHTS / kBlock), piece_shift = super ? 3 : 0;
+    static constexpr int bits = BITS, scales = SCALES, qs = QS;
+    static constexpr int32_t offset = OFFSET;
+    static constexpr bool ahead = AHEAD, halves16 = HALVES16;
+};
+
+template <>
+struct Traits<F32> {
+    static constexpr const char* name = "F32";
+    static constexpr int64_t weights = 1, bytes = 4;  // a unit: one float32 weight
+    static constexpr bool dense = true, super = false;
+};
+
+template <>
+struct Traits<Q4_1> : Facts<kBlock, 20, 4, 2, 4, 0, false> {
+    static constexpr const char* name = "Q4_1";
+    static void piece(const uint8_t* p, int, float* o) { q4_1_piece(p, o); }
+};
+
+template <>
+struct Traits<Q8_0> : Facts<kBlock, 34, 8, 1, 2, 128, false> {
+    static constexpr const char* name = "Q8_0";
+    static void piece(const uint8_t* p, int, float* o) { q8_0_piece(p, o); }
+};
+
+template <>
+struct Traits<Q5_0> : Facts<kBlock, 22, 5, 1, 6, 16> {
+    static constexpr const char* name = "Q5_0";
+    static void piece(const uint8_t* p, int, float* o) { q5_0_piece(p, o); }
+};
+
+template <>
+struct Traits<Q4_K> : Facts<kSuper, 144, 4, 2> {
+    static constexpr const char* name = "Q4_K";
+    static void piece(const uint8_t* p, int sub, float* o) { q4_k_piece(p, sub, o); }
+};
+
+template <>
+struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
+    static constexpr const char* name = "Q6_K";
+    static void piece(const uint8_t* p, int sub, float* o) { q6_k_piece(p, sub, o); }
+};
+
+template <int64_t... K>
+struct KindList {};
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K>;  // every kind with an entry above
+
+template <int64_t KIND>
+using KindOf = std::integral_constant<int64_t, KIND>;
+
+template <typename F, int64_t... K>
+bool with_kind_of(KindList<K...>, int64_t kind, F&& f) {
+    return ((kind == K && (f(KindOf<K>()), true)) || ...);
+}
+
+// f(KindOf<K>()) for the kind numbered `kind`; false (f not called) for a number that is no kind.
+template <typename F>
+bool with_kind(int64_t kind, F&& f) {
+    return with_kind_of(Kinds(), kind, f);
 }
 
 // Row r's values as float32 into out[width] (a float32 row is copied).
-inline void expand_row(int64_t kind, const uint8_t* row, int64_t width, float* out) {
-    if (kind == F32) {
+template <int64_t KIND>
+void expand_row(const uint8_t* row, int64_t width, float* out) {
+    using T = Traits<KIND>;
+    if constexpr (T::dense) {
         std::memcpy(out, row, width * 4);
-        return;
+    } else {
+        for (int64_t b = 0; b < width / kBlock; ++b)
+            T::piece(row + (b >> T::piece_shift) * T::bytes, int(b & (T::pieces - 1)), out + b * kBlock);
     }
-    const int shift = piece_shift(kind);
-    for (int64_t b = 0; b < width / kBlock; ++b)
-        piece_values(kind, row + (b >> shift) * block_bytes(kind), int(b & ((1 << shift) - 1)), out + b * kBlock);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The projections' int8 arithmetic (a `Projection` with quantised tokens, projection.h).
 //
-// Each token's x is quantised in blocks of 32 (`quantize_token`): d = max |x| / 127, q = x * (1 / d)
+// Each token's x is quantised in blocks of 32 (quantize.cpp's `quantize_token`): d = max |x| / 127, q = x * (1 / d)
 // rounded to the nearest integer, ties to even (all 0 where d = 0), s = d * (sum of q). A weight
 // block against a token's block is then an integer sum i = sum_j wq_j * q_j, exact in every path,
 // and the row's sum for the token is, block after block in order,
@@ -16,10 +16,10 @@
 // and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K per super-block
 //   i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)        (s: 8 sub-blocks of 32)
 //   acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
-// (int8_k.cpp's `q4_k_rows`), and Q6_K per super-block
+// (int8_k.cpp's `rows_dot` for Q4_K), and Q6_K per super-block
 //   i = sum_s scale_s (sum_j (q_sj - 32) x_sj)                              (s: 16 sub-blocks of 16)
 //   acc = fma(d * d_x, float(i), acc)
-// (`q6_k_rows`, as q . x - 32 (sum of x); |i| < 2^31, float(i) rounding the same everywhere).
+// (its `rows_dot`, as q . x - 32 (sum of x); |i| < 2^31, float(i) rounding the same everywhere).
 //
 // The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
 // same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
@@ -28,8 +28,8 @@
 //   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
 //   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128; Q5_0
 //   Q4_1's 4 vectors of its q's low 4 bits, then a fifth whose byte 4r + e holds in bit G the 5th bit
-//   of element 4G + e; Q4_K and Q6_K (a block a super-block of 256) as `q4_k_pieces` and
-//   `q6_k_pieces` say: their bytes in 4-byte groups, vectors of 4R bytes likewise.
+//   of element 4G + e; Q4_K and Q6_K (a block a super-block of 256) as their
+//   `tile_pieces` say (int8_k.cpp): their bytes in 4-byte groups, vectors of 4R bytes likewise.
 // A group's 4 activations, broadcast, then meet a vector's rows in one instruction that sums them per
 // row. A tile's half h (rows 8h .. 8h + 7) is 16 bytes of d and of m and 32 of each vector, at fixed
 // offsets: 256-bit code reads a half, 512-bit code a whole tile, one load a vector; and each block of
@@ -47,129 +47,46 @@
 
 namespace {
 
-// A block of 32 activations quantised: q, and returns the sum of q; d and s as above. Every path
-// computes the same values: the maximum is exact, the rest one IEEE operation each.
-#ifdef SPECDRAFT_AVX2
-float top_of(const float* x, int64_t n) {  // max |x_j| of n (a multiple of 8) activations
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 top = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
-    __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-    __m128 t2 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
-    return _mm_cvtss_f32(_mm_max_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
-}
-
-// 32 activations quantised with scale d into q; the sums of q's first 16 and last 16 into sums.
-void quantize_with(const float* x, float scale, int8_t* q, int32_t sums[2]) {
-    const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
-    const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
-    __m256i n[4];
-    for (int i = 0; i < 4; ++i) {
-        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        n[i] = _mm256_cvtps_epi32(_mm256_min_ps(high, _mm256_max_ps(low, r)));
-    }
-    // 32 -> 16 -> 8 bits, then the 4-byte groups back in element order
-    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
-    _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    for (int half = 0; half < 2; ++half) {
-        const __m256i total = _mm256_add_epi32(n[2 * half], n[2 * half + 1]);
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        t = _mm_hadd_epi32(t, t);
-        sums[half] = _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
-    }
-}
-#else
-float top_of(const float* x, int64_t n) {
-    float top = 0.0f;
-    for (int64_t j = 0; j < n; ++j) top = std::fmax(top, std::fabs(x[j]));
-    return top;
-}
-
-void quantize_with(const float* x, float scale, int8_t* q, int32_t sums[2]) {
-    const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-    sums[0] = sums[1] = 0;
-    for (int j = 0; j < kBlock; ++j) {
-        float v = std::nearbyint(x[j] * inverse);  // the default rounding: to nearest, ties to even
-        v = std::fmin(127.0f, std::fmax(-127.0f, v));
-        q[j] = int8_t(v);
-        sums[j / 16] += int32_t(v);
-    }
-}
-#endif
-
-int32_t quantize_block(const float* x, int8_t* q, float& d, float& s) {
-    const float scale = top_of(x, kBlock) / 127.0f;
-    int32_t sums[2];
-    quantize_with(x, scale, q, sums);
-    d = scale;
-    s = scale * float(sums[0] + sums[1]);
-    return sums[0] + sums[1];
-}
-
-// A K kind's super-block of 256 activations: d = max |x| / 127 over the 256, each of its 32s quantised
-// with it as `quantize_block` quantises a block (d, s and the sum per 32, d the same for the 8). Q6_K's
-// scales are per 16, so its `total` holds each 32's two sums of 16 instead, as int16 halves of the
-// int32 (the first 16's the low half; each at most 16 * 127 in magnitude).
-void quantize_super(int64_t kind, const float* x, int8_t* q, float* d, float* s, int32_t* total) {
-    const float scale = top_of(x, kSuper) / 127.0f;
-    for (int c = 0; c < kSuper / kBlock; ++c) {
-        int32_t sums[2];
-        quantize_with(x + kBlock * c, scale, q + kBlock * c, sums);
-        total[c] = kind == Q6_K ? int32_t(uint32_t(uint16_t(sums[0])) | uint32_t(sums[1]) << 16) : sums[0] + sums[1];
-        d[c] = scale;
-        s[c] = scale * float(sums[0] + sums[1]);
-    }
-}
-
-void quantize_token(int64_t kind, const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
-    if (k_kind(kind)) {
-        for (int64_t b = 0; b < width / kBlock; b += kSuper / kBlock)
-            quantize_super(kind, x + b * kBlock, q + b * kBlock, d + b, s + b, total + b);
-        return;
-    }
-    for (int64_t b = 0; b < width / kBlock; ++b) total[b] = quantize_block(x + b * kBlock, q + b * kBlock, d[b], s[b]);
-}
-
-// Row r's (0..7) integer weight j (0..31) of a half tile's block (`at` bytes on from block 0): Q4_1's
-// 0..15, Q8_0's -128..127, Q5_0's q - 16.
-inline int32_t tile_weight(int64_t kind, const Half& half, int64_t at, int r, int j) {
+// Row r's (0..7) integer weight j (0..31) of a half tile's block of KIND (`at` bytes on from block 0):
+// Q4_1's 0..15, Q8_0's -128..127, Q5_0's q - 16 (the tile's byte less the kind's offset).
+template <int64_t KIND>
+inline int32_t tile_weight(const Half& half, int64_t at, int r, int j) {
+    using K = Traits<KIND>;
     const int group = j / 4, e = j % 4;
-    if (kind == Q4_1 || kind == Q5_0) {
+    if constexpr (K::bits == 8) {
+        return int32_t(half.q[at + half.vector * group + 4 * r + e]) - K::offset;
+    } else {
         const uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
-        const int32_t low = group < 4 ? byte & 15 : byte >> 4;
-        if (kind == Q4_1) return low;
-        return (low | ((half.q[at + half.vector * 4 + 4 * r + e] >> group) & 1) << 4) - 16;
+        int32_t q = group < 4 ? byte & 15 : byte >> 4;
+        if constexpr (K::bits == 5) q |= ((half.q[at + half.vector * 4 + 4 * r + e] >> group) & 1) << 4;
+        return q - K::offset;
     }
-    return int32_t(half.q[at + half.vector * group + 4 * r + e]) - 128;
 }
 
-// The float operations of a half tile's block for one token, row by row (the portable loops').
-inline void tile_block_sums(int64_t kind, const Half& half, int64_t at, const int32_t i[kTileRows], float dx,
-                            float sx, float* acc) {
+// The float operations of a half tile's block of KIND for one token, row by row (the portable loops').
+template <int64_t KIND>
+inline void tile_block_sums(const Half& half, int64_t at, const int32_t i[kTileRows], float dx, float sx, float* acc) {
     for (int r = 0; r < kTileRows; ++r) {
         float a = std::fmaf(half_to_float(load_u16(half.d + at + 2 * r)) * dx, float(i[r]), acc[r]);
-        if (kind == Q4_1) a = std::fmaf(half_to_float(load_u16(half.m + at + 2 * r)), sx, a);
+        if constexpr (Traits<KIND>::scales == 2) a = std::fmaf(half_to_float(load_u16(half.m + at + 2 * r)), sx, a);
         acc[r] = a;
     }
 }
 
 #ifdef SPECDRAFT_AVX2
 
-// What the bytes group_weights gives exceed the weights by (their dot product less offset * sum of x):
-// Q4_1's none (its weights are its q), Q5_0's 16 (q - 16), Q8_0's 128 with VNNI (w + 128).
-template <int64_t KIND>
-constexpr int32_t offset() {
-    return KIND == Q4_1 ? 0 : KIND == Q5_0 ? 16 : 128;
-}
+// The bytes group_weights gives exceed the weights by `Traits::offset` (their dot product less offset *
+// sum of x): Q4_1's none (its weights are its q), Q5_0's 16 (q - 16), Q8_0's 128 with VNNI (w + 128; without,
+// group_weights gives w itself).
 
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
 // bytes the instructions below take (Q4_1's 0..15; Q5_0's q, 0..31; Q8_0's w + 128 for VNNI, w without it).
 template <int64_t KIND>
 inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
-    if (KIND == Q4_1 || KIND == Q5_0) {
+    if constexpr (Traits<KIND>::bits < 8) {
         const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + vector * (G % 4))), nibble = _mm256_set1_epi8(15);
         const __m256i low = _mm256_and_si256(G < 4 ? raw : _mm256_srli_epi16(raw, 4), nibble);
-        if (KIND == Q4_1) return low;
+        if constexpr (Traits<KIND>::bits == 4) return low;
         // bit G of each byte of the fifth vector to bit 4 (16-bit shifts: the bit stays in its byte)
         const __m256i bit = _mm256_and_si256(_mm256_loadu_si256((const __m256i*)(q + vector * 4)), _mm256_set1_epi8(char(1 << G)));
         return _mm256_or_si256(low, G <= 4 ? _mm256_slli_epi16(bit, 4 - G) : _mm256_srli_epi16(bit, G - 4));
@@ -182,82 +99,123 @@ inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
 #endif
 }
 
+// Block b's integer sums of H half tiles' rows against T tokens, into sums[h][t] (8 rows a register):
+// `Block` says where they lie. One function a way of reaching them (VNNI's `vpdpbusd`; AVX2's
+// `vpmaddubsw` + `vpmaddwd` on unsigned weights, or on signed ones by the sign trick); the integers are
+// the same whichever.
+struct Block {
+    const Half* half;         // each half tile's
+    int64_t at;               // the block's bytes on from block 0, in each half tile
+    const int8_t* x;          // token 0's activations of the block; token t's at x + t * width
+    int64_t width;
+    const int32_t* xtotal;    // token 0's sum of them; token t's at xtotal + t * blocks
+    int64_t blocks;
+    const int8_t* group(int t, int G) const { return x + t * width + 4 * G; }
+    int32_t total(int t) const { return xtotal[t * blocks]; }
+};
+
+#ifdef SPECDRAFT_VNNI
+// (w + offset) . x = w . x + offset * (sum of x): the offset's term first.
+template <int64_t KIND, int H, int T>
+[[gnu::always_inline]] inline void block_sums(const Block& k, __m256i (&sums)[H][T]) {
+    for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) sums[h][t] = _mm256_set1_epi32(-Traits<KIND>::offset * k.total(t));
+    for (int G = 0; G < 8; ++G) {
+        __m256i bx[T];
+        for (int t = 0; t < T; ++t) bx[t] = broadcast4(k.group(t, G));
+        for (int h = 0; h < H; ++h) {
+            const __m256i w = group_weights<KIND>(k.half[h].q + k.at, k.half[h].vector, G);
+            for (int t = 0; t < T; ++t) sums[h][t] = dot_add(sums[h][t], w, bx[t]);
+        }
+    }
+}
+#else
+// Unsigned weights (fewer than 8 bits) times x: 16-bit sums of `run` groups' pairs, then 32 bits. Each
+// 16-bit sum is at most run x 2 x (largest weight) x 127 < 2^15 (Q4_1: 8 x 2 x 15 x 127; Q5_0: 4 x 2 x 31 x
+// 127), so the integers are those of a 32-bit sum of each pair. Q5_0's bytes are w + 16: less offset x
+// (sum of x).
+template <int BITS>
+constexpr int sums16_run() {
+    int run = 8;
+    while (run * 2 * ((1 << BITS) - 1) * 127 >= 1 << 15) run /= 2;
+    return run;
+}
+
+template <int64_t KIND, int H, int T>
+[[gnu::always_inline]] inline void unsigned_sums(const Block& k, __m256i (&sums)[H][T]) {
+    constexpr int run = sums16_run<Traits<KIND>::bits>();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) sums[h][t] = _mm256_set1_epi32(-Traits<KIND>::offset * k.total(t));
+#pragma GCC unroll 8
+    for (int G0 = 0; G0 < 8; G0 += run) {
+        __m256i pairs[H][T];
+        for (int G = G0; G < G0 + run; ++G) {
+            __m256i bx[T];
+            for (int t = 0; t < T; ++t) bx[t] = broadcast4(k.group(t, G));
+            for (int h = 0; h < H; ++h) {
+                const __m256i w = group_weights<KIND>(k.half[h].q + k.at, k.half[h].vector, G);
+                for (int t = 0; t < T; ++t) {
+                    const __m256i product = _mm256_maddubs_epi16(w, bx[t]);
+                    pairs[h][t] = G == G0 ? product : _mm256_add_epi16(pairs[h][t], product);
+                }
+            }
+        }
+        for (int h = 0; h < H; ++h)
+            for (int t = 0; t < T; ++t) sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pairs[h][t], ones));
+    }
+}
+
+// Signed weights (Q8_0's) times x by the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127).
+template <int64_t KIND, int H, int T>
+[[gnu::always_inline]] inline void signed_sums(const Block& k, __m256i (&sums)[H][T]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) sums[h][t] = _mm256_setzero_si256();
+    for (int G = 0; G < 8; ++G) {
+        for (int h = 0; h < H; ++h) {
+            const __m256i w = group_weights<KIND>(k.half[h].q + k.at, k.half[h].vector, G), magnitude = _mm256_abs_epi8(w);
+            for (int t = 0; t < T; ++t) {
+                const __m256i signed_x = _mm256_sign_epi8(broadcast4(k.group(t, G)), w);
+                sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+            }
+        }
+    }
+}
+
+template <int64_t KIND, int H, int T>
+[[gnu::always_inline]] inline void block_sums(const Block& k, __m256i (&sums)[H][T]) {
+    if constexpr (Traits<KIND>::bits < 8)
+        unsigned_sums<KIND>(k, sums);
+    else
+        signed_sums<KIND>(k, sums);
+}
+#endif
+
 // Rows 8g .. 8g + 8H - 1 (half tile g, and for H = 2 the tile's other half g + 1) against tokens [t0,
-// t0 + T) of weights of KIND: each block read whole before the next, the H x T sums in registers from
-// block to block (H, T and KIND known when compiled, as `int8_tile`'s are; AVX2 has 16 registers).
+// t0 + T) of weights of KIND: each block read whole before the next (`block_sums`), the H x T sums in
+// registers from block to block (H, T and KIND known when compiled, as `int8_tile`'s are; AVX2 has 16
+// registers), then int8.cpp's float operations.
 template <int64_t KIND, int H, int T>
 [[gnu::noinline]] void int8_halves(const Projection& p, int64_t g, int64_t t0, const Out& out) {  // as `int8_tile`
     const int64_t blocks = p.width / kBlock;
     Half half[H];
-    for (int h = 0; h < H; ++h) half[h] = half_tile(KIND, p.w, p.rows, p.row_bytes, g + h);
-    const int8_t* qx = p.qx + t0 * p.width;
+    for (int h = 0; h < H; ++h) half[h] = half_tile<KIND>(p.w, p.rows, p.row_bytes, g + h);
     const float* xd = p.xd + t0 * blocks;
     const float* xsum = p.xsum + t0 * blocks;
-    [[maybe_unused]] const int32_t* xtotal = p.xtotal + t0 * blocks;  // Q8_0 with VNNI; Q5_0
     __m256 acc[H][T];
     for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) acc[h][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t at = b * half[0].stride;
-        if (asks_ahead(KIND, T)) ask_ahead(half[0].d + at, half[0].stride);
-        const int8_t* x = qx + b * kBlock;
+        if (asks_ahead<KIND>(T)) ask_ahead(half[0].d + at, half[0].stride);
         __m256i sums[H][T];
-#ifdef SPECDRAFT_VNNI  // Q8_0: (w + 128) . x = w . x + 128 * (sum of x); Q5_0: (w + 16) . x likewise
-        for (int h = 0; h < H; ++h)
-            for (int t = 0; t < T; ++t)
-                sums[h][t] = _mm256_set1_epi32(-offset<KIND>() * xtotal[t * blocks + b]);
-        for (int G = 0; G < 8; ++G) {
-            __m256i bx[T];
-            for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
-            for (int h = 0; h < H; ++h) {
-                const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
-                for (int t = 0; t < T; ++t) sums[h][t] = dot_add(sums[h][t], w, bx[t]);
-            }
-        }
-#else
-        const __m256i ones = _mm256_set1_epi16(1);
-        if (KIND == Q4_1 || KIND == Q5_0) {  // unsigned q times x: 16-bit sums of `run` groups' pairs, then 32 bits
-            // Each sum <= run x 2 x (largest q) x 127 < 2^15 (Q4_1: 8 x 2 x 15 x 127; Q5_0: 4 x 2 x 31 x 127),
-            // so the integers are those of a 32-bit sum of each pair. Q5_0's q is w + 16: less offset x (sum of x).
-            constexpr int run = KIND == Q4_1 ? 8 : 4;
-            for (int h = 0; h < H; ++h)
-                for (int t = 0; t < T; ++t)
-                    sums[h][t] = KIND == Q5_0 ? _mm256_set1_epi32(-offset<KIND>() * xtotal[t * blocks + b]) : _mm256_setzero_si256();
-            for (int G0 = 0; G0 < 8; G0 += run) {
-                __m256i pairs[H][T];
-                for (int G = G0; G < G0 + run; ++G) {
-                    __m256i bx[T];
-                    for (int t = 0; t < T; ++t) bx[t] = broadcast4(x + t * p.width + 4 * G);
-                    for (int h = 0; h < H; ++h) {
-                        const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G);
-                        for (int t = 0; t < T; ++t) {
-                            const __m256i product = _mm256_maddubs_epi16(w, bx[t]);
-                            pairs[h][t] = G == G0 ? product : _mm256_add_epi16(pairs[h][t], product);
-                        }
-                    }
-                }
-                for (int h = 0; h < H; ++h)
-                    for (int t = 0; t < T; ++t) sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pairs[h][t], ones));
-            }
-        } else {  // the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127)
-            for (int h = 0; h < H; ++h)
-                for (int t = 0; t < T; ++t) sums[h][t] = _mm256_setzero_si256();
-            for (int G = 0; G < 8; ++G) {
-                for (int h = 0; h < H; ++h) {
-                    const __m256i w = group_weights<KIND>(half[h].q + at, half[h].vector, G), magnitude = _mm256_abs_epi8(w);
-                    for (int t = 0; t < T; ++t) {
-                        const __m256i signed_x = _mm256_sign_epi8(broadcast4(x + t * p.width + 4 * G), w);
-                        sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
-                    }
-                }
-            }
-        }
-#endif
+        block_sums<KIND>(Block{half, at, p.qx + t0 * p.width + b * kBlock, p.width, p.xtotal + t0 * blocks + b, blocks}, sums);
         for (int h = 0; h < H; ++h) {
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half[h].d + at)));
             for (int t = 0; t < T; ++t)
                 acc[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[t * blocks + b])), _mm256_cvtepi32_ps(sums[h][t]), acc[h][t]);
-            if (KIND == Q4_1) {
+            if constexpr (Traits<KIND>::scales == 2) {
                 const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(half[h].m + at)));
                 for (int t = 0; t < T; ++t) acc[h][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xsum[t * blocks + b]), acc[h][t]);
             }
@@ -274,19 +232,19 @@ template <int64_t KIND, int H, int T>
 
 constexpr int64_t kHalvesTokens[3] = {0, 4, 2};  // tokens H halves' sums are held for at once (AVX2's 16 registers)
 
-// Rows 8g .. 8g + 8H - 1 against every token of the pass, kHalvesTokens[H] at a time.
-template <int64_t KIND, int H>
-void int8_halves_kind(const Projection& p, int64_t g, const Out& out) {
-    for (int64_t t = 0; t < p.n; t += kHalvesTokens[H])
-        for_count<kHalvesTokens[H]>(p.n - t, [&](auto T) { int8_halves<KIND, H, T>(p, g, t, out); });
-}
-
-// Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every token.
+// Rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the tile's other half) against every
+// token, kHalvesTokens[halves] at a time.
+template <int64_t KIND>
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
-    if (k_kind(p.kind)) specdraft::k_group(p, g, halves, out);
-    else if (p.kind == Q4_1) halves == 2 ? int8_halves_kind<Q4_1, 2>(p, g, out) : int8_halves_kind<Q4_1, 1>(p, g, out);
-    else if (p.kind == Q5_0) halves == 2 ? int8_halves_kind<Q5_0, 2>(p, g, out) : int8_halves_kind<Q5_0, 1>(p, g, out);
-    else halves == 2 ? int8_halves_kind<Q8_0, 2>(p, g, out) : int8_halves_kind<Q8_0, 1>(p, g, out);
+    if constexpr (Traits<KIND>::super) {
+        specdraft::k_group<KIND>(p, g, halves, out);
+    } else {
+        const auto each = [&](auto H) {
+            for (int64_t t = 0; t < p.n; t += kHalvesTokens[H])
+                for_count<kHalvesTokens[H]>(p.n - t, [&](auto T) { int8_halves<KIND, H, T>(p, g, t, out); });
+        };
+        halves == 2 ? each(std::integral_constant<int, 2>()) : each(std::integral_constant<int, 1>());
+    }
 }
 
 #ifdef SPECDRAFT_ZMM
@@ -303,8 +261,9 @@ constexpr int64_t kTileTokens = 16;  // tokens a whole tile's sums are held for 
 template <int64_t KIND, int T>
 [[gnu::noinline]] void int8_tile(const Projection& p, int64_t g, int64_t t0, const Out& out) {
     static_assert(T >= 1 && T <= kTileTokens, "a tile's sums for at most kTileTokens tokens");
-    const int64_t blocks = p.width / kBlock, stride = kTile * block_bytes(KIND);
-    const int64_t head = KIND == Q4_1 ? 4 * kTile : 2 * kTile;
+    using K = Traits<KIND>;
+    const int64_t blocks = p.width / kBlock, stride = kTile * K::bytes;
+    const int64_t head = 2 * K::scales * kTile;
     const __m512i nibble = _mm512_set1_epi8(15);
     const int8_t* qx = p.qx + t0 * p.width;
     const float* xd = p.xd + t0 * blocks;
@@ -314,18 +273,18 @@ template <int64_t KIND, int T>
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, tile += stride) {
-        if (asks_ahead(KIND, T)) ask_ahead(tile, stride);
+        if (asks_ahead<KIND>(T)) ask_ahead(tile, stride);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
         __m512 mw = _mm512_setzero_ps();
         __m512i w[8];
-        if (KIND == Q4_1 || KIND == Q5_0) {
-            if (KIND == Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
+        if constexpr (K::bits < 8) {
+            if constexpr (K::scales == 2) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 2 * kTile)));
             for (int v = 0; v < 4; ++v) {
                 __m512i raw = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * v));
                 w[v] = _mm512_and_si512(raw, nibble);
                 w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
             }
-            if (KIND == Q5_0) {  // bit G of the fifth vector's bytes to bit 4 of group G's
+            if constexpr (K::bits == 5) {  // bit G of the fifth vector's bytes to bit 4 of group G's
                 const __m512i fifth = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * 4));
                 for (int G = 0; G < 8; ++G) {
                     const __m512i bit = _mm512_and_si512(fifth, _mm512_set1_epi8(char(1 << G)));
@@ -340,7 +299,7 @@ template <int64_t KIND, int T>
             const int8_t* x = qx + t * p.width + b * kBlock;
             // Two chains of dependent sums (integer: any grouping gives the same sum); Q8_0: (w + 128) . x
             // = w . x + 128 * (sum of x)
-            __m512i chain[2] = {_mm512_set1_epi32(-offset<KIND>() * xtotal[at]), _mm512_setzero_si512()};
+            __m512i chain[2] = {_mm512_set1_epi32(-K::offset * xtotal[at]), _mm512_setzero_si512()};
             for (int G = 0; G < 8; ++G) {
                 int32_t group;
                 std::memcpy(&group, x + 4 * G, 4);
@@ -348,7 +307,7 @@ template <int64_t KIND, int T>
             }
             const __m512i sums = _mm512_add_epi32(chain[0], chain[1]);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xd[at])), _mm512_cvtepi32_ps(sums), acc[t]);
-            if (KIND == Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xsum[at]), acc[t]);
+            if constexpr (K::scales == 2) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xsum[at]), acc[t]);
         }
     }
     for (int t = 0; t < T; ++t) {
@@ -359,31 +318,30 @@ template <int64_t KIND, int T>
 }
 
 // A whole tile (g even) against every token of the pass, kTileTokens at a time.
+template <int64_t KIND>
 void int8_whole_tile(const Projection& p, int64_t g, const Out& out) {
-    if (k_kind(p.kind)) {
-        specdraft::k_whole_tile(p, g, out);
-        return;
-    }
-    for (int64_t t = 0; t < p.n; t += kTileTokens) {
-        if (p.kind == Q4_1) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q4_1, n>(p, g, t, out); });
-        else if (p.kind == Q5_0) for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q5_0, n>(p, g, t, out); });
-        else for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<Q8_0, n>(p, g, t, out); });
+    if constexpr (Traits<KIND>::super) {
+        specdraft::k_whole_tile<KIND>(p, g, out);
+    } else {
+        for (int64_t t = 0; t < p.n; t += kTileTokens)
+            for_count<kTileTokens>(p.n - t, [&](auto n) { int8_tile<KIND, n>(p, g, t, out); });
     }
 }
 #endif
 
 #else  // portable loops: the same integer sums and float operations
 
-// Rows 8g .. 8g + 7 (a half tile) against tokens [t0, t0 + T).
+// Rows 8g .. 8g + 7 (a half tile of KIND) against tokens [t0, t0 + T).
+template <int64_t KIND>
 void int8_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
     const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(p.kind, p.w, p.rows, p.row_bytes, g);
+    const Half half = half_tile<KIND>(p.w, p.rows, p.row_bytes, g);
     float acc[kInt8Tokens][kTileRows] = {};
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t at = b * half.stride;
         int32_t w[kTileRows][kBlock];
         for (int r = 0; r < kTileRows; ++r)
-            for (int j = 0; j < kBlock; ++j) w[r][j] = tile_weight(p.kind, half, at, r, j);
+            for (int j = 0; j < kBlock; ++j) w[r][j] = tile_weight<KIND>(half, at, r, j);
         for (int64_t t = 0; t < T; ++t) {
             const int64_t token = t0 + t, at = token * blocks + b;
             const int8_t* x = p.qx + token * p.width + b * kBlock;
@@ -392,118 +350,131 @@ void int8_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
                 i[r] = 0;
                 for (int j = 0; j < kBlock; ++j) i[r] += w[r][j] * int32_t(x[j]);
             }
-            tile_block_sums(p.kind, half, b * half.stride, i, p.xd[at], p.xsum[at], acc[t]);
+            tile_block_sums<KIND>(half, b * half.stride, i, p.xd[at], p.xsum[at], acc[t]);
         }
     }
     for (int64_t t = 0; t < T; ++t)
         for (int r = 0; r < kTileRows; ++r) out.put(t0 + t, g * kTileRows + r, acc[t][r]);
 }
 
+template <int64_t KIND>
 void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
-    if (k_kind(p.kind)) {
-        specdraft::k_group(p, g, halves, out);
-        return;
+    if constexpr (Traits<KIND>::super) {
+        specdraft::k_group<KIND>(p, g, halves, out);
+    } else {
+        for (int64_t t = 0; t < p.n; t += kInt8Tokens)
+            for (int64_t h = 0; h < halves; ++h) int8_half<KIND>(p, g + h, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
     }
-    for (int64_t t = 0; t < p.n; t += kInt8Tokens)
-        for (int64_t h = 0; h < halves; ++h) int8_half(p, g + h, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
 }
 
 #endif
 
-}  // namespace
-
-// Rows [start, end): each tile whole where the range holds it, else its half tiles.
-void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
+// Rows [start, end) of tiles of KIND: each tile whole where the range holds it, else its half tiles.
+template <int64_t KIND>
+void project_kind(const Projection& p, int64_t start, int64_t end, const Out& out) {
     for (int64_t g = start / kTileRows; g < end / kTileRows;) {
         const int64_t halves = g % 2 == 0 && g + 1 < end / kTileRows ? 2 : 1;
 #ifdef SPECDRAFT_ZMM
         if (halves == 2) {
-            int8_whole_tile(p, g, out);
+            int8_whole_tile<KIND>(p, g, out);
             g += halves;
             continue;
         }
 #endif
-        int8_group(p, g, halves, out);
+        int8_group<KIND>(p, g, halves, out);
         g += halves;
     }
 }
 
-// Tokens [start, end) of x quantised for the int8 arithmetic of `kind` into qx, xd, xsum and xtotal
-// (the blocks of `width`). Reads kind, x, xs, width, qx, xd, xsum and xtotal.
-extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t end) {
-    const int64_t blocks = p->width / kBlock;
-    for (int64_t t = start; t < end; ++t)
-        quantize_token(p->kind, p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
-                       p->xtotal + t * blocks);
+}  // namespace
+
+void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
+    with_kind(p.kind, [&](auto k) {
+        if constexpr (!Traits<k>::dense) project_kind<k>(p, start, end, out);
+    });
+}
+
+// Row r's GGUF block of a kind of 32 weights into its tiles: block b of half tile `half` (`at` bytes on).
+template <int64_t KIND>
+void tile_block(const HalfOf<uint8_t>& half, int64_t at, int r, const uint8_t* block) {
+    using K = Traits<KIND>;
+    uint8_t* q = half.q + at;
+    std::memcpy(half.d + at + 2 * r, block, 2);                              // d
+    if constexpr (K::scales == 2) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
+    if constexpr (K::bits == 8) {  // element 4G + e at byte 4r + e of vector G, plus the offset
+        for (int j = 0; j < kBlock; ++j)
+            q[half.vector * (j / 4) + 4 * r + j % 4] = uint8_t(int32_t(int8_t(block[K::qs + j])) + K::offset);
+        return;
+    }
+    // Element 4G + e (G < 4) is qs[4G + e]'s low nibble, element 4G + e + 16 its high one: vector G's byte
+    // 4r + e holds both, so it is qs[4G + e] as it lies (Q5_0: its q's low 4 bits).
+    for (int G = 0; G < 4; ++G) std::memcpy(q + half.vector * G + 4 * r, block + K::qs + 4 * G, 4);
+    if constexpr (K::bits == 5) {  // the 5th bit of element 4G + e, qh's bit 4G + e, to bit G of the fifth vector's byte 4r + e
+        uint32_t qh;
+        std::memcpy(&qh, block + 2, 4);
+        for (int e = 0; e < 4; ++e) {
+            uint32_t fifth = 0;
+            for (int G = 0; G < 8; ++G) fifth |= ((qh >> (4 * G + e)) & 1u) << G;
+            q[half.vector * 4 + 4 * r + e] = uint8_t(fifth);
+        }
+    }
+}
+
+// Row r of half tile g's block b of KIND back as float32 values into o (`expand_row`'s).
+template <int64_t KIND>
+void tile_row_values(const uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r, float* o) {
+    using K = Traits<KIND>;
+    if constexpr (K::super) {  // the block back as GGUF holds it, then its values
+        uint8_t block[K::bytes] = {};
+        specdraft::k_block_of<KIND>(tiles, rows, row_bytes, g, b, r, block);
+        expand_row<KIND>(block, kSuper, o);
+    } else {
+        const Half half = half_tile<KIND>(tiles, rows, row_bytes, g);
+        const int64_t at = b * half.stride;
+        const float d = half_to_float(load_u16(half.d + at + 2 * r));
+        if constexpr (K::scales == 2) {
+            const float m = half_to_float(load_u16(half.m + at + 2 * r));
+            for (int j = 0; j < kBlock; ++j) o[j] = std::fmaf(d, float(tile_weight<KIND>(half, at, r, j)), m);
+        } else {
+            for (int j = 0; j < kBlock; ++j) o[j] = d * float(tile_weight<KIND>(half, at, r, j));
+        }
+    }
 }
 
 // GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's
 // tiles (the same bytes rearranged) into out.
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
-    const int64_t bytes = block_bytes(kind), blocks = row_bytes / bytes;
-    for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
-        const HalfOf<uint8_t> half = half_tile(kind, out, rows, row_bytes, g);
-        for (int64_t b = 0; b < blocks; ++b) {
-            const int64_t at = b * half.stride;
-            for (int r = 0; r < kTileRows; ++r) {
-                const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * bytes;
-                if (k_kind(kind)) {
-                    specdraft::k_tile_block(kind, out, rows, row_bytes, g, b, r, block);
-                    continue;
-                }
-                uint8_t* q = half.q + at;
-                std::memcpy(half.d + at + 2 * r, block, 2);  // d
-                if (kind == Q8_0) {  // element 4G + e at byte 4r + e of vector G, offset by 128
-                    for (int j = 0; j < kBlock; ++j)
-                        q[half.vector * (j / 4) + 4 * r + j % 4] = uint8_t(int32_t(int8_t(block[2 + j])) + 128);
-                    continue;
-                }
-                if (kind == Q4_1) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
-                // Element 4G + e (G < 4) is qs[4G + e]'s low nibble, element 4G + e + 16 its high one: vector
-                // G's byte 4r + e holds both, so it is qs[4G + e] as it lies (Q5_0: its q's low 4 bits).
-                const uint8_t* qs = block + (kind == Q4_1 ? 4 : 6);
-                for (int G = 0; G < 4; ++G) std::memcpy(q + half.vector * G + 4 * r, qs + 4 * G, 4);
-                if (kind == Q5_0) {  // the 5th bit of element 4G + e, qh's bit 4G + e, to bit G of the fifth vector's byte 4r + e
-                    uint32_t qh;
-                    std::memcpy(&qh, block + 2, 4);
-                    for (int e = 0; e < 4; ++e) {
-                        uint32_t fifth = 0;
-                        for (int G = 0; G < 8; ++G) fifth |= ((qh >> (4 * G + e)) & 1u) << G;
-                        q[half.vector * 4 + 4 * r + e] = uint8_t(fifth);
+    with_kind(kind, [&](auto k) {
+        using K = Traits<k>;
+        if constexpr (!K::dense) {
+            for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
+                const HalfOf<uint8_t> half = half_tile<k>(out, rows, row_bytes, g);
+                for (int64_t b = 0; b < row_bytes / K::bytes; ++b) {
+                    for (int r = 0; r < kTileRows; ++r) {
+                        const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * K::bytes;
+                        if constexpr (K::super)
+                            specdraft::k_tile_block<k>(out, rows, row_bytes, g, b, r, block);
+                        else
+                            tile_block<k>(half, b * half.stride, r, block);
                     }
                 }
             }
         }
-    }
+    });
 }
 
 // Rows ids[0 .. n) of tiles (`specdraft_tile`'s, of `kind`, `rows` rows of width weights) as float32
 // values into out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
 extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
                                       int64_t width, const int64_t* ids, int64_t n, float* out) {
-    for (int64_t k = 0; k < n; ++k) {
-        const Half half = half_tile(kind, tiles, rows, row_bytes, ids[k] / kTileRows);
-        const int r = int(ids[k] % kTileRows);
-        if (k_kind(kind)) {  // each block back as GGUF holds it, then its values
-            for (int64_t b = 0; b < width / kSuper; ++b) {
-                uint8_t block[210] = {};
-                specdraft::k_block_of(kind, tiles, rows, row_bytes, ids[k] / kTileRows, b, r, block);
-                expand_row(kind, block, kSuper, out + k * width + b * kSuper);
-            }
-            continue;
+    with_kind(kind, [&](auto k) {
+        if constexpr (!Traits<k>::dense) {
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t b = 0; b < width / Traits<k>::weights; ++b)
+                    tile_row_values<k>(tiles, rows, row_bytes, ids[i] / kTileRows, b, int(ids[i] % kTileRows),
+                                       out + i * width + b * Traits<k>::weights);
         }
-        for (int64_t b = 0; b < width / kBlock; ++b) {
-            const int64_t at = b * half.stride;
-            const float d = half_to_float(load_u16(half.d + at + 2 * r));
-            float* o = out + k * width + b * kBlock;
-            if (kind == Q4_1) {
-                const float m = half_to_float(load_u16(half.m + at + 2 * r));
-                for (int j = 0; j < kBlock; ++j) o[j] = std::fmaf(d, float(tile_weight(kind, half, at, r, j)), m);
-            } else {
-                for (int j = 0; j < kBlock; ++j) o[j] = d * float(tile_weight(kind, half, at, r, j));
-            }
-        }
-    }
+    });
 }
 
 // Which code this build runs: 0 the portable loops; 2 AVX2 (its int8 sums by vpmaddubsw), 3 AVX2 with

@@ -1,5 +1,6 @@
-// The int8 arithmetic of the K kinds (Q4_K, Q6_K) over their tiles: their layouts (`q4_k_pieces`,
-// `q6_k_pieces`) and their dot products against tokens quantised per super-block of 256, in 512-bit
+// The int8 arithmetic of the K kinds (Q4_K, Q6_K) over their tiles: their layouts (`tile_pieces`) and
+// their dot products (`rows_dot`; `half_dot`, the portable loops'), each an overload a kind (its
+// `KindOf` the first argument), against tokens quantised per super-block of 256, in 512-bit
 // registers (whole tiles), 256-bit ones (half tiles; a pass of more than kFewTokens tokens in
 // int8_k_pass.cpp) or portable loops, on k_vectors.h's vector operations; int8.cpp says what they compute.
 
@@ -22,7 +23,7 @@ namespace {
 // elements 4G .. 4G + 3 in their low nibbles, sub-block 2c + 1's in their high ones). Row r's pieces
 // of its GGUF block, each as copy(where in the tile, where in the block, bytes).
 template <typename Byte, typename Copy>
-void q4_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+void tile_pieces(KindOf<Q4_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     copy(half.d + at + 2 * r, 0, 2);
     copy(half.m + at + 2 * r, 2, 2);
     for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
@@ -37,7 +38,7 @@ void q4_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
 // from ql vector 4 + 8 (2h + k % 2) + G (the high nibbles for k >= 2), its top 2 from qh vector
 // 36 + 8h + G (bits 2k, 2k + 1).
 template <typename Byte, typename Copy>
-void q6_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+void tile_pieces(KindOf<Q6_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     copy(half.d + at + 2 * r, 208, 2);
     for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 192 + 4 * v, 4);
     for (int u = 0; u < 4; ++u)
@@ -46,10 +47,11 @@ void q6_k_pieces(const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
         for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (36 + 8 * h + G) + 4 * r, 128 + 32 * h + 4 * G, 4);
 }
 
-// Row r's (0..7) GGUF block of a half tile's Q4_K or Q6_K super-block (`at` bytes on) into block.
-void k_untile(int64_t kind, const Half& half, int64_t at, int r, uint8_t* block) {
+// Row r's (0..7) GGUF block of a half tile's super-block of KIND (`at` bytes on) into block.
+template <int64_t KIND>
+void k_untile(const Half& half, int64_t at, int r, uint8_t* block) {
     const auto copy = [&](const uint8_t* tile, int offset, int n) { std::memcpy(block + offset, tile, n); };
-    kind == Q4_K ? q4_k_pieces(half, at, r, copy) : q6_k_pieces(half, at, r, copy);
+    tile_pieces(KindOf<KIND>(), half, at, r, copy);
 }
 
 #ifdef SPECDRAFT_AVX2
@@ -71,7 +73,7 @@ inline void put_rows(const typename V::F acc[T], int64_t row0, int64_t t0, const
 // 2^12 in magnitude): per sub-block for one token, two sub-blocks an instruction after the sub-blocks
 // for several (the same integers); then int8.cpp's float operations.
 template <typename V, int64_t VECTOR, int T>
-[[gnu::noinline]] void q4_k_rows(const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
+[[gnu::noinline]] void rows_dot(KindOf<Q4_K>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
     using I = typename V::I;
     const int64_t blocks = p.width / kBlock;
     const I low4 = V::bytes(0x0f);
@@ -131,7 +133,7 @@ template <typename V, int64_t VECTOR, int T>
 // int8.cpp's float operation, fma(d * d_x, float(i), acc). q . x - 32 (sum of x) is (q - 32) . x
 // exactly: the integers are those of the definition.
 template <typename V, int64_t VECTOR, int T>
-[[gnu::noinline]] void q6_k_rows(const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
+[[gnu::noinline]] void rows_dot(KindOf<Q6_K>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
     using I = typename V::I;
     const int64_t blocks = p.width / kBlock;
     typename V::F acc[T];
@@ -188,29 +190,29 @@ template <typename V, int64_t VECTOR, int T>
 // The V::kRows rows at `rows` (from row0) against every token of the pass, V::kTokens at a time. The
 // vectors' length is compiled in (VECTOR: 64 bytes, or 32 in a last tile of 8 rows), so that each of a
 // block's vectors is read at a constant offset.
-template <typename V>
+template <int64_t KIND, typename V>
 void k_rows(const Projection& p, const Half& rows, int64_t row0, const Out& out) {
     for (int64_t t = 0; t < p.n; t += V::kTokens)
         for_count<V::kTokens>(p.n - t, [&](auto T) {
             if (rows.vector == 4 * kTile)
-                p.kind == Q4_K ? q4_k_rows<V, 4 * kTile, T>(p, rows, row0, t, out) : q6_k_rows<V, 4 * kTile, T>(p, rows, row0, t, out);
+                rows_dot<V, 4 * kTile, T>(KindOf<KIND>(), p, rows, row0, t, out);
             else if constexpr (V::kRows == kTileRows)
-                p.kind == Q4_K ? q4_k_rows<V, 4 * kTileRows, T>(p, rows, row0, t, out) : q6_k_rows<V, 4 * kTileRows, T>(p, rows, row0, t, out);
+                rows_dot<V, 4 * kTileRows, T>(KindOf<KIND>(), p, rows, row0, t, out);
         });
 }
 
 #else  // portable loops
 
 // Rows 8g .. 8g + 7 of Q4_K tiles against tokens [t0, t0 + T): each row's GGUF block back from the tile,
-// then its integers and int8_rows.cpp's float operations, one product at a time.
-void q4_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+// then its integers and int8.cpp's float operations, one product at a time.
+void half_dot(KindOf<Q4_K>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
     const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q4_K, p.w, p.rows, p.row_bytes, g);
+    const Half half = half_tile<Q4_K>(p.w, p.rows, p.row_bytes, g);
     for (int r = 0; r < kTileRows; ++r) {
         float acc[kInt8Tokens] = {};
         for (int64_t b = 0; b < p.width / kSuper; ++b) {
             uint8_t block[144];
-            k_untile(Q4_K, half, b * half.stride, r, block);
+            k_untile<Q4_K>(half, b * half.stride, r, block);
             const float d = half_to_float(load_u16(block)), dmin = half_to_float(load_u16(block + 2));
             for (int64_t t = 0; t < T; ++t) {
                 const int64_t token = t0 + t;
@@ -232,15 +234,15 @@ void q4_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
     }
 }
 
-// Rows 8g .. 8g + 7 of Q6_K tiles against tokens [t0, t0 + T), as `q4_k_half` reads Q4_K's.
-void q6_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+// Rows 8g .. 8g + 7 of Q6_K tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads Q4_K's.
+void half_dot(KindOf<Q6_K>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
     const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile(Q6_K, p.w, p.rows, p.row_bytes, g);
+    const Half half = half_tile<Q6_K>(p.w, p.rows, p.row_bytes, g);
     for (int r = 0; r < kTileRows; ++r) {
         float acc[kInt8Tokens] = {};
         for (int64_t b = 0; b < p.width / kSuper; ++b) {
             uint8_t block[210];
-            k_untile(Q6_K, half, b * half.stride, r, block);
+            k_untile<Q6_K>(half, b * half.stride, r, block);
             const float d = half_to_float(load_u16(block + 208));
             for (int64_t t = 0; t < T; ++t) {
                 const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper;
@@ -266,39 +268,53 @@ void q6_k_half(const Projection& p, int64_t g, int64_t t0, int64_t T, const Out&
 
 }  // namespace
 
+template <int64_t KIND>
 void specdraft::k_group(const Projection& p, int64_t g, int64_t halves, const Out& out) {
 #ifdef SPECDRAFT_AVX2
     for (int64_t h = 0; h < halves; ++h) {
         if (p.n > kFewTokens)
-            k_pass_half(p, g + h, out);  // int8_k_pass.cpp: each super-block unpacked once
+            k_pass_half<KIND>(p, g + h, out);  // int8_k_pass.cpp: each super-block unpacked once
         else
-            k_rows<Ymm>(p, half_tile(p.kind, p.w, p.rows, p.row_bytes, g + h), (g + h) * kTileRows, out);
+            k_rows<KIND, Ymm>(p, half_tile<KIND>(p.w, p.rows, p.row_bytes, g + h), (g + h) * kTileRows, out);
     }
 #else
     for (int64_t t = 0; t < p.n; t += kInt8Tokens)
-        for (int64_t h = 0; h < halves; ++h) {
-            const int64_t T = p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens;
-            p.kind == Q4_K ? q4_k_half(p, g + h, t, T, out) : q6_k_half(p, g + h, t, T, out);
-        }
+        for (int64_t h = 0; h < halves; ++h)
+            half_dot(KindOf<KIND>(), p, g + h, t, p.n - t < kInt8Tokens ? p.n - t : kInt8Tokens, out);
 #endif
 }
 
 #ifdef SPECDRAFT_ZMM
+template <int64_t KIND>
 void specdraft::k_whole_tile(const Projection& p, int64_t g, const Out& out) {
     // a whole tile's first half: its d, m and vectors begin where the tile's do, 4 * 16 bytes a vector
-    k_rows<Zmm>(p, half_tile(p.kind, p.w, p.rows, p.row_bytes, g), g * kTileRows, out);
+    k_rows<KIND, Zmm>(p, half_tile<KIND>(p.w, p.rows, p.row_bytes, g), g * kTileRows, out);
 }
 #endif
 
-void specdraft::k_tile_block(int64_t kind, uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b,
-                             int r, const uint8_t* block) {
-    const HalfOf<uint8_t> half = half_tile(kind, tiles, rows, row_bytes, g);
+template <int64_t KIND>
+void specdraft::k_tile_block(uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r,
+                             const uint8_t* block) {
+    const HalfOf<uint8_t> half = half_tile<KIND>(tiles, rows, row_bytes, g);
     const auto copy = [&](uint8_t* tile, int offset, int n) { std::memcpy(tile, block + offset, n); };
-    kind == Q4_K ? q4_k_pieces(half, b * half.stride, r, copy) : q6_k_pieces(half, b * half.stride, r, copy);
+    tile_pieces(KindOf<KIND>(), half, b * half.stride, r, copy);
 }
 
-void specdraft::k_block_of(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b,
-                           int r, uint8_t* block) {
-    const Half half = half_tile(kind, tiles, rows, row_bytes, g);
-    k_untile(kind, half, b * half.stride, r, block);
+template <int64_t KIND>
+void specdraft::k_block_of(const uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r,
+                           uint8_t* block) {
+    const Half half = half_tile<KIND>(tiles, rows, row_bytes, g);
+    k_untile<KIND>(half, b * half.stride, r, block);
 }
+
+// Compiled for each K kind (tiles.h declares them).
+template void specdraft::k_group<Q4_K>(const Projection&, int64_t, int64_t, const Out&);
+template void specdraft::k_group<Q6_K>(const Projection&, int64_t, int64_t, const Out&);
+template void specdraft::k_tile_block<Q4_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
+template void specdraft::k_tile_block<Q6_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
+template void specdraft::k_block_of<Q4_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
+template void specdraft::k_block_of<Q6_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
+#ifdef SPECDRAFT_ZMM
+template void specdraft::k_whole_tile<Q4_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_whole_tile<Q6_K>(const Projection&, int64_t, const Out&);
+#endif

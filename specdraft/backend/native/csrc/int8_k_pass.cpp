@@ -1,6 +1,6 @@
 // The K kinds' passes of more than kFewTokens tokens in 256-bit registers (`specdraft::k_pass_half`):
 // each super-block of a half tile unpacked once for the whole pass, then read against kPairTokens
-// tokens at a time. The same integers and float operations as int8_k.cpp's `q4_k_rows` and `q6_k_rows`,
+// tokens at a time. The same integers and float operations as int8_k.cpp's `rows_dot` (each kind's),
 // in the same order per row and token; int8.cpp says what they compute.
 
 #include <cstdint>
@@ -59,9 +59,13 @@ inline typename V::I group_sum(typename V::I dot, typename V::I w, const int8_t*
     return dot;
 }
 
-// A Q4_K super-block unpacked (`K_unpacked`) for `k_pass`, with its rows' mins and float scales.
+// A K kind's super-block unpacked (`K_unpacked`) for `k_pass`: one specialisation a kind.
+template <int64_t KIND, typename V, int64_t VECTOR>
+struct Super;
+
+// Q4_K's, with its rows' mins and float scales.
 template <typename V, int64_t VECTOR>
-struct Q4_KSuper {
+struct Super<Q4_K, V, VECTOR> {
     using I = typename V::I;
     K_unpacked<V> u;
     I mins[4];
@@ -84,7 +88,7 @@ struct Q4_KSuper {
         dmin = V::halves(rows.m + at);
     }
 
-    // Tokens [t0, t0 + T) against super-block b: i and n as `q4_k_rows` sums them, then its float
+    // Tokens [t0, t0 + T) against super-block b: i and n as Q4_K's `rows_dot` sums them, then its float
     // operations on acc (the tokens' sums, kRows each).
     template <int T>
     void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
@@ -113,10 +117,10 @@ struct Q4_KSuper {
     }
 };
 
-// A Q6_K super-block unpacked for `k_pass`, with its rows' scales as int16 pairs (kSums16's offsets
-// terms, `q6_k_less_offsets`) and float scale.
+// Q6_K's, with its rows' scales as int16 pairs (kSums16's offsets terms, `q6_k_less_offsets`) and
+// float scale.
 template <typename V, int64_t VECTOR>
-struct Q6_KSuper {
+struct Super<Q6_K, V, VECTOR> {
     using I = typename V::I;
     K_unpacked<V> u;
     I even[4], odd[4];
@@ -133,7 +137,7 @@ struct Q6_KSuper {
         d = V::halves(rows.d + at);
     }
 
-    // Tokens [t0, t0 + T) against super-block b: i as `q6_k_rows` sums it (kSums16: the "- 32 (sum of
+    // Tokens [t0, t0 + T) against super-block b: i as Q6_K's `rows_dot` sums it (kSums16: the "- 32 (sum of
     // x)" terms after the sub-blocks), then its float operation on acc.
     template <int T>
     void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
@@ -178,7 +182,7 @@ struct Q6_KSuper {
 };
 
 // The V::kRows rows of tiles at `rows` (from row0) against tokens [t0, t0 + n), n <= kPassTokens: each
-// super-block unpacked once (Super: `Q4_KSuper`, `Q6_KSuper`), then read against kPairTokens tokens at a
+// super-block unpacked once (`Super` of the kind), then read against kPairTokens tokens at a
 // time, the tokens' sums in memory.
 template <typename V, typename Super>
 [[gnu::noinline]] void k_pass(const Projection& p, const Half& rows, int64_t row0, int64_t t0, int64_t n, const Out& out) {
@@ -195,22 +199,19 @@ template <typename V, typename Super>
         for (int r = 0; r < V::kRows; ++r) out.put(t0 + t, row0 + r, acc[t][r]);
 }
 
-// A pass of tokens [t0, t0 + n) over the V::kRows rows at `rows` of p's kind, its vectors VECTOR bytes long.
-template <typename V, int64_t VECTOR>
-void k_pass_kind(const Projection& p, const Half& rows, int64_t row0, int64_t t0, int64_t n, const Out& out) {
-    p.kind == Q4_K ? k_pass<V, Q4_KSuper<V, VECTOR>>(p, rows, row0, t0, n, out)
-                   : k_pass<V, Q6_KSuper<V, VECTOR>>(p, rows, row0, t0, n, out);
-}
-
 }  // namespace
 
+template <int64_t KIND>
 void specdraft::k_pass_half(const Projection& p, int64_t g, const Out& out) {
-    const Half rows = half_tile(p.kind, p.w, p.rows, p.row_bytes, g);
+    const Half rows = half_tile<KIND>(p.w, p.rows, p.row_bytes, g);
     for (int64_t t = 0; t < p.n; t += kPassTokens) {
         const int64_t n = p.n - t < kPassTokens ? p.n - t : kPassTokens;
-        rows.vector == 4 * kTile ? k_pass_kind<Ymm, 4 * kTile>(p, rows, g * kTileRows, t, n, out)
-                                 : k_pass_kind<Ymm, 4 * kTileRows>(p, rows, g * kTileRows, t, n, out);
+        rows.vector == 4 * kTile ? k_pass<Ymm, Super<KIND, Ymm, 4 * kTile>>(p, rows, g * kTileRows, t, n, out)
+                                 : k_pass<Ymm, Super<KIND, Ymm, 4 * kTileRows>>(p, rows, g * kTileRows, t, n, out);
     }
 }
+
+template void specdraft::k_pass_half<Q4_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_pass_half<Q6_K>(const Projection&, int64_t, const Out&);
 
 #endif

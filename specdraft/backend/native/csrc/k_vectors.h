@@ -17,7 +17,7 @@ namespace {
 
 // The vector operations of the K kinds' dot products on the rows one register holds: 8 (a half tile) in
 // 256-bit registers (`Ymm`), or 16 (a whole tile) in 512-bit ones (`Zmm`), so that one template of each
-// kind's arithmetic (`q4_k_rows`, `q6_k_rows`) serves both. `kTokens`: how many tokens' sums the
+// kind's arithmetic (int8_k.cpp's `rows_dot`) serves both. `kTokens`: how many tokens' sums the
 // registers hold at once (AVX2 has 16 of them, AVX-512 32).
 struct Ymm {
     using I = __m256i;
@@ -171,7 +171,7 @@ inline typename V::I q4_k_mins_term(typename V::I n, const typename V::I mins[4]
 }
 
 // Q6_K's group G of piece s (formats.h's sub-block of 32 weights) of each row, 0..63 a byte: ql's
-// nibble and qh's 2 bits, where `q6_k_pieces` lays them.
+// nibble and qh's 2 bits, where Q6_K's `tile_pieces` lays them.
 template <typename V, int64_t VECTOR>
 inline typename V::I q6_k_group(const uint8_t* q, int s, int G) {
     using I = typename V::I;

@@ -44,10 +44,11 @@ inline void ask_ahead(const uint8_t* block, int64_t bytes) {
     for (int64_t line = 0; line < bytes; line += 64) prefetch_far(block + kInt8Ahead + line);
 }
 
-// Whether a pass of `tokens` over tiles of `kind` asks for them ahead: a pass of several tokens always;
-// a decode token only where the hardware's prefetcher alone fell behind: the K kinds (each block's
-// vectors read out of order) and Q5_0 (benchmarks/results/HISTORY.md).
-constexpr bool asks_ahead(int64_t kind, int tokens) { return tokens > 1 || kind == Q5_0 || kind == Q4_K || kind == Q6_K; }
+// Whether a pass of `tokens` over tiles of KIND asks for them ahead: a pass of several tokens always;
+// a decode token only where the hardware's prefetcher alone fell behind (`Traits::ahead`: the K kinds,
+// each block's vectors read out of order, and Q5_0; benchmarks/results/HISTORY.md).
+template <int64_t KIND>
+constexpr bool asks_ahead(int tokens) { return tokens > 1 || Traits<KIND>::ahead; }
 
 // Where half h of a tile keeps block 0's scales (d; Q4_1's m) and integers (vector v at q + v * vector),
 // and how far on block b + 1's are (stride). Byte: const uint8_t to read tiles, uint8_t to write them.
@@ -61,13 +62,13 @@ struct HalfOf {
 };
 using Half = HalfOf<const uint8_t>;
 
-// Half h (0, 1) of the tile that holds rows 8g .. 8g + 7 (g = 2i + h) of weights w, `rows` rows long.
-template <typename Byte>
-HalfOf<Byte> half_tile(int64_t kind, Byte* w, int64_t rows, int64_t row_bytes, int64_t g) {
+// Half h (0, 1) of the tile that holds rows 8g .. 8g + 7 (g = 2i + h) of weights w of KIND, `rows` rows long.
+template <int64_t KIND, typename Byte>
+HalfOf<Byte> half_tile(Byte* w, int64_t rows, int64_t row_bytes, int64_t g) {
     const int64_t i = g / 2, h = g % 2, R = 16 * i + kTile <= rows ? kTile : kTileRows;
     Byte* tile = w + kTile * i * row_bytes;
-    const int64_t scales = kind == Q4_1 || kind == Q4_K ? 4 * R : 2 * R;  // d (and m, Q4_K's dmin) of R rows
-    return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * block_bytes(kind)};
+    const int64_t scales = 2 * Traits<KIND>::scales * R;  // d (and m, Q4_K's dmin) of R rows
+    return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * Traits<KIND>::bytes};
 }
 
 #ifdef SPECDRAFT_AVX2
@@ -99,19 +100,22 @@ inline __m256i group_dot(__m256i acc, __m256i w, __m256i x) {
 
 namespace specdraft {
 
-// The K kinds' tiles (int8_k.cpp): rows 8g .. 8g + 8 halves - 1 (half tile g, and for 2 halves the
-// tile's other half) against every token; a whole tile (g even) so, in 512-bit registers (where
-// SPECDRAFT_ZMM); row r (0..7) of half tile g's super-block b from its GGUF block into the tiles, and
-// back.
+// The K kinds' tiles (int8_k.cpp, compiled there for Q4_K and Q6_K): rows 8g .. 8g + 8 halves - 1
+// (half tile g, and for 2 halves the tile's other half) against every token; a whole tile (g even) so,
+// in 512-bit registers (where SPECDRAFT_ZMM); row r (0..7) of half tile g's super-block b from its GGUF
+// block into the tiles, and back.
+template <int64_t KIND>
 void k_group(const Projection& p, int64_t g, int64_t halves, const Out& out);
 // Half tile g of the K kinds against a pass of more than kFewTokens tokens, in 256-bit registers
 // (int8_k_pass.cpp: each super-block unpacked once for the whole pass); shorter passes unpack as they read.
 constexpr int64_t kFewTokens = 4;
+template <int64_t KIND>
 void k_pass_half(const Projection& p, int64_t g, const Out& out);
+template <int64_t KIND>
 void k_whole_tile(const Projection& p, int64_t g, const Out& out);
-void k_tile_block(int64_t kind, uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r,
-                  const uint8_t* block);
-void k_block_of(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r,
-                uint8_t* block);
+template <int64_t KIND>
+void k_tile_block(uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r, const uint8_t* block);
+template <int64_t KIND>
+void k_block_of(const uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r, uint8_t* block);
 
 }  // namespace specdraft

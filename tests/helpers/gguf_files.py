@@ -1,7 +1,8 @@
-"""Tiny GGUF files as llama.cpp writes them: a tiny model's that loads whole through specdraft (its
-config as metadata, a byte-level tokenizer, its tensors by `tests.backend.test_blocks.write_gguf`),
-Llama 3's rotary factors as llama.cpp's converter computes them (`llama3_rope_freqs`), and a file
-of a few tensors and keys for what the check refuses (`write_small`)."""
+"""Tiny GGUF files as llama.cpp writes them: random weights quantised as gguf does (`random_blocks`),
+a model's projections as blocks with the model then holding the file's values (`write_gguf`), a tiny
+model's file that loads whole through specdraft (its config as metadata, a byte-level tokenizer:
+`write_model_gguf`), Llama 3's rotary factors as llama.cpp's converter computes them
+(`llama3_rope_freqs`), and a file of a few tensors and keys for what the check refuses (`write_small`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,73 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 
+from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of
-from tests.backend.test_blocks import write_gguf
 
 EOS = "<|endoftext|>"
+
+
+def random_blocks(rng, kind: int, rows: int, width: int) -> np.ndarray:
+    """Blocks as gguf quantises random weights: [rows, row bytes] uint8."""
+    weights = rng.standard_normal((rows, width)).astype(np.float32) * 0.1
+    qtype = getattr(gguf.GGMLQuantizationType, blocks.NAMES[kind])
+    return gguf.quants.quantize(weights, qtype)
+
+
+def _llama_cpp_order(weights: np.ndarray, heads: int) -> np.ndarray:
+    """The row order llama.cpp's converter writes q (k) in (what transformers undoes on loading)."""
+    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
+        weights.shape)
+
+
+def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_0",
+               types: dict[str, str] | None = None, extra=None) -> None:
+    """The model's embedding, output layer and projections as a GGUF of these types (`types`: a type
+    for some parts, e.g. {"attn_v": "Q8_0"}), as llama.cpp writes its family (q/k rows interleaved where
+    `gguf_interleaved_qk`; biases and norms as float32). Then the model's weights are set to the
+    file's dequantised values, as transformers would load them. `extra(writer)`, where given, adds
+    what else the file holds (metadata, a tokenizer, more tensors: `write_model_gguf`)."""
+    family = family_of(model.config)
+    writer = gguf.GGUFWriter(str(path), family.model_type)
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    tensors = {"token_embd.weight": (model.model.embed_tokens, head_type), "output.weight": (model.lm_head, head_type)}
+    for i, layer in enumerate(model.model.layers):
+        for module, part in names.items():
+            parent = layer.self_attn if part.startswith("attn") else layer.mlp
+            tensors[f"blk.{i}.{part}.weight"] = (getattr(parent, module), (types or {}).get(part, projection_type))
+    with torch.no_grad():
+        for name, (module, type_name) in tensors.items():
+            qtype = getattr(gguf.GGMLQuantizationType, type_name)
+            weight = module.weight.detach().float().numpy()
+            heads = {"attn_q": family.heads, "attn_k": family.kv_heads}.get(name.split(".")[-2])
+            heads = heads if family.gguf_interleaved_qk else None
+            stored = _llama_cpp_order(weight, heads) if heads else weight
+            quantized = gguf.quants.quantize(stored, qtype)
+            writer.add_tensor(name, quantized, raw_shape=quantized.shape, raw_dtype=qtype)
+            values = gguf.quants.dequantize(quantized, qtype)
+            if heads:  # undo the order as transformers does
+                values = values[blocks.rotary_order(values.shape[0], heads)]
+            module.weight.copy_(torch.from_numpy(values))
+            if getattr(module, "bias", None) is not None:
+                writer.add_tensor(name.replace(".weight", ".bias"), module.bias.detach().float().numpy())
+    _write_norms(writer, model)
+    if extra is not None:
+        extra(writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _write_norms(writer, model) -> None:
+    norms = {"output_norm.weight": model.model.norm}
+    for i, layer in enumerate(model.model.layers):
+        norms |= {f"blk.{i}.attn_norm.weight": layer.input_layernorm, f"blk.{i}.ffn_norm.weight": layer.post_attention_layernorm}
+    for name, norm in norms.items():
+        writer.add_tensor(name, norm.weight.detach().float().numpy().copy())
 
 
 def llama3_rope_freqs(theta: float, head_dim: int, factor: float, low_freq_factor: float,

@@ -1,4 +1,13 @@
-"""Fixed prompts for end-to-end checks: two each of code, JSON and prose."""
+"""Fixed prompts: token ids for the tiny models' greedy checks (`PROMPTS`; their plain greedy
+continuations are conftest's `references`), and text for end-to-end checks, two each of code, JSON
+and prose (`E2E_PROMPTS`)."""
+
+PROMPTS = [
+    [5, 17, 42, 9, 9, 13],
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17],
+    [60],
+    [33, 34, 35, 33, 34, 35, 33, 34],
+]
 
 E2E_PROMPTS = {
     "code-rewrite": (

@@ -1,0 +1,27 @@
+"""A tiny random Qwen2 built in-process: the family's biases, explicit head size and untied output
+layer, at the tiny Llama's vocabulary."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.conftest import TINY_VOCAB
+
+
+def make_tiny_qwen2(heads: int = 7, kv_heads: int = 1, head_dim: int = 64, seed: int = 0,
+                    dtype: torch.dtype = torch.float32, layers: int = 2, sharpen: float = 40.0, **overrides):
+    """A random Qwen2 (hidden 128, explicit head_dim) with non-zero q/k/v biases and an untied output layer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                         max_position_embeddings=512, tie_word_embeddings=False, rope_parameters={
+                             "rope_type": "default", "rope_theta": 1e6}, **overrides)
+    model = Qwen2ForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                m.bias.normal_(0, 0.5)
+        model.lm_head.weight.mul_(sharpen)  # varied greedy continuations, not ties
+    return model
