@@ -50,9 +50,10 @@ def machine() -> str:
     return f"{cpu}; {os.cpu_count()} cores; {device}"
 
 
-def cli(doc: str, out: Path = RESULTS) -> argparse.ArgumentParser:
+def cli(doc: str, out: Path) -> argparse.ArgumentParser:
     """A benchmark's command line: its docstring as the description (what `--help` says it measures),
-    and `--out`, the folder its report goes to (`out` by default)."""
+    and `--out`, the folder its report goes to (`out` by default: its subject's folder under `RESULTS`,
+    `benchmarks/README.md`'s index)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=out, help=f"where the report goes (default {out})")
     return parser

@@ -1,7 +1,7 @@
 """Structured output: a request's `ResponseFormat` compiled into a grammar over the target's tokens,
 and per request a `RowGrammar` that the verifier masks the target's logits with and the engine cuts
 drafts with. The grammar library is llguidance (a Rust core without Python dependencies; its masks
-cost microseconds here, see `benchmarks/results/structured.md`).
+cost microseconds here, see `benchmarks/results/serving/structured.md`).
 
 Terms:
 - **legal** token: one the grammar allows after the tokens before it; **mask**: the legal tokens at

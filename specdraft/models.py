@@ -353,26 +353,52 @@ def linear_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def load_draft_model(spec: "str | LoadedModel | None", target: LoadedModel, dtype: str = "auto") -> LoadedModel:
-    """The model drafter's model: `self-int8` (or None) for an int8 copy of the target, a model
-    already loaded, or anything `load_model` takes (loaded on the target's device); refused unless it
-    shares the target's vocabulary (`check_draft_pair`)."""
+DraftPlan = Loading | LoadedModel | str  # how the model drafter's model loads (`plan_draft`)
+
+
+def model_device(loaded: LoadedModel, otherwise: str | None = None) -> torch.device | str | None:
+    """Where a loaded model's weights lie (`otherwise` for a model without any)."""
+    parameter = next(loaded.model.parameters(), None) if isinstance(loaded.model, torch.nn.Module) else None
+    return parameter.device if parameter is not None else otherwise
+
+
+def plan_draft(spec: "str | LoadedModel | None", device: torch.device, dtype: str = "auto", weights: str = "auto",
+               arithmetic: str = "auto", eager: bool = False) -> DraftPlan:
+    """How the model drafter's model loads, by the target's rules (`Settings.resolve`): `self-int8` (or
+    None) for an int8 copy of the target (`SELF_DRAFT`, made from the loaded target); a model given
+    loaded, as it is; anything else as `plan_load` plans a model, on the target's device, with the
+    settings' dtype, weights, arithmetic and eagerness."""
+    if spec is None or spec == SELF_DRAFT:
+        return SELF_DRAFT
+    if isinstance(spec, LoadedModel):
+        return spec
+    return plan_load(spec, device, dtype, weights, arithmetic, eager=eager)
+
+
+def load_draft(plan: DraftPlan, target: LoadedModel) -> LoadedModel:
+    """The model drafter's model as `plan_draft` planned it (`build_runtime` loads it once for every
+    drafter built on `model`); refused unless it shares the target's vocabulary (`check_draft_pair`)."""
+    if plan == SELF_DRAFT:
+        return _self_draft(target)
+    draft = plan if isinstance(plan, LoadedModel) else load(plan)
+    check_draft_pair(target, draft)
+    return draft
+
+
+def _self_draft(target: LoadedModel) -> LoadedModel:
+    """An int8 copy of the target, with a warning where it cannot be cheaper than the target."""
     from specdraft.backend import llama
 
-    if spec is None or spec == SELF_DRAFT:
-        if not llama.supports(target.model):
-            raise ValueError(f"the {SELF_DRAFT} draft needs a target of a family our forward runs; "
-                             f"give a draft model for {target.name!r}")
-        draft = int8_copy(target)
-        ours, theirs = linear_bytes(draft.model), linear_bytes(target.model)
-        if ours >= theirs:  # a native target: its blocks are fewer bytes than any int8 copy
-            log.warning("the model drafter's default draft (%s, an int8 copy of the target) reads %.0f MB of weights "
-                        "a token against the target's own %.0f MB (%s weights): it cannot be cheaper than the target, "
-                        "so the cost-aware policy will rarely call it; give --draft-model a smaller model with the "
-                        "target's vocabulary", SELF_DRAFT, ours / 1e6, theirs / 1e6, target.weights)
-        return draft
-    draft = spec if isinstance(spec, LoadedModel) else load_model(spec, device=next(target.model.parameters()).device, dtype=dtype)
-    check_draft_pair(target, draft)
+    if not llama.supports(target.model):
+        raise ValueError(f"the {SELF_DRAFT} draft needs a target of a family our forward runs; "
+                         f"give a draft model for {target.name!r}")
+    draft = int8_copy(target)
+    ours, theirs = linear_bytes(draft.model), linear_bytes(target.model)
+    if ours >= theirs:  # a native target: its blocks are fewer bytes than any int8 copy
+        log.warning("the model drafter's default draft (%s, an int8 copy of the target) reads %.0f MB of weights "
+                    "a token against the target's own %.0f MB (%s weights): it cannot be cheaper than the target, "
+                    "so the cost-aware policy will rarely call it; give --draft-model a smaller model with the "
+                    "target's vocabulary", SELF_DRAFT, ours / 1e6, theirs / 1e6, target.weights)
     return draft
 
 

@@ -18,7 +18,7 @@ from specdraft.drafters import Drafter, Resources, create_drafter, is_builtin
 from specdraft.engine import Engine, RequestError
 from specdraft.engine.calibrate import KeptCalibration
 from specdraft.grammar import GrammarCompiler
-from specdraft.models import LoadedModel, load, release_freed_memory
+from specdraft.models import LoadedModel, Loading, load, load_draft, release_freed_memory
 from specdraft.params import cache_dir
 from specdraft.settings import Resolved, Settings
 from specdraft.text import check_text
@@ -62,7 +62,8 @@ def build_runtime(model: str | LoadedModel | None = None, settings: Settings | N
     target = model if plan.loading is None else load(plan.loading)
     context = plan.context(target.max_context)
     static = static_shapes(target, plan.max_batch, context, graphs=plan.compiled)
-    resources = Resources(static, compiled=plan.compiled)
+    draft = None if plan.draft is None else load_draft(plan.draft, target)  # once, for every drafter built on `model`
+    resources = Resources(static, compiled=plan.compiled, draft=draft)
     built, skipped = build_drafters(plan.drafters, plan.k, target, plan.drafter_options, resources)
     verifier = Verifier(target.model, static, compiled=plan.compiled and worth_compiling(target.model),
                         prefix_cache_bytes=plan.prefix_cache_bytes)
@@ -102,8 +103,18 @@ def calibration_key(plan: Resolved) -> dict[str, Any]:
             "numba": _version("numba"),
             "target": {"name": loading.name, "file": _file(loading.source), "weights": loading.weights,
                        "arithmetic": loading.arithmetic, "dtype": str(loading.dtype)},
+            "draft": _draft_key(plan.draft),
             "drafters": list(plan.drafters), "options": _with_files(plan.drafter_options), "k": plan.k,
             "max_batch": plan.max_batch, "policy": plan.policy, "compiled": plan.compiled}
+
+
+def _draft_key(draft: Any) -> Any:
+    """The draft model as the calibration depends on it: how it loads (a file by `_file`), its name
+    (`self-int8`), None; a model given loaded as itself (which names nothing lasting: no kept calibration)."""
+    if not isinstance(draft, Loading):
+        return draft
+    return {"name": draft.name, "file": _file(draft.source), "weights": draft.weights, "arithmetic": draft.arithmetic,
+            "dtype": str(draft.dtype)}
 
 
 def _processor() -> str:

@@ -21,7 +21,7 @@ from specdraft.params import (ARITHMETIC, DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULA
                               check_num_speculative_tokens, check_policy)
 
 if TYPE_CHECKING:
-    from specdraft.models import LoadedModel, Loading
+    from specdraft.models import DraftPlan, LoadedModel, Loading
 
 log = logging.getLogger("specdraft")
 DEVICE = re.compile(r"cpu|cuda(:\d+)?")  # where a model may run
@@ -56,7 +56,8 @@ class Settings:
     drafter_options: Mapping[str, Mapping[str, Any]] | None = None
     # The `model` drafter's draft model (and so that of every drafter built on it, `hybrid`): a name,
     # directory or .gguf sharing the target's vocabulary, or a `LoadedModel` (default: self-int8, an int8
-    # copy of the target). Refused where no drafter uses it.
+    # copy of the target). Planned and loaded as the target is (`resolve`): on the target's device, with
+    # `dtype`, `weights`, `arithmetic` and `enforce_eager`. Refused where no drafter uses it.
     draft_model: str | LoadedModel | None = None
     # Where the model runs: "cpu", "cuda" or "cuda:N" (default: cuda when present).
     device: str | None = None
@@ -68,7 +69,7 @@ class Settings:
     weights: str = "auto"
     # What native weights compute in (`ARITHMETIC`): "int8" quantises each token's activations per
     # block as llama.cpp does for the weight's kind and multiplies them by the blocks' integers (fast;
-    # its own output: benchmarks/results/int8/quality.md), "float32" is the dense model's arithmetic, bitwise (Hugging Face parity);
+    # its own output: benchmarks/results/cpu/int8/quality.md), "float32" is the dense model's arithmetic, bitwise (Hugging Face parity);
     # "auto" is int8 where native weights load, float32 otherwise. Either way speculation is lossless.
     arithmetic: str = "auto"
     # Steps run eagerly: no CUDA graphs on CUDA, no compiled step on CPU.
@@ -139,26 +140,25 @@ class Settings:
     def resolve(self, model: str | LoadedModel | None = None) -> Resolved:
         """Every default decided, for `model` (a name, path or .gguf, None for the embedded model, or a
         `LoadedModel`, whose loading was decided when it loaded): what `build_runtime` builds."""
-        from specdraft.models import LoadedModel, plan_load  # torch: here, not in the CLI's parser
+        from specdraft.models import LoadedModel, model_device, plan_draft, plan_load  # torch: not in the CLI's parser
 
         loading = None if isinstance(model, LoadedModel) else plan_load(
             model, self.device, self.dtype, self.weights, self.arithmetic, eager=self.enforce_eager)
+        draft = None
+        if any(uses(name, "model") for name in self.served):  # the draft model, by the target's rules, on its device
+            device = loading.device if loading is not None else model_device(model, self.device)
+            draft = plan_draft(self.draft_model, device, self.dtype, self.weights, self.arithmetic, self.enforce_eager)
         return Resolved(drafters=tuple(self.served), drafter_options=self.resolve_drafter_options(), k=self.k,
                         max_batch=self.max_batch, max_context=self.max_context, policy=self.policy,
                         compiled=not self.enforce_eager, calibrate=self.calibrate, recalibrate=self.recalibrate,
-                        prefix_cache_bytes=self.prefix_cache_mb << 20, loading=loading)
+                        prefix_cache_bytes=self.prefix_cache_mb << 20, loading=loading, draft=draft)
 
     def resolve_drafter_options(self) -> dict[str, dict[str, Any]]:
         """Each drafter's options, by name. A composite gets its parts' options through the same path as
         the parts alone: each part takes the options of the drafter it is (`ngram`'s cross-request memory
-        reaches `hybrid`'s n-gram part), unless the composite names its own under the part's name.
-        `draft_model` and `dtype` are the `model` drafter's (and so its composites')."""
+        reaches `hybrid`'s n-gram part), unless the composite names its own under the part's name. (The
+        `model` drafter's draft model is not an option: `resolve` plans it as it plans the target.)"""
         given = {name: dict(options) for name, options in (self.drafter_options or {}).items()}
-        if any(uses(name, "model") for name in self.served):
-            model = given.setdefault("model", {})
-            if self.draft_model is not None:
-                model.setdefault("draft_model", self.draft_model)
-            model.setdefault("dtype", self.dtype)
         return {name: _with_parts(name, given) for name in self.served}
 
     def replace(self, **changes: Any) -> Settings:
@@ -186,6 +186,7 @@ class Resolved:
     recalibrate: bool  # measure the costs at start even where a calibration is kept for them
     prefix_cache_bytes: int
     loading: Loading | None  # how the target loads (`models.plan_load`); None: it came loaded
+    draft: DraftPlan | None = None  # how the model drafter's model loads (`models.plan_draft`); None: no drafter uses one
 
     @property
     def default_drafter(self) -> str:

@@ -10,7 +10,7 @@ two regions a worker thread waits, and how it waits matters:
 - spinning briefly (`GOMP_SPINCOUNT=2000`) and then sleeping, the default, keeps the worker awake
   between the regions of a step (microseconds apart) and asleep between steps and while a busy
   neighbour holds the core.
-`benchmarks/results/cpu_floor.md` measures each setting quiet and beside one busy process.
+`benchmarks/results/cpu/cpu_floor.md` measures each setting quiet and beside one busy process.
 
 OpenMP reads these variables once, when torch loads it, and numba its pool size when it is imported:
 so they cannot wait until a runtime is built (by then torch is loaded). `configure()` runs in one

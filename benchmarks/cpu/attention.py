@@ -44,7 +44,7 @@ def step_ms(verifier: Verifier, row: str, k: int, length: int, rng: np.random.Ge
 
 
 def main() -> None:
-    parser = cli(__doc__, RESULTS / "attention")
+    parser = cli(__doc__, RESULTS / "cpu" / "attention")
     parser.add_argument("--compare", choices=list(COMPARISONS), default="attention")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024])

@@ -14,7 +14,7 @@ In one run on this machine, with the threads a step uses:
 - with one competing busy process: plain decoding per thread setting, each in a fresh process
   (OpenMP reads its waiting policy when it starts), against the same setting on a quiet machine.
 
-    python -m benchmarks.cpu.floor [--rounds 3] [--tokens 128] [--out benchmarks/results]
+    python -m benchmarks.cpu.floor [--rounds 3] [--tokens 128] [--out benchmarks/results/cpu]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import cli, machine, verify_step_times, write_results
+from benchmarks.common import RESULTS, cli, machine, verify_step_times, write_results
 from specdraft.threads import THREAD_SETTINGS, THREAD_VARIABLES
 
 STEPS = {"native": "native weights (GGUF blocks; the default)", "dense": "dense float32 (`--weights dense`)",
@@ -210,7 +210,7 @@ def under_neighbour(rounds: int, tokens: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--skip-neighbour", action="store_true", help="leave out the busy-neighbour runs")

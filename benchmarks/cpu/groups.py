@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import cli, machine, verify_step_times, write_results
+from benchmarks.common import RESULTS, cli, machine, verify_step_times, write_results
 
 ROLES = ("q/k/v", "attention output", "gate/up", "down")
 TOKENS = (1, 6)
@@ -91,7 +91,7 @@ def summarise(groups: list, times: dict) -> list[dict]:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--model", default=None, help="a model `load_model` takes (default: the embedded one)")
     parser.add_argument("--arithmetic", default="int8", choices=["int8", "float32"])
     parser.add_argument("--rounds", type=int, default=7)

@@ -10,7 +10,7 @@
 - per domain (code, JSON, prose: `benchmarks.domains.datasets`, a seed the other benchmarks do not use),
   the share of prompts whose first 64 greedy tokens equal float32's, and where they part.
 
-    python -m benchmarks.cpu.int8_quality [--model NAME] [--tokens 24576] [--prompts 10] [--out benchmarks/results/int8]
+    python -m benchmarks.cpu.int8_quality [--model NAME] [--tokens 24576] [--prompts 10] [--out benchmarks/results/cpu/int8]
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def perplexity(model: torch.nn.Module, ids: list[int], window: int) -> dict:
 
 
 def main() -> None:
-    parser = cli(__doc__, RESULTS / "int8")
+    parser = cli(__doc__, RESULTS / "cpu" / "int8")
     parser.add_argument("--tokens", type=int, default=24576, help="tokens of the corpus scored (at least 20k)")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--prompts", type=int, default=10, help="prompts per domain for the greedy agreement")

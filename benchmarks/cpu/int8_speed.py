@@ -13,11 +13,11 @@ GGUF file (the embedded SmolLM2-135M-Instruct, Q4_1, or `--model`), in one run, 
 
 Rounds interleave the arithmetics (and llama-bench, where `--llama-bench` names its binary: a
 benchmark-only tool, built from the vendor tree of the `llama-cpp-python` sdist, see
-`benchmarks/results/int8/README.md`); medians over rounds. Our figures are the verifier's steps, the
+`benchmarks/results/cpu/int8/README.md`); medians over rounds. Our figures are the verifier's steps, the
 engine's own decode step without its scheduler.
 
     python -m benchmarks.cpu.int8_speed [--rounds 5] [--llama-bench PATH] [--arithmetics int8]
-        [--out benchmarks/results/int8]
+        [--out benchmarks/results/cpu/int8]
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def llama_bench(binary: Path, gguf: Path, threads: int) -> dict:
 
 
 def main() -> None:
-    parser = cli(__doc__, RESULTS / "int8")
+    parser = cli(__doc__, RESULTS / "cpu" / "int8")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--llama-bench", type=Path, default=None, help="llama.cpp's llama-bench binary (optional)")
     parser.add_argument("--model", default=None, help="a GGUF model: a name `specdraft models` lists, or a .gguf "

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import cli
+from benchmarks.common import RESULTS, cli
 from specdraft.backend import native
 from specdraft.backend.numba_layers import NO_RESIDUAL, project
 
@@ -42,7 +42,7 @@ def time_projection(kernel: native.Kernel, tiles: np.ndarray, kind: int, x: np.n
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--path", default=None, help="the kernel path (default: SPECDRAFT_KERNEL_PATH, else native)")
     parser.add_argument("--kinds", default="Q4_K:8960x1536,Q6_K:1536x8960")
     args = parser.parse_args()

@@ -9,7 +9,7 @@ N - 1), so what is not projections (attention, norms, rotary, sampling, Python) 
 and the kernel's arithmetic rate with the weights in cache (one gate/up projection, one thread),
 which says whether a pass is bound by memory or by expanding blocks.
 
-    python -m benchmarks.cpu.native_kernel [--rounds 7] [--out benchmarks/results]
+    python -m benchmarks.cpu.native_kernel [--rounds 7] [--out benchmarks/results/cpu]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import cli, machine, verify_step_times, write_results
+from benchmarks.common import RESULTS, cli, machine, verify_step_times, write_results
 
 TOKENS = (1, 2, 6, 8, 9, 32)
 KINDS = {"native": "native (GGUF blocks, compiled kernel)", "dense": "dense float32 (compiled kernel)",
@@ -128,7 +128,7 @@ def time_in_cache(sets: dict, rng: np.random.Generator) -> dict:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 

@@ -7,7 +7,7 @@ For each prompt length, both ways interleaved round by round (medians); prompt t
 ratio, and whether the prompt's last logits equal a token-by-token run's bitwise (only the stack's
 calls of 32 tokens can).
 
-    python -m benchmarks.cpu.prefill [--lengths 128,512,2048] [--rounds 5] [--out benchmarks/results]
+    python -m benchmarks.cpu.prefill [--lengths 128,512,2048] [--rounds 5] [--out benchmarks/results/cpu]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.backend.rowmodel import PREFILL_CHUNK, RowModel
 from specdraft.models import load_model
@@ -42,7 +42,7 @@ def prefill(model, prompt: np.ndarray, long_passes: bool, chunk: int = PREFILL_C
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--lengths", default="128,512,2048")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

@@ -3,7 +3,7 @@
 weights, dense ones, dense ones by numba's loops), ops grouped by what they do, per step and per
 decoder layer.
 
-    python -m benchmarks.cpu.profile_step [--steps 10] [--out benchmarks/results]
+    python -m benchmarks.cpu.profile_step [--steps 10] [--out benchmarks/results/cpu]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import numpy as np
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 from benchmarks.cpu.floor import built_as, step_models
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
@@ -86,7 +86,7 @@ def run_case(verifier: Verifier, rows: list[str], k: int, steps: int, rng) -> di
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--context", type=int, default=256)
     args = parser.parse_args()

@@ -12,7 +12,7 @@ If memory and arithmetic overlapped perfectly a streamed pass would take max(str
 cache N); if they took turns, streamed N = 1 + in cache N - in cache N = 1. The report gives both
 bounds next to the measured time. Medians of interleaved rounds.
 
-    python -m benchmarks.cpu.projections [--rounds 7] [--out benchmarks/results]
+    python -m benchmarks.cpu.projections [--rounds 7] [--out benchmarks/results/cpu]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 
 TOKENS = (1, 2, 3, 6, 9, 16, 32)
 
@@ -102,7 +102,7 @@ def measure(weights: list[tuple], rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 

@@ -12,7 +12,7 @@ alternating, each layer of the call timed from outside:
 Everything but the kernels is Python and host tensors, the same whatever the pass's width: the part
 of a plain step that speculation does not multiply. Medians over rounds.
 
-    python -m benchmarks.cpu.step_overhead [--model NAME] [--rounds 300] [--out benchmarks/results]
+    python -m benchmarks.cpu.step_overhead [--model NAME] [--rounds 300] [--out benchmarks/results/cpu]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 from specdraft.backend import rowmodel
 from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.drafters.base import Draft
@@ -103,7 +103,7 @@ def report(result: dict) -> str:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--model", default=None, help="a model `load_model` takes (default: the embedded one)")
     args = parser.parse_args()

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import cli, machine, verify_step_times, write_results
+from benchmarks.common import RESULTS, cli, machine, verify_step_times, write_results
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run)")
     parser.add_argument("--context", type=int, default=256, help="tokens already in each row's cache")
     parser.add_argument("--stock", action="store_true",

@@ -4,7 +4,7 @@ one code share a group. Per domain and method: median tok/s and the speed-up ove
 run, each group's range, and the shift of the later group's median against the earlier's range.
 
     python -m benchmarks.domains.compare --group before run1/results.json run2/results.json \\
-        --group after run3/results.json run4/results.json --out benchmarks/results --name compare
+        --group after run3/results.json run4/results.json --out DIR --name compare
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.common import cli, write_results
+from benchmarks.common import RESULTS, cli, write_results
 from benchmarks.domains.report import method_order, summarize
 
 
@@ -66,7 +66,7 @@ def render(result: dict, title: str) -> str:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "domains")
     parser.add_argument("--group", nargs="+", action="append", required=True, metavar=("NAME", "RESULTS_JSON"),
                         help="a group's name, then its runs' results.json files")
     parser.add_argument("--title", default="Per-domain runs compared")

@@ -7,7 +7,7 @@ default of 10 tokens and at our k), and its assisted generation when a draft mod
 speculation with `--draft-model`: `benchmarks.peers.llama_cpp`), each held to its own plain output.
 Methods run interleaved prompt by prompt, so slow drift of the machine hits all of them alike.
 
-    python -m benchmarks.domains.run [--prompts 12] [--max-tokens 128] [--k 5] [--repeats 3] [--out benchmarks/results]
+    python -m benchmarks.domains.run [--prompts 12] [--max-tokens 128] [--k 5] [--repeats 3] [--out benchmarks/results/domains]
         [--llama-cpp path/to/llama.cpp/build/bin [--llama-cpp-draft-ks 3,5,8,16] [--llama-cpp-ngram ngram-mod]]
 """
 
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from benchmarks.peers import hf as peers
 from benchmarks.peers import llama_cpp
-from benchmarks.common import cli, machine
+from benchmarks.common import RESULTS, cli, machine
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from benchmarks.domains.methods import decode_rate
 from benchmarks.domains.report import family, write_report
@@ -138,7 +138,7 @@ def run_hf(fn, *args, **kwargs) -> dict:
 
 
 def arguments():
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "domains")
     parser.add_argument("--prompts", type=int, default=12, help="prompts per domain")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("-k", "--k", type=int, default=5, help="our draft length (and HF prompt lookup's second setting)")

@@ -10,8 +10,9 @@ before, after ...: slow drift of the machine hits both alike), then `compare` th
     ...
     python -m benchmarks.domains.versions compare --before /tmp/ab/before_*.json --after /tmp/ab/after_*.json --out DIR
 
-`record` imports only what both sides have (`LLM`, `SamplingParams`, `SpeculationParams` and the
-prompt sets, found under their old or new module name).
+`record --model M --draft-model D` runs a pair instead (the `model` drafter too). `record` imports only
+what both sides have (`LLM`, `SamplingParams`, `SpeculationParams` and the prompt sets, found under
+their old or new module name).
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ DOMAINS = ("code", "json", "prose")
 DRAFTERS = ("none", "ngram", "hybrid")
 
 
-def record(out: Path, prompts: int, max_tokens: int) -> None:
+def record(out: Path, prompts: int, max_tokens: int, model: str | None = None, draft_model: str | None = None) -> None:
     try:
         from benchmarks.domains.datasets import load_domain
     except ImportError:  # a checkout from before the benchmarks were grouped
         from benchmarks.datasets import load_domain
     from specdraft import LLM, SamplingParams, SpeculationParams
 
-    llm = LLM(drafters=list(DRAFTERS))
+    drafters = [*DRAFTERS, *(["model"] if draft_model else [])]
+    llm = LLM(model, drafters=drafters, **({"draft_model": draft_model} if draft_model else {}))
     rows = {}
     for domain in DOMAINS:
         for prompt in load_domain(domain, prompts):
-            for name in DRAFTERS:
+            for name in drafters:
                 start = time.perf_counter()
                 [done] = llm.chat([prompt.messages], SamplingParams(temperature=0, max_tokens=max_tokens),
                                   SpeculationParams(name))
@@ -55,7 +57,7 @@ def compare(before: list[dict], after: list[dict]) -> dict:
     lossless = sum(first[k]["ids"] == first[k.rsplit("/", 1)[0] + "/none"]["ids"] for k in keys)
     cells = {}
     for domain in DOMAINS:
-        for name in DRAFTERS:
+        for name in dict.fromkeys(k.rsplit("/", 1)[1] for k in keys):
             ks = [k for k in keys if k.startswith(f"{domain}/") and k.endswith(f"/{name}")]
             speed = {side: statistics.median(statistics.median(len(r[k]["ids"]) / r[k]["seconds"] for r in runs)
                                              for k in ks) for side, runs in (("before", before), ("after", after))}
@@ -85,13 +87,15 @@ def main() -> None:
     rec.add_argument("out", type=Path)
     rec.add_argument("--prompts", type=int, default=6)
     rec.add_argument("--max-tokens", type=int, default=128)
+    rec.add_argument("--model", default=None, help="the target (default: the embedded model)")
+    rec.add_argument("--draft-model", default=None, help="a draft model: the `model` drafter runs too")
     cmp = sub.add_parser("compare")
     cmp.add_argument("--before", type=Path, nargs="+", required=True)
     cmp.add_argument("--after", type=Path, nargs="+", required=True)
     cmp.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.command == "record":
-        record(args.out, args.prompts, args.max_tokens)
+        record(args.out, args.prompts, args.max_tokens, args.model, args.draft_model)
         return
     result = compare(*([json.loads(p.read_text()) for p in paths] for paths in (args.before, args.after)))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import cli, machine, verify_step_times, write_results
+from benchmarks.common import RESULTS, cli, machine, verify_step_times, write_results
 from benchmarks.gpu.step import SHAPES, build, copy_bandwidth, hf_static, implied_speedup, weight_bytes
 from specdraft.backend import triton_kernels as tk
 
@@ -202,7 +202,7 @@ def model_for(shape: str, device, dtype) -> torch.nn.Module:
 
 
 def arguments() -> argparse.Namespace:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "gpu")
     parser.add_argument("--shapes", default="1b,1b-int8,qwen1.5b,qwen0.5b,3b",
                         help=f"of {', '.join(SHAPES)}, or <shape>-int8 (its int8 copy); the first picks the choice")
     parser.add_argument("--choices", default=CHOICES, help="NAME=FIELDS;... (fields as SPECDRAFT_TRITON_CHOICE)")

@@ -19,7 +19,7 @@ Made to be run on a GPU machine (bf16); on CPU `--shapes tiny` runs the same cod
 seconds (what CI runs, so it keeps working).
 
     python -m benchmarks.gpu.step [--shapes 1b,3b] [--batches 1,4,16,32] [--ks 0,1,3,5,8] [--kernels triton,torch]
-                                  [--out benchmarks/results]
+                                  [--out benchmarks/results/gpu]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import cli, machine, verify_step_times, write_results
+from benchmarks.common import RESULTS, cli, machine, verify_step_times, write_results
 
 # name -> LlamaConfig fields (Llama-3.2-1B / -3B: tied embeddings, rope theta 500000, vocab 128256)
 SHAPES = {
@@ -211,7 +211,7 @@ def implied_speedup(c: float, ratios: dict[int, float], acceptance: float) -> tu
 
 def arguments() -> tuple[argparse.Namespace, list[str]]:
     """The command line, and its shapes checked: two of `SHAPES`, draft then target."""
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "gpu")
     parser.add_argument("--shapes", default="1b,3b", help=f"two of {', '.join(SHAPES)}: draft, then target")
     parser.add_argument("--batches", default="1,4,16,32")
     parser.add_argument("--ks", default="0,1,3,5,8")

@@ -4,7 +4,7 @@ speculation (`llama-speculative -md`, drafts of k as shipped, and tuned: `draft-
 draft lengths with a probability floor) and, where asked, its other n-gram drafters
 (`llama-speculative-simple --spec-type ngram-mod`, ...), greedy, a process per prompt on the threads we
 use. The binaries are a benchmark-only build from the `llama-cpp-python` sdist's vendor tree
-(`benchmarks/results/int8/README.md`), found in the folder `--llama-cpp` names.
+(`benchmarks/results/cpu/int8/README.md`), found in the folder `--llama-cpp` names.
 
 Each run is given the prompt as text with its special tokens (the chat template applied, which
 llama.cpp tokenises back to the same ids) and returns the text it wrote, read back into our
@@ -45,7 +45,7 @@ def methods(folder: Path, target: Path, draft: Path | None, k: int, draft_ks: tu
         out[f"llama.cpp-{kind}"] = [str(folder / "llama-speculative-simple"), "-m", str(target), "--spec-type", kind]
     for argv in out.values():
         if not Path(argv[0]).is_file():
-            raise FileNotFoundError(f"llama.cpp binary not found: {argv[0]} (build it: benchmarks/results/int8/README.md)")
+            raise FileNotFoundError(f"llama.cpp binary not found: {argv[0]} (build it: benchmarks/results/cpu/int8/README.md)")
     return out
 
 

@@ -12,7 +12,7 @@
 
     .venv-vllm/bin/python -m benchmarks.peers.vllm_proposer [--prompts 12] [--max-tokens 128] [--k 5] [--quick]
 
-Writes benchmarks/results/vllm_proposer.{json,md,png} (--quick: a smoke run that writes nothing).
+Writes benchmarks/results/drafters/vllm_proposer.{json,md,png} (--quick: a smoke run that writes nothing).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from benchmarks.peers.vllm_engines import PROPOSER, in_fresh_process
 
@@ -286,7 +286,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "drafters")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=5)

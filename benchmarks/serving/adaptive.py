@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from specdraft.engine import Engine
 from specdraft.models import load_model
@@ -73,7 +73,7 @@ def run_once(engine: Engine, drafter: str, prompts: list[list[int]], max_tokens:
 
 
 def arguments() -> argparse.Namespace:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--per-slot", type=int, default=2, help="prompts per batch slot")
     parser.add_argument("--min-prompts", type=int, default=8, help="prompts at least, at any batch size")
     parser.add_argument("--max-tokens", type=int, default=64)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from benchmarks.serving.ceiling import UNBOUNDED, copy_ceiling
-from benchmarks.common import cli, machine, step_columns, step_stats, write_results
+from benchmarks.common import RESULTS, cli, machine, step_columns, step_stats, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.domains.methods import OURS, PEERS, REFERENCE, Methods, display_order
 from benchmarks.domains.report import bar_plot
@@ -38,7 +38,7 @@ def bucket(turn: int) -> str:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("-k", "--k", type=int, default=5)

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.serving.agent import bucket
-from benchmarks.common import cli, live_server, machine, step_columns, step_stats, write_results
+from benchmarks.common import RESULTS, cli, live_server, machine, step_columns, step_stats, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.serving.load import body, stream
 from benchmarks.domains.report import bar_plot
@@ -171,7 +171,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--conversations", default="4,16", help="conversations at once, one run per value")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=96)

@@ -26,7 +26,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from benchmarks.common import cli, free_port, live_server, machine, wait_healthy, write_results
+from benchmarks.common import RESULTS, cli, free_port, live_server, machine, wait_healthy, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.domains.report import bar_plot
 from benchmarks.serving.agent import by_turn
@@ -43,7 +43,7 @@ def llama_server_methods(folder: Path, target: Path, draft: Path, k: int) -> dic
     """llama.cpp's methods: name -> the `llama-server` command (but its port and threads)."""
     binary = folder / "llama-server"
     if not binary.is_file():
-        raise FileNotFoundError(f"llama-server not found in {folder} (build it: benchmarks/results/int8/README.md)")
+        raise FileNotFoundError(f"llama-server not found in {folder} (build it: benchmarks/results/cpu/int8/README.md)")
     plain = [str(binary), "-m", str(target), "-np", "1", "-c", "16384", "--cache-prompt"]
     return {LLAMA_PLAIN: plain,
             f"llama-server -md k{k}": [*plain, "-md", str(draft), "--spec-type", "draft-simple",
@@ -109,7 +109,7 @@ def turn(url: str, messages: list[dict], max_tokens: int, extra: dict) -> dict:
 def main() -> None:
     import httpx
 
-    parser = cli(__doc__, out=Path(__file__).parents[1] / "results" / "pair" / "agent_servers")
+    parser = cli(__doc__, RESULTS / "pair" / "agent_servers")
     parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's build/bin (llama-server)")
     parser.add_argument("--conversations", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=96)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import cli, live_server, machine, write_results
+from benchmarks.common import RESULTS, cli, live_server, machine, write_results
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from benchmarks.domains.report import bar_plot
 from benchmarks.serving.agent_servers import llama_server
@@ -48,7 +48,7 @@ def llama_argv(folder: Path, target: Path, draft: Path, slots: int, k: int, p_mi
     model drafting up to k tokens a step (`draft-simple`, kept while its probability is >= p_min)."""
     binary = folder / "llama-server"
     if not binary.is_file():
-        raise FileNotFoundError(f"llama-server not found in {folder} (build it: benchmarks/results/int8/README.md)")
+        raise FileNotFoundError(f"llama-server not found in {folder} (build it: benchmarks/results/cpu/int8/README.md)")
     argv = [str(binary), "-m", str(target), "-np", str(slots), "-c", str(2048 * slots), "--no-cache-prompt"]
     if k:
         argv += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
@@ -89,7 +89,7 @@ def request(messages: list[dict], max_tokens: int, extra: dict) -> dict:
 
 
 def main() -> None:
-    parser = cli(__doc__, out=Path(__file__).parents[1] / "results" / "pair" / "concurrent_servers")
+    parser = cli(__doc__, RESULTS / "pair" / "concurrent_servers")
     parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's build/bin (llama-server)")
     parser.add_argument("--levels", default="8,16", help="requests sent at once, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)

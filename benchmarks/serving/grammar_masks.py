@@ -71,8 +71,8 @@ LIBRARIES = {"llguidance": llguidance_masks, "xgrammar": xgrammar_masks}
 
 
 def main() -> None:
-    parser = cli(__doc__)
-    parser.add_argument("--structured", type=Path, default=RESULTS / "structured.json",
+    parser = cli(__doc__, RESULTS / "serving")
+    parser.add_argument("--structured", type=Path, default=RESULTS / "serving" / "structured.json",
                         help="the structured-output run whose schemas and outputs are walked")
     args = parser.parse_args()
     structured = json.loads(args.structured.read_text())

@@ -12,7 +12,7 @@ servers): the embedded model behind `specdraft serve`, greedy.
 5. Memory: a sequence of similar JSON-extraction requests (each prompt seen once), with and without
    `--ngram-memory`: acceptance and tokens/s.
 
-    python -m benchmarks.serving.load [--clients 32] [--seconds 60] [--out benchmarks/results]
+    python -m benchmarks.serving.load [--clients 32] [--seconds 60] [--out benchmarks/results/serving]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.common import cli, live_server, machine, write_results
+from benchmarks.common import RESULTS, cli, live_server, machine, write_results
 from benchmarks.domains.datasets import DOMAINS, load_domain
 
 MAX_TOKENS = 64
@@ -247,7 +247,7 @@ def server_pid(url: str) -> int:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--disconnects", type=int, default=50)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import cli, live_server, machine, write_results
+from benchmarks.common import RESULTS, cli, live_server, machine, write_results
 from benchmarks.serving.load import server_pid
 
 WORDS = ("dog", "cat", "river", "stone", "green", "quiet", "runs", "under", "bright", "table", "seven", "over")
@@ -154,7 +154,7 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--models", default="", help="comma-separated models (empty: the embedded one)")
     parser.add_argument("--lengths", default="512,2048,4096,8000")
     parser.add_argument("--rounds", type=int, default=2)

@@ -9,7 +9,7 @@ rounds, medians reported; and the seconds from starting the process to its first
 (start-up, with every cache warm: files fetched, kernels compiled, and, after a first start, the
 calibration kept), and the seconds the first request took (32 tokens: what a start leaves to it).
 
-    python -m benchmarks.serving.memory [--rounds 2] [--out benchmarks/results]
+    python -m benchmarks.serving.memory [--rounds 2] [--out benchmarks/results/serving]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import cli, live_server, machine, write_results
+from benchmarks.common import RESULTS, cli, live_server, machine, write_results
 from benchmarks.serving.load import server_pid
 
 SETTINGS = ("dense", "native")
@@ -66,7 +66,7 @@ def measure(weights: str, extra: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--weights", default=",".join(SETTINGS), help="the settings to alternate, comma-separated")
     parser.add_argument("--serve-args", default="", help="more arguments for `specdraft serve` (default: none, the "

@@ -26,7 +26,7 @@ import statistics
 import httpx
 
 from benchmarks.serving.agent import bucket
-from benchmarks.common import cli, live_server, machine, write_results
+from benchmarks.common import RESULTS, cli, live_server, machine, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from benchmarks.serving.load import body, stream
@@ -132,7 +132,7 @@ def render(results: dict) -> str:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=6, help="per-domain prompts a domain (0: none)")

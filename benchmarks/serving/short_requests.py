@@ -18,7 +18,7 @@ import argparse
 import copy
 import statistics
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from specdraft.api.protocol import metrics_json
 from specdraft.engine import Engine
@@ -32,7 +32,7 @@ CALIBRATION_PROMPTS = 2  # per domain, skipped: the prompts the self-drafts were
 
 
 def arguments() -> argparse.Namespace:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--drafters", default="model", help="costly drafters to compare with none")
     parser.add_argument("--held-out", type=int, default=2, help="held-out prompts per domain")
     parser.add_argument("--max-tokens", type=int, default=48)

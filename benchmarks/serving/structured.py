@@ -22,7 +22,7 @@ import statistics
 
 import jsonschema
 
-from benchmarks.common import cli, machine, write_results
+from benchmarks.common import RESULTS, cli, machine, write_results
 from benchmarks.domains.datasets import load_domain
 from specdraft import LLM, ResponseFormat, SamplingParams, SpeculationParams
 from specdraft.engine import GrammarMetrics
@@ -101,7 +101,7 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = cli(__doc__)
+    parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--prompts", type=int, default=8, help="JSON prompts (half BFCL, half extraction)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)

@@ -5,7 +5,7 @@ bf16). One of the ways to run a pass's layers (`specdraft.backend.layers`).
 On CPU a decode step is bound by reading the weights, and the eager layer spends much of it
 elsewhere: dozens of small ops per layer (norms, rotary embedding, activation, residual adds, views)
 each paying Python and dispatch, and BLAS matrix-vector paths that read the weights well below the
-rate memory allows (`benchmarks/results/cpu_profile.md`). Here a layer's per-token work is
+rate memory allows (`benchmarks/results/cpu/cpu_profile.md`). Here a layer's per-token work is
 compiled by inductor's CPU backend: norm, q/k/v projections (one joined weight) and rotary
 embedding before attention; output projection, residual, norm, MLP (gate/up joined) and residual
 after it. Layer i's end and layer i + 1's start are one call; the final norm and output layer

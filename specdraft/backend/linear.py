@@ -6,7 +6,7 @@ A decode step multiplies 1 row by every weight matrix, a verify step k + 1 rows 
 torch's `F.linear` (x @ W.T) sends such skinny products down BLAS paths that read the weights far
 slower than memory allows, while the same product written as (W @ x.T).T runs near memory speed (a
 single row doubled: alone it would take a matrix-vector path twice as slow; see
-`benchmarks/results/verify_cost.md`). But a BLAS product of n rows sums a row in an order that depends
+`benchmarks/results/cpu/verify_cost.md`). But a BLAS product of n rows sums a row in an order that depends
 on n and on the row's place (MKL and OpenBLAS block by the row count: rows 0-3 of 6 already differ from
 the row alone, on AVX2 and AVX-512 alike), and a verify pass must give a token the logits a plain step
 gives it. So each of up to `MAX_ROWS` rows is its own product of one shape, the row doubled, as a plain

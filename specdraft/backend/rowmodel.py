@@ -253,6 +253,41 @@ class RowModel:
         return None if self._own is None else self._own.compiled
 
     @property
+    def invariant_layers(self):
+        """The batch-invariant Triton layers every pass runs on CUDA (`TritonLayers`), or None."""
+        return None if self._own is None else self._own.invariant
+
+    @property
+    def family(self):
+        """The model's `Family` as our own forward reads it; None where the stock model runs."""
+        return None if self._own is None else self._own.family
+
+    @property
+    def own_forward(self) -> bool:
+        """Whether our own forward runs the model (a family it reproduces), not the stock model."""
+        return self._own is not None
+
+    def keep_vocabulary(self, tokens: int) -> bool:
+        """Where the compiled layers can (`NumbaLayers.keep_vocabulary`), compute only the logits of ids
+        below `tokens` from now on, the output layer's other rows never read, and say so; False where
+        the layers that run compute them all (the caller masks the others itself)."""
+        layers = self.compiled_layers
+        if not hasattr(layers, "keep_vocabulary"):
+            return False
+        layers.keep_vocabulary(tokens)
+        return True
+
+    def also_rows(self, ids: np.ndarray) -> None:
+        """Beside the ids `keep_vocabulary` keeps, compute the logits of `ids` too in the passes that
+        follow (`NumbaLayers.also_rows`); only after `keep_vocabulary` said True."""
+        self.compiled_layers.also_rows(ids)
+
+    @property
+    def reads_kept_vocabulary(self) -> bool:
+        """Whether the layers that run could keep a vocabulary (`keep_vocabulary`) without keeping one."""
+        return hasattr(self.compiled_layers, "keep_vocabulary")
+
+    @property
     def packs(self) -> bool:
         """Whether a batched pass given each row's token count (`forward(counts=...)`) computes only
         those tokens (our own forward, not at static shapes); otherwise it computes batch x T."""

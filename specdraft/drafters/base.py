@@ -162,13 +162,15 @@ def parts_of(drafter: Drafter) -> Parts:
 
 
 class Resources:
-    """What the drafters one runtime builds share: one of each thing they ask for by key (`shared`: a
-    draft model loaded once for `model` and `hybrid`'s model part, one cross-request n-gram memory),
-    how the runtime runs models (`static_shapes`: CUDA graphs' shapes, None off CUDA; `compiled`: the
-    compiled CPU step where it pays), and what must be saved before the runtime stops (`on_save`)."""
+    """What the drafters one runtime builds share: the draft model the runtime loaded for `model` and
+    every drafter built on it (`draft`: a `models.LoadedModel`, its `model`, `compute_dtype` and
+    `target_copy` read; None where none was asked for), one of each other thing they ask for by key
+    (`shared`: one cross-request n-gram memory), how the runtime runs models (`static_shapes`: CUDA
+    graphs' shapes, None off CUDA; `compiled`: the compiled CPU step where it pays), and what must be
+    saved before the runtime stops (`on_save`)."""
 
-    def __init__(self, static_shapes: StaticShapes | None = None, compiled: bool = False) -> None:
-        self.static_shapes, self.compiled = static_shapes, compiled
+    def __init__(self, static_shapes: StaticShapes | None = None, compiled: bool = False, draft: Any = None) -> None:
+        self.static_shapes, self.compiled, self.draft = static_shapes, compiled, draft
         self._shared: dict[Hashable, Any] = {}
         self._saves: list[Callable[[], None]] = []
 

@@ -3,8 +3,8 @@ with their probabilities q (Leviathan et al. 2023).
 
 Pairs: any transformers causal LM with the target's vocabulary (`--draft-model`: a hub id in the
 local cache, a directory or a .gguf; e.g. Llama-3.2-1B-Instruct drafting for Llama-3.2-3B-Instruct),
-checked at start-up (`specdraft.models.check_draft_pair`). Without one, an int8 copy of the target
-(`self-int8`, `specdraft.models.int8_copy`).
+planned and loaded by the runtime as the target is (`Settings.resolve`, `specdraft.models.load_draft`)
+and checked there (`check_draft_pair`). Without one, an int8 copy of the target (`self-int8`).
 
 Per request the drafter keeps its own KV-cache row (`RowModel`) in step with the target's context:
 - a propose call runs one pass that feeds every row its *pending* tokens (those that joined the
@@ -43,7 +43,6 @@ from specdraft.backend import RowModel, StaticShapes, worth_compiling
 from specdraft.backend.prefix import PrefixCache
 from specdraft.drafters.base import EMPTY_DRAFT, CatchUp, CostlyDrafts, Draft, Parts, Resources
 from specdraft.drafters.registry import register
-from specdraft.models import LoadedModel, load_draft_model
 from specdraft.params import SamplingParams, check_cache_mb
 from specdraft.sampling import DRAFT, SAMPLE, argmax, distribution, inverse_cdf, keyed_uniforms, request_seed
 
@@ -122,18 +121,16 @@ class ModelDrafter:
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and not target_copy else None
         size = model.config.vocab_size
         if vocabulary == "auto":
-            reads = hasattr(self.rows.compiled_layers, "keep_vocabulary")
+            reads = self.rows.reads_kept_vocabulary
             vocabulary = DRAFT_VOCABULARY if reads and size >= 2 * DRAFT_VOCABULARY else None
         self.vocabulary = vocabulary
-        self._head_rows = None  # the compiled layers that read the kept rows only (`also_rows` adds the context's)
+        self._layers_keep_vocabulary = False  # whether the layers read the kept rows only (`also_rows` adds the context's)
         self.window = None if target_copy else window
         if vocabulary is not None:
             if isinstance(vocabulary, bool) or not isinstance(vocabulary, int) or vocabulary % 16 or not 0 < vocabulary <= size:
                 raise ValueError(f"the model drafter's vocabulary must be \"auto\" or a multiple of 16 up to the "
                                  f"model's {size} tokens, got {vocabulary!r}")
-            if hasattr(self.rows.compiled_layers, "keep_vocabulary"):
-                self.rows.compiled_layers.keep_vocabulary(vocabulary)
-                self._head_rows = self.rows.compiled_layers
+            self._layers_keep_vocabulary = self.rows.keep_vocabulary(vocabulary)
         self.k = k
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.device = self.rows.device
@@ -290,9 +287,9 @@ class ModelDrafter:
         if not wanted:
             return {}, {}, None
         order, window = self.rows.active_ids, self.rows.active_window
-        if self._head_rows is not None:
+        if self._layers_keep_vocabulary:
             rare = set().union(*(self._requests[r].rare for r in wanted))
-            self._head_rows.also_rows(np.fromiter(rare, np.int64, len(rare)))
+            self.rows.also_rows(np.fromiter(rare, np.int64, len(rare)))
         # First pass: T = the drafting rows' longest backlog; other rows catch up on up to T tokens.
         steps = max(self._pending(r) for r in wanted)
         started = time.perf_counter()
@@ -379,19 +376,21 @@ class ModelDrafter:
 
 
 @register("model")
-def _create(k: int, target: Any, resources: Resources | None = None, draft_model: str | LoadedModel | None = None,
-            dtype: str = "auto", vocabulary: int | str | None = "auto", prefix_cache_mb: int = 256,
-            window: int | None = WINDOW) -> ModelDrafter:
-    """`draft_model`: the draft LM (default `self-int8`, an int8 copy of the target), loaded once per
-    runtime whichever drafters draft with it (`resources`, which also says how models run there);
-    `dtype` for loading it (auto: the target's device default); `vocabulary`: draft among the ids below
-    it (and those the request's context holds) only ("auto": see `ModelDrafter`); `prefix_cache_mb`:
-    MiB of ended requests' draft keys and values kept for prompts that start alike (0: none;
-    `ModelDrafter`); `window`: the most context tokens a row far behind catches up on (None: all)."""
+def _create(k: int, target: Any, resources: Resources | None = None, draft_model: Any = None,
+            vocabulary: int | str | None = "auto", prefix_cache_mb: int = 256, window: int | None = WINDOW) -> ModelDrafter:
+    """The draft LM is the one the runtime loaded (`resources.draft`: planned by `Settings.resolve` as
+    the target is, `Settings.draft_model`), or `draft_model`, a model given loaded (`LoadedModel`);
+    `vocabulary`: draft among the ids below it (and those the request's context holds) only ("auto":
+    see `ModelDrafter`); `prefix_cache_mb`: MiB of ended requests' draft keys and values kept for
+    prompts that start alike (0: none; `ModelDrafter`); `window`: the most context tokens a row far
+    behind catches up on (None: all)."""
     check_cache_mb(prefix_cache_mb, "the model drafter's prefix_cache_mb")
     resources = resources if resources is not None else Resources()
-    key = ("draft model", draft_model if draft_model is None or isinstance(draft_model, str) else id(draft_model), dtype)
-    draft = resources.shared(key, lambda: load_draft_model(draft_model, target, dtype))
+    draft = draft_model if draft_model is not None else resources.draft
+    if draft is None or isinstance(draft, str):
+        raise ValueError("the model drafter drafts with a loaded model: name it in the settings (draft_model, "
+                         "--draft-model), which plan and load it as the target; the drafter option draft_model "
+                         f"takes a model already loaded, not {draft!r}")
     return ModelDrafter(draft.model, k=k, eos_token_ids=target.eos_token_ids, dtype=draft.compute_dtype,
                         static=resources.static_shapes, compiled=resources.compiled and worth_compiling(draft.model),
                         target_copy=draft.target_copy, vocabulary=vocabulary, prefix_cache_bytes=prefix_cache_mb << 20,

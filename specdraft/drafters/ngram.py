@@ -20,8 +20,8 @@ of which a were accepted (read off the tokens passed to `accept`), a == 0 halves
 than 1), a == d >= k_cur raises it by 2 (to no more than k), anything else leaves it. k_cur caps a
 draft only in steps that draft for at least `adapt_from_batch` requests (default 1: always), and
 not when the copy comes from a match of at least `strong_copy_n` tokens (a copy in progress).
-Why: on CPU each verified draft token costs a good share of a step (benchmarks/results/verify_cost.md),
-so drafts that keep failing should shrink (what it gains: benchmarks/results/adaptive.md).
+Why: on CPU each verified draft token costs a good share of a step (benchmarks/results/cpu/verify_cost.md),
+so drafts that keep failing should shrink (what it gains: benchmarks/results/serving/adaptive.md).
 """
 
 from __future__ import annotations

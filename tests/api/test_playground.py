@@ -24,7 +24,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # The compare test's screenshot goes to a temporary folder, so that the suite leaves the checkout as it
-# found it; SPECDRAFT_SCREENSHOT_DIR=benchmarks/results refreshes the committed one.
+# found it; SPECDRAFT_SCREENSHOT_DIR=benchmarks/results/serving refreshes the committed one.
 SCREENSHOT_DIR = os.environ.get("SPECDRAFT_SCREENSHOT_DIR")
 # The embedded model copies it whole in either arithmetic (a list to repeat was copied in one and
 # answered otherwise in another, as attention's summation order changed).

@@ -29,7 +29,7 @@ def test_own_forward_equals_stock_across_rows_of_different_lengths(dtype, atol):
     model = make_tiny_model(seed=3, dtype=dtype, layers=3, rope_theta=5000.0)
     assert llama.supports(model)
     rows = RowModel(model, prefill_chunk=7)
-    assert rows._own is not None
+    assert rows.own_forward
     rng = random.Random(0)
     contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 40))] for i in range(5)}
     for row_id, ids in contexts.items():
@@ -87,7 +87,7 @@ def test_stock_path_for_other_architectures_matches_too():
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, sliding_window=None)
     model = MistralForCausalLM(config).double().eval()
     rows = RowModel(model, prefill_chunk=3)
-    assert rows._own is None  # not a model our forward claims to reproduce
+    assert not rows.own_forward  # not a model our forward claims to reproduce
     ids = [5, 9, 33, 2, 71, 8, 8, 40]
     rows.add("r", active=True)
     torch.testing.assert_close(rows.prefill("r", ids), stock_logits(model, ids)[-1], rtol=0, atol=1e-10)

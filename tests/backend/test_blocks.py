@@ -242,15 +242,16 @@ def test_weights_are_checked_and_native_where_it_cannot_be_says_why(tmp_path):
 
 @pytest.mark.slow
 def test_the_default_self_draft_says_plainly_when_it_reads_more_than_a_native_target(embedded, embedded_dense, caplog):
-    from specdraft.models import linear_bytes, load_draft_model
+    from specdraft.catalogue import SELF_DRAFT
+    from specdraft.models import linear_bytes, load_draft
 
     with caplog.at_level("WARNING", logger="specdraft"):
-        draft = load_draft_model(None, embedded)
+        draft = load_draft(SELF_DRAFT, embedded)
     assert linear_bytes(draft.model) > linear_bytes(embedded.model)  # 135 MB of int8 against 96 MB of blocks
     assert "cannot be cheaper than the target" in caplog.text and "native weights" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="specdraft"):
-        load_draft_model(None, embedded_dense)  # a quarter of a float32 target's bytes: no warning
+        load_draft(SELF_DRAFT, embedded_dense)  # a quarter of a float32 target's bytes: no warning
     assert "cannot be cheaper" not in caplog.text
 
 

@@ -30,12 +30,12 @@ def test_inductor_passes_equal_the_eager_layers_for_every_token_count():
     model = make_tiny_model(seed=5, dtype=torch.float32, layers=2, attention_bias=True)
     counts = [1, 2, 3, 5, 8, MAX_TOKENS + 4, 1]  # every bucket, then the eager layers, then one again
     inductor = RowModel(model, compiled=True)
-    assert inductor._own.compiled is not None
+    assert inductor.compiled_layers is not None
     reference = row_passes(RowModel(model), list(range(1, 30)), counts)
     for n, got, want in zip(counts, row_passes(inductor, list(range(1, 30)), counts), reference):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5, msg=f"a pass of {n} tokens")
         assert torch.equal(got.argmax(-1), want.argmax(-1))
-    assert inductor._own.compiled.failed is None
+    assert inductor.compiled_layers.failed is None
 
 
 def test_joining_projections_keeps_every_value_and_shares_one_buffer():
@@ -56,7 +56,7 @@ def test_joining_projections_keeps_every_value_and_shares_one_buffer():
 def test_a_failing_compiler_falls_back_to_eager_with_the_same_output():
     model = make_tiny_model(seed=7, dtype=torch.float32, layers=1)
     rows = RowModel(model, compiled=True)
-    inductor = rows._own.compiled
+    inductor = rows.compiled_layers
 
     def broken(*args):
         raise RuntimeError("no compiler here")
@@ -92,9 +92,9 @@ def test_an_int8_draft_copy_runs_inductor_as_its_eager_step():
     target = make_tiny_model(seed=9, dtype=torch.float32, layers=2)
     draft = int8_copy(LoadedModel(target, None, "tiny", None, 256, (), False))
     inductor = RowModel(draft.model, dtype=torch.bfloat16, compiled=True)
-    assert isinstance(inductor._own.compiled, InductorLayers)
+    assert isinstance(inductor.compiled_layers, InductorLayers)
     eager = RowModel(draft.model, dtype=torch.bfloat16)
     for got, want in zip(row_passes(inductor, [5, 6, 7, 8, 9], [1, 4, 1]), row_passes(eager, [5, 6, 7, 8, 9], [1, 4, 1])):
         assert 0.5 * (got.softmax(-1) - want.softmax(-1)).abs().sum(-1).max() < 0.02
-    assert inductor._own.compiled.failed is None
+    assert inductor.compiled_layers.failed is None
 

@@ -174,7 +174,7 @@ def test_tiling_keeps_every_layers_values_and_the_embedding_reads_them(tiny):
 def logits_by_passes(model, ids: list[int], counts: list[int]) -> torch.Tensor:
     """Every token's logits [len(ids), vocab] when `ids` is fed in passes of `counts` tokens."""
     rows = RowModel(model, compiled=True)
-    assert isinstance(rows._own.compiled, NumbaLayers) and rows.compiled_tokens == MAX_TOKENS
+    assert isinstance(rows.compiled_layers, NumbaLayers) and rows.compiled_tokens == MAX_TOKENS
     rows.add("r", active=True)
     out, start = [], 0
     for n in counts:
@@ -202,11 +202,11 @@ def test_a_kept_vocabulary_reads_the_output_layers_first_rows_and_gives_their_lo
     for model in tiny:  # float32 on the blocks, int8 on the tiles
         want = logits_by_passes(model, ids, [6])
         rows = RowModel(model, compiled=True)
-        rows._own.compiled.keep_vocabulary(48)
+        rows.keep_vocabulary(48)
         rows.add("r", active=True)
         got = rows.forward(rows.active_window, [ids])[0]
         assert torch.equal(got[:, :48], want[:, :48]) and bool((got[:, 48:] == float("-inf")).all())
-        rows._own.compiled.also_rows(np.array([70, 3, 71, TINY_VOCAB + 5]))  # block 4 beside the first 48 ids
+        rows.also_rows(np.array([70, 3, 71, TINY_VOCAB + 5]))  # block 4 beside the first 48 ids
         rows.truncate("r", 0)
         got = rows.forward(rows.active_window, [ids])[0]
         computed = np.r_[0:48, 64:80]
@@ -214,7 +214,7 @@ def test_a_kept_vocabulary_reads_the_output_layers_first_rows_and_gives_their_lo
         assert bool((np.delete(got.numpy(), computed, axis=1) == float("-inf")).all())
         for tokens in (40, 0, TINY_VOCAB + 16):
             with pytest.raises(ValueError, match="multiple of 16"):
-                rows._own.compiled.keep_vocabulary(tokens)
+                rows.keep_vocabulary(tokens)
 
 
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))

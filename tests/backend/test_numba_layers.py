@@ -39,7 +39,7 @@ def test_passes_equal_the_eager_layers_for_every_token_count_as_the_cache_grows(
     # 60 prompt tokens, then passes past the cache's first 64 and 128 positions (it grows twice).
     counts = [1, 2, 3, 4, 5, 6, 7, 8, 1, MAX_TOKENS, MAX_TOKENS + 3, 1, 5, 2]
     numba_rows = RowModel(model, compiled=True)
-    assert isinstance(numba_rows._own.compiled, NumbaLayers)
+    assert isinstance(numba_rows.compiled_layers, NumbaLayers)
     prompt = list(range(1, 61))
     generations: list[int] = []
     reference = row_passes(RowModel(model), prompt, counts)
@@ -64,7 +64,7 @@ def test_a_packed_batch_equals_the_eager_pass_token_by_token_and_in_the_cache():
         logits = rows.forward(rows.active_window, ids, counts=counts).clone()
         rows.commit(rows.active_window, counts)
         entries = [rows.cache.entries(layer, slot) for layer in range(2) for slot in range(3)]
-        results.append((logits, entries, type(rows._own.compiled)))
+        results.append((logits, entries, type(rows.compiled_layers)))
     (got, got_entries, kind), (want, want_entries, _) = results
     assert kind is NumbaLayers
     for b, n in enumerate(counts):
@@ -115,10 +115,10 @@ def test_numba_layers_apply_to_plain_float32_layers_only(monkeypatch):
     assert not NumbaLayers.applies(model, layers, torch.float32)  # float32 and int8 linears mixed
     use_weight_only_int8(model)
     assert NumbaLayers.applies(model, layers, torch.float32)  # an int8 draft copy
-    compiled = RowModel(model, dtype=torch.float32, compiled=True)._own.compiled
+    compiled = RowModel(model, dtype=torch.float32, compiled=True).compiled_layers
     assert isinstance(compiled, NumbaLayers)
     rows = RowModel(model, dtype=torch.bfloat16, compiled=True)  # bf16 activations: inductor's parts
-    assert isinstance(rows._own.compiled, InductorLayers)
+    assert isinstance(rows.compiled_layers, InductorLayers)
     monkeypatch.setattr(numba_layers, "LONG_PASSES", False)  # the default
     assert compiled.takes(MAX_TOKENS, MAX_TOKENS) and compiled.takes(SHORT_PASS, SHORT_PASS)  # a short prefill too
     assert not compiled.takes(SHORT_PASS + 1, SHORT_PASS + 1)  # a longer prefill: the eager layers (BLAS)
@@ -181,7 +181,7 @@ def test_an_int8_copy_passes_equal_a_float32_model_of_its_dequantised_weights():
     counts = [1, 2, 3, 6, 9, 1]
     prompt = list(range(5, 25))
     numba_rows = RowModel(int8, dtype=torch.float32, compiled=True)
-    assert isinstance(numba_rows._own.compiled, NumbaLayers)
+    assert isinstance(numba_rows.compiled_layers, NumbaLayers)
     assert all(m.weight.dtype == torch.int8 and "weight" in m._buffers for m in linears.values())  # moved, still buffers
     for n, got, want in zip(counts, row_passes(numba_rows, prompt, counts), row_passes(RowModel(dequantised), prompt, counts)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4, msg=f"a pass of {n} tokens")

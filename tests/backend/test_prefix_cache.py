@@ -140,8 +140,7 @@ def test_every_drafter_decodes_a_conversation_with_hits_as_none_without(pair, dr
 
 def test_a_self_draft_copies_the_targets_cached_entries(pair):
     target, _ = pair
-    runtime = build_runtime(target, Settings(drafters=["model"], k=4, policy="fixed", calibrate=False,
-                                             drafter_options={"model": {"dtype": "float32"}}))
+    runtime = build_runtime(target, Settings(drafters=["model"], k=4, policy="fixed", calibrate=False))
     reference = conversation(build_runtime(target, Settings(drafters=["none"], calibrate=False, prefix_cache_mb=0)).engine)
     turns = conversation(runtime.engine)
     assert [o for _, o, _ in turns] == [o for _, o, _ in reference]

@@ -76,7 +76,7 @@ def test_our_forward_takes_a_qwen2_only_where_its_modules_match_the_description(
 def test_own_forward_equals_stock_across_rows_and_a_packed_pass(heads, kv_heads, head_dim, dtype, atol):
     model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=3, dtype=dtype)
     rows = RowModel(model, prefill_chunk=7)
-    assert rows._own is not None and rows._own.family.shape == (heads, kv_heads, head_dim)
+    assert rows.own_forward and rows.family.shape == (heads, kv_heads, head_dim)
     rng = random.Random(0)
     contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 40))] for i in range(4)}
     for row_id, ids in contexts.items():
@@ -97,7 +97,7 @@ def test_numba_passes_equal_the_eager_layers_for_every_token_count(heads, kv_hea
     model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=11)
     counts = [1, 2, 3, 6, 7, 1, MAX_TOKENS, MAX_TOKENS + 3, 1, 5]  # past the cache's first 64 and 128 positions
     compiled = RowModel(model, compiled=True)
-    assert isinstance(compiled._own.compiled, NumbaLayers)
+    assert isinstance(compiled.compiled_layers, NumbaLayers)
     reference = row_passes(RowModel(model), list(range(1, 61)), counts)
     for n, got, want in zip(counts, row_passes(compiled, list(range(1, 61)), counts), reference):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5, msg=f"a pass of {n} tokens")
@@ -110,7 +110,7 @@ def test_the_triton_kernels_give_the_stock_logits(heads, kv_heads, head_dim):
     pytest.importorskip("triton")
     model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=3, layers=1)
     rows = RowModel(model, kernels="triton")
-    assert rows._own.invariant is not None
+    assert rows.invariant_layers is not None
     rows.add("r", active=True)
     ids = list(range(1, 12))
     torch.testing.assert_close(rows.prefill("r", ids), stock_logits(model, ids)[-1], rtol=0, atol=1e-4)

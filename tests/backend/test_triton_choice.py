@@ -38,8 +38,8 @@ def test_pdl_is_used_only_where_the_device_has_it():
     assert not tk.pdl_available(torch.device("cpu"))
     model = make_tiny_model(dtype=DTYPE, layers=1)
     rows = RowModel(model, kernels="triton")
-    assert rows._own.invariant.pdl == (tk.CHOICE.pdl and PDL)
-    layers = type(rows._own.invariant)(model, rows._own.layers, DTYPE, rows._own.family, tk.Choice(pdl=True))
+    assert rows.invariant_layers.pdl == (tk.CHOICE.pdl and PDL)
+    layers = type(rows.invariant_layers)(model, list(model.model.layers), DTYPE, rows.family, tk.Choice(pdl=True))
     assert layers.pdl == PDL
 
 
@@ -76,7 +76,7 @@ def test_an_int8_draft_copy_runs_on_the_triton_kernels_and_computes_its_modules_
     draft = copy.deepcopy(model)
     assert use_weight_only_int8(draft) == 2 * 7 + 1
     triton_rows, torch_rows = RowModel(draft, kernels="triton"), RowModel(draft, kernels="torch")
-    assert triton_rows._own.invariant is not None and torch_rows._own.invariant is None
+    assert triton_rows.invariant_layers is not None and torch_rows.invariant_layers is None
     ids = np.random.default_rng(5).integers(0, TINY_VOCAB, size=20).tolist()
     for rows in (triton_rows, torch_rows):
         rows.add("r", active=True)

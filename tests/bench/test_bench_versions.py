@@ -30,3 +30,14 @@ def test_an_output_that_changed_in_any_run_is_counted(where):
     (before if where == "before" else after)[1] = runs(1.0, changed="json/p/hybrid")
     result = compare(before, after)
     assert result["equal_in_every_run"] == 8
+
+
+def test_a_pairs_model_drafter_gets_its_cells():
+    def with_model(seconds: float) -> dict:
+        rows = runs(seconds)
+        rows.update({f"{domain}/p/model": {"ids": [1, 2, 3, 4], "seconds": seconds} for domain in DOMAINS})
+        return rows
+
+    result = compare([with_model(1.0)], [with_model(2.0)])
+    assert result["outputs"] == 12 and result["equal_in_every_run"] == 12
+    assert result["cells"]["json/model"]["time_after_over_before"] == 2.0

@@ -13,7 +13,7 @@ from tests.conftest import TINY_VOCAB
 def pass_logits(model, prompt, counts):
     """The logits of `prompt` prefilled in one chunk, then of each pass of `counts` random tokens."""
     rows = RowModel(model, compiled=True)
-    assert isinstance(rows._own.compiled, NumbaLayers)
+    assert isinstance(rows.compiled_layers, NumbaLayers)
     rows.add("r", active=True)
     first = rows.prefill("r", prompt).clone()  # a prefill chunk: longer than the compiled passes
     return [first, *row_passes_after(rows, counts)]

@@ -1,6 +1,8 @@
-"""The documentation holds together: every relative link in README.md and docs/*.md reaches a file
-(and its `#anchor` a heading of that page, slugged as GitHub does), every docs page is linked from the
-README, the README stays short, and its first screen keeps the two commands CI runs."""
+"""The documentation holds together: every relative link in README.md, docs/*.md and the benchmarks'
+pages (their README, the results' README files and HISTORY.md) reaches a file (and its `#anchor` a
+heading of that page, slugged as GitHub does), every docs page is linked from the README, the README
+stays short, and its first screen keeps the two commands CI runs. The results lie in folders by subject,
+each with its table in the benchmarks' index, none at the top."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
+BENCHMARKS = ROOT / "benchmarks"
+RESULTS = BENCHMARKS / "results"
+RESULTS_PAGES = [BENCHMARKS / "README.md", RESULTS / "HISTORY.md", *sorted(RESULTS.rglob("README.md"))]
+RESULTS_TOP = {"README.md", "HISTORY.md"}  # the only files at the results' top: the reports lie in subject folders
 MAX_README_LINES = 300
 FIRST_SCREEN = 40  # lines
 COMMANDS = ("bash scripts/run.sh", "bash scripts/test.sh")
@@ -78,9 +84,47 @@ def test_every_docs_page_has_a_title_and_a_row_in_the_readme_table():
     assert sorted(p.name for p in DOCS if rows.get(p.name, "").strip() == "") == []
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", PAGES + RESULTS_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page: Path):
     assert broken_links(page) == []
+
+
+def test_the_results_pages_are_checked():
+    """The results' README and every subject folder's README are among the pages checked above."""
+    names = {str(p.relative_to(ROOT)) for p in RESULTS_PAGES}
+    assert {"benchmarks/README.md", "benchmarks/results/README.md", "benchmarks/results/HISTORY.md",
+            "benchmarks/results/house/README.md"} <= names
+
+
+def loose_files(folder: Path) -> list[str]:
+    """The files at the top of a results folder that are not its README.md and HISTORY.md."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in RESULTS_TOP)
+
+
+def test_no_report_lies_at_the_top_of_the_results():
+    """A report goes into its subject's folder (`benchmarks/README.md`'s index); the top holds the
+    results' README and HISTORY.md only."""
+    assert loose_files(RESULTS) == []
+    assert all((RESULTS / name).is_file() for name in RESULTS_TOP)
+
+
+def test_the_checker_sees_a_report_at_the_top(tmp_path: Path):
+    """Negative control: a run written to the top (its .json and .md) is seen; a subject folder is not."""
+    for name in (*RESULTS_TOP, "results.json", "results.md"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "cpu").mkdir()
+    assert loose_files(tmp_path) == ["results.json", "results.md"]
+
+
+def test_every_subject_folder_has_its_table_in_the_index_and_a_line_in_the_results_readme():
+    """The index in benchmarks/README.md has a table per folder of results (a `### `results/<folder>/``
+    heading), and the results' README lists each folder; neither names a folder that is not there."""
+    folders = sorted(p.name for p in RESULTS.iterdir() if p.is_dir())
+    index = re.findall(r"^### `results/([\w.-]+)/`", (BENCHMARKS / "README.md").read_text(), re.M)
+    listed = re.findall(r"^- \[`([\w.-]+)/`\]", (RESULTS / "README.md").read_text(), re.M)
+    assert len(folders) >= 5
+    assert sorted(index) == folders
+    assert sorted(listed) == folders
 
 
 def test_every_docs_page_is_linked_from_the_readme():

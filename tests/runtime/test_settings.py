@@ -132,15 +132,16 @@ def test_the_default_drafter_is_the_first_given():
 # -- drafter options ----------------------------------------------------------------------------------
 def test_a_composite_gets_its_parts_options_through_the_parts_own_path():
     options = Settings(drafters=["ngram", "model", "hybrid"], draft_model="draft.gguf", dtype="float32",
-                       drafter_options={"ngram": {"max_n": 3, "memory": True}}).resolve_drafter_options()
+                       drafter_options={"ngram": {"max_n": 3, "memory": True},
+                                        "model": {"window": 64}}).resolve_drafter_options()
     assert options["ngram"] == {"max_n": 3, "memory": True}
-    assert options["model"] == {"draft_model": "draft.gguf", "dtype": "float32"}
+    assert options["model"] == {"window": 64}  # the draft model is planned as the target is, not passed as an option
     assert options["hybrid"] == {"ngram": options["ngram"], "model": options["model"]}
 
 
 def test_a_composite_alone_gets_its_parts_options_and_may_name_its_own():
     alone = Settings(drafters=["hybrid"], drafter_options={"ngram": {"max_n": 3}}).resolve_drafter_options()
-    assert alone == {"hybrid": {"ngram": {"max_n": 3}, "model": {"dtype": "auto"}}}
+    assert alone == {"hybrid": {"ngram": {"max_n": 3}, "model": {}}}
     own = Settings(drafters=["ngram", "hybrid"], drafter_options={"ngram": {"max_n": 3, "memory": True},
                                                                    "hybrid": {"ngram": {"max_n": 2}}})
     assert own.resolve_drafter_options()["hybrid"]["ngram"] == {"max_n": 2, "memory": True}
@@ -172,3 +173,33 @@ def test_the_clis_defaults_are_the_librarys():
 def test_a_server_builds_every_built_in_and_plugin_the_default_first():
     served = server_drafters()
     assert served[:4] == ["ngram", "none", "model", "hybrid"] and served[0] == Settings().default_drafter
+
+
+# -- the draft model is planned and loaded as the target is ---------------------------------------------
+@pytest.mark.skipif(kernel_library.kernel_problem() is not None, reason="no block kernel: weights are dense anyway")
+def test_the_draft_model_is_planned_by_the_targets_rules():
+    from specdraft.catalogue import SELF_DRAFT
+
+    settings = Settings(drafters=["ngram", "model"], draft_model="SmolLM2-135M-Instruct", device="cpu")
+    plan = settings.resolve()
+    assert (plan.draft.weights, plan.draft.arithmetic, plan.draft.device) == ("native", "int8", torch.device("cpu"))
+    for changes, weights, arithmetic in (({"enforce_eager": True}, "dense", "float32"),
+                                         ({"weights": "dense"}, "dense", "float32"),
+                                         ({"arithmetic": "float32"}, "native", "float32")):
+        draft, target = (lambda p: (p.draft, p.loading))(settings.replace(**changes).resolve())
+        assert (draft.weights, draft.arithmetic) == (target.weights, target.arithmetic) == (weights, arithmetic), changes
+    assert Settings(drafters=["hybrid"]).resolve().draft == SELF_DRAFT
+    assert Settings(drafters=["ngram", "none"]).resolve().draft is None
+
+
+def test_the_runtime_loads_the_draft_model_once_as_planned_and_its_drafters_draft_with_it():
+    from specdraft.runtime import build_runtime
+
+    settings = Settings(drafters=["model", "hybrid"], draft_model="SmolLM2-135M-Instruct", device="cpu",
+                        weights="dense", max_batch=1, calibrate=False)
+    runtime = build_runtime(None, settings)
+    draft = runtime.resources.draft
+    assert (draft.weights, draft.arithmetic) == ("dense", "float32") and draft.model is not runtime.target.model
+    engine_drafters = runtime.engine.drafters
+    assert engine_drafters["model"].rows.model is draft.model
+    assert engine_drafters["hybrid"].parts.costly.rows.model is draft.model

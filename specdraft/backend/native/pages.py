@@ -1,6 +1,6 @@
 """Memory for weights a step streams: anonymous, 2 MB aligned, asked to be backed by 2 MB pages
 (`huge_page_buffer`). Streaming weights from 4 KB pages costs a page walk every 4 KB, which 2 MB
-pages spare (`benchmarks/results/cpu_profile.md`)."""
+pages spare (`benchmarks/results/cpu/cpu_profile.md`)."""
 
 from __future__ import annotations
 

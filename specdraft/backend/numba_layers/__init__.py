@@ -24,7 +24,7 @@ projection with its residual; gate and up; down with its residual. Norms, the ro
 SiLU (`elementwise`) run between them on the calling thread, and the whole layer stack is one call
 from Python (`stack`). Between the loops the worker thread spins briefly (`specdraft.threads`): a
 sleeping one is slow to wake, and a step has a hundred or more loops. Where the time goes:
-`benchmarks/results/cpu_profile.md`.
+`benchmarks/results/cpu/cpu_profile.md`.
 
 Same arithmetic as the eager layer, summed in another order: logits agree to float rounding
 (`tests/backend/test_numba_layers.py`), greedy output equals Hugging Face `generate`'s on every test and

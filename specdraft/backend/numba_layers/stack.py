@@ -29,7 +29,7 @@ MAX_TOKENS = 32  # tokens a call of the layer stack computes
 # With SPECDRAFT_INVARIANT_PREFILL=1, passes longer than MAX_TOKENS (prefill chunks) run here too, in
 # calls of MAX_TOKENS tokens, so that a prompt's keys and values are those token-by-token decoding
 # writes (a prefix-cache hit's logits equal a cold run's bitwise), slower than BLAS's prefill beyond a
-# few hundred tokens (`benchmarks/results/cpu_prefill.md`); by default they run the eager layers
+# few hundred tokens (`benchmarks/results/cpu/cpu_prefill.md`); by default they run the eager layers
 # (BLAS: the same tokens, logits equal to float rounding).
 LONG_PASSES = os.environ.get("SPECDRAFT_INVARIANT_PREFILL") == "1"
 # Any pass of up to this many tokens runs here too, a short prompt's prefill included: the stack is the
