@@ -21,7 +21,7 @@ class DraftModelMismatchError(ValueError):
 
 
 class ModelFetchError(ModelNotFoundError):
-    """A model known by name (`specdraft.catalogue`) that could not be fetched: its packages could not
+    """A model known by name (`specdraft.models.find`) that could not be fetched: its packages could not
     be installed (no network, a package missing); the message names them."""
 
 
@@ -39,7 +39,7 @@ class ModelIntegrityError(ModelFetchError):
 class BadModelFileError(ModelNotFoundError):
     """A model file that cannot be loaded as it is (truncated, corrupted, or of a format, block kind or
     family specdraft does not read): the message names the file and the `problem`, found before
-    anything else reads the file (`specdraft.gguf_check`)."""
+    anything else reads the file (`specdraft.models.gguf_check`)."""
 
     def __init__(self, message: str, path: str, problem: str) -> None:
         super().__init__(message)

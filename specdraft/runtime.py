@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from specdraft.backend import StaticShapes, llama, worth_compiling
+from specdraft.backend import StaticShapes, forward, worth_compiling
 from specdraft.drafters import Drafter, Resources, create_drafter, is_builtin
 from specdraft.engine import Engine, RequestError
 from specdraft.engine.calibrate import KeptCalibration
@@ -175,7 +175,7 @@ def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: boo
     """Static shapes (a preallocated cache, and CUDA graphs unless `graphs` is False) where they pay:
     on CUDA, for models our own forward runs. On CPU a step is bound by the weights, not by launches,
     and the dynamic path (attending over exactly the rows' lengths) is faster."""
-    if next(target.model.parameters()).device.type != "cuda" or not llama.supports(target.model):
+    if next(target.model.parameters()).device.type != "cuda" or not forward.supports(target.model):
         return None
     return StaticShapes(max_rows=max_batch, max_context=context, graphs=graphs)
 

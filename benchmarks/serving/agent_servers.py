@@ -30,7 +30,7 @@ from benchmarks.common import RESULTS, cli, free_port, live_server, machine, wai
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.domains.report import bar_plot
 from benchmarks.serving.agent import by_turn
-from specdraft import catalogue
+from specdraft.models import find
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 OURS = ("none", "ngram", "model", "hybrid")  # specdraft's methods: the drafter each request names
@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    target, draft = catalogue.fetch(TARGET), catalogue.fetch(DRAFT)
+    target, draft = find.fetch(TARGET), find.fetch(DRAFT)
     servers = llama_server_methods(args.llama_cpp, target, draft, args.k)
     conversations = load_conversations(args.conversations)
     turns = []

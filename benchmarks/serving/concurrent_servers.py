@@ -29,7 +29,7 @@ from benchmarks.domains.datasets import DOMAINS, load_domain
 from benchmarks.domains.report import bar_plot
 from benchmarks.serving.agent_servers import llama_server
 from benchmarks.serving.load import stream
-from specdraft import catalogue
+from specdraft.models import find
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 OURS = ("none", "ngram", "hybrid")  # the drafter each request names; `none` sent alone is ours' reference
@@ -101,7 +101,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     levels = [int(n) for n in args.levels.split(",")]
     chats = prompts(max(levels))
-    target, draft = catalogue.fetch(TARGET), catalogue.fetch(DRAFT)
+    target, draft = find.fetch(TARGET), find.fetch(DRAFT)
     with ExitStack() as stack:
         ours = stack.enter_context(live_server(
             "--model", TARGET, "--draft-model", DRAFT, "--drafters", ",".join(OURS), "-k", str(args.k),

@@ -290,13 +290,13 @@ def _prompt(args: argparse.Namespace) -> str:
 
 def _check_models(args: argparse.Namespace) -> None:
     """Refuse a model or draft model that is not there, or not what it claims, in one line before
-    anything heavy loads (`catalogue.resolve`, which fetches a name on first use and hashes it again
+    anything heavy loads (`find.resolve`, which fetches a name on first use and hashes it again
     where it changed since it was verified, or with --verify)."""
-    from specdraft import catalogue
+    from specdraft.models import find
 
-    catalogue.resolve(args.model, verify=args.verify)
-    if args.draft_model not in (None, catalogue.SELF_DRAFT):
-        catalogue.resolve(args.draft_model, verify=args.verify)
+    find.resolve(args.model, verify=args.verify)
+    if args.draft_model not in (None, find.SELF_DRAFT):
+        find.resolve(args.draft_model, verify=args.verify)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -415,16 +415,16 @@ def _drafters(args: argparse.Namespace) -> int:
 def _models(args: argparse.Namespace) -> int:
     """The models known by name, with their role, family, size and local file (or "not cached");
     `--fetch` fetches the named ones first."""
-    from specdraft import catalogue
+    from specdraft.models import find
 
     if args.force and not args.fetch:
         raise ValueError("--force fetches again the models --fetch names; name them")
-    for model in [catalogue.entry(name) for name in args.fetch]:  # every name checked before any fetch
-        print(f"{model.name}: {catalogue.fetch(model, force=args.force)}", file=sys.stderr)
+    for model in [find.entry(name) for name in args.fetch]:  # every name checked before any fetch
+        print(f"{model.name}: {find.fetch(model, force=args.force)}", file=sys.stderr)
     if args.verify:
-        verified = catalogue.verify_cached()
+        verified = find.verify_cached()
         print(f"verified: {', '.join(m.name for m in verified) or 'no model is here'}", file=sys.stderr)
-    rows = [(model, catalogue.cached_path(model)) for model in catalogue.CATALOGUE]
+    rows = [(model, find.cached_path(model)) for model in find.CATALOGUE]
     if args.json:
         print(json.dumps([{"name": m.name, "role": m.role, "family": m.family, "bytes": m.size, "sha256": m.sha256,
                            "packages": m.packages_text, "description": m.description,

@@ -1,4 +1,4 @@
-"""A decoder family as data: what our forward (`llama.LlamaForward`), its layers (eager, numba,
+"""A decoder family as data: what our forward (`forward.OwnForward`), its layers (eager, numba,
 inductor, Triton) and the native loader (`native.gguf_file`) know of a model, read once from its
 config (which transformers fills from a GGUF's metadata): head counts and size, which projections
 carry a bias, the rotary base, the norms' epsilon, a tied or untied output layer, the order a GGUF
@@ -68,7 +68,7 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: a factor per pair of a head's dim
 class _Row:
     """What a family's config does not say: which projections add a bias (a config field's name that
     does, or a constant), whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`),
-    and what its GGUF files hold that the loader reads (`file`, which `gguf_check` holds a file to)."""
+    and what its GGUF files hold that the loader reads (`file`, which `models.gguf_check` holds a file to)."""
 
     qkv: str | bool
     out: str | bool

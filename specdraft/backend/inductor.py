@@ -23,7 +23,7 @@ The weights are arguments, not captured constants, so the layers of a model shar
 token count (1 to `MAX_TOKENS`; larger passes run the eager layers, where BLAS products win). All
 are compiled when the layers are built (seconds with inductor's disk cache warm, a minute the first
 time on a machine). If compiling fails, that call runs the same functions eagerly, with a warning,
-and the layers take no pass from then on (`LlamaForward` runs its eager layers).
+and the layers take no pass from then on (`OwnForward` runs its eager layers).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ways `LlamaForward` runs a pass's decoder layers and output head, one class each, alike to call:
+"""The ways `OwnForward` runs a pass's decoder layers and output head, one class each, alike to call:
 `takes(tokens, width)` (whether it runs a pass of that many tokens, `width` a row), `stack(pass) ->
 stream` (every layer, writing the pass's keys and values into the cache), `head(stream) -> logits`;
 `max_tokens`, the most tokens one of its calls computes (None: any).

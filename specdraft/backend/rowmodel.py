@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdraft.backend import llama, memory
+from specdraft.backend import forward, memory
 from specdraft.backend.family import FAMILIES, attention_knee, attention_shape, projection_work
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.prefix import PrefixCache
@@ -91,7 +91,7 @@ class RowModel:
     forward (default the model's); static: run batched passes at static shapes (`StaticShapes`; our
     forward's families only); compiled:
     on CPU, run passes of a few tokens compiled; kernels: which kernels run our own forward
-    (`llama.LlamaForward`: auto, triton or torch); prefill_chunk: the most tokens a prefill pass
+    (`forward.OwnForward`: auto, triton or torch); prefill_chunk: the most tokens a prefill pass
     takes, its passes at fixed positions, fewer as the positions grow (`chunk_end`)."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
@@ -103,8 +103,8 @@ class RowModel:
         self.prefill_chunk = prefill_chunk
         self.device = next(model.parameters()).device
         config = model.config
-        if llama.supports(model):
-            self._own = llama.LlamaForward(model, layers, dtype, compiled=compiled, kernels=kernels)
+        if forward.supports(model):
+            self._own = forward.OwnForward(model, layers, dtype, compiled=compiled, kernels=kernels)
             num_layers, kv_heads, head_dim, cache_dtype = (len(self._own.layers), self._own.family.kv_heads,
                                                            self._own.family.head_dim, self._own.dtype)
         else:

@@ -144,7 +144,7 @@ TIED_AS_EMBEDDING = "model.embed_tokens.weight"
 
 def vllm_model_dir(model_dir: str | Path) -> Path:
     """A directory vLLM loads correctly for a single-file checkpoint whose tied embedding is stored
-    only as `lm_head.weight`, as `specdraft.models.convert_gguf` writes it (vLLM skips that tensor
+    only as `lm_head.weight`, as `specdraft.models.gguf_cache.convert_gguf` writes it (vLLM skips that tensor
     for tied models and would run with an unloaded embedding, silently): the same files with that
     tensor stored as `model.embed_tokens.weight`, written once under the cache dir's `vllm/`. Any
     other directory is returned as it is."""

@@ -68,7 +68,7 @@ class Verifier:
     compiled: on CPU, compiled decode and verify passes (`RowModel`); prefix_cache_bytes: keep rows'
     committed keys and values up to this many bytes for later prompts that start alike
     (`specdraft.backend.prefix`; 0: keep none); kernels: which kernels run the target's forward
-    (`specdraft.backend.llama.LlamaForward`: "auto" runs the batch-invariant Triton kernels on CUDA);
+    (`specdraft.backend.forward.OwnForward`: "auto" runs the batch-invariant Triton kernels on CUDA);
     prefill_chunk: the most prompt tokens a prefill pass takes (`RowModel.chunk_end`: at fixed positions)."""
 
     def __init__(self, model: torch.nn.Module, static: StaticShapes | None = None, compiled: bool = False,

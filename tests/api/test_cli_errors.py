@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from specdraft import catalogue
+from specdraft.models import find
 
 pytestmark = pytest.mark.subprocess
 
-DRAFTER = catalogue.entry("qwen2.5-coder-0.5b-instruct")
+DRAFTER = find.entry("qwen2.5-coder-0.5b-instruct")
 REFETCH = f"re-fetch it with `specdraft models --fetch {DRAFTER.name} --force`"
 
 
@@ -30,7 +30,7 @@ def tampered_cache(cache: Path, record_now: bool) -> Path:
     """The drafter's file in `cache` with the catalogue's size but other bytes (sparse zeros), and a
     record saying it was verified: as the file is now (`record_now`: changed with its time of change
     put back, which only --verify finds), or as it was before it changed."""
-    path = catalogue.models_dir(cache) / DRAFTER.file
+    path = find.models_dir(cache) / DRAFTER.file
     path.parent.mkdir(parents=True)
     with open(path, "wb") as file:
         file.truncate(DRAFTER.size)

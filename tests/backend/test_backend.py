@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specdraft.backend import RowModel, llama
+from specdraft.backend import RowModel, forward
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear, use_weight_only_int8
 from specdraft.backend.linear import FewRowsLinear
 from tests.conftest import TINY_VOCAB, make_tiny_model
@@ -27,7 +27,7 @@ def stock_logits(model, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 def test_own_forward_equals_stock_across_rows_of_different_lengths(dtype, atol):
     model = make_tiny_model(seed=3, dtype=dtype, layers=3, rope_theta=5000.0)
-    assert llama.supports(model)
+    assert forward.supports(model)
     rows = RowModel(model, prefill_chunk=7)
     assert rows.own_forward
     rng = random.Random(0)

@@ -131,9 +131,9 @@ def test_the_catalogue_files_tensors_of_every_kind_are_read_as_gguf_dequantises_
     are bitwise the same on every build."""
     import torch
 
-    from specdraft import catalogue
+    from specdraft.models import find
 
-    path = catalogue.cached_path(catalogue.entry(model))
+    path = find.cached_path(find.entry(model))
     if path is None:
         pytest.skip(f"{model} is not in the cache")
     by_name = {kind.name: kind for kind in KINDS}

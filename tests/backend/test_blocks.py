@@ -242,7 +242,7 @@ def test_weights_are_checked_and_native_where_it_cannot_be_says_why(tmp_path):
 
 @pytest.mark.slow
 def test_the_default_self_draft_says_plainly_when_it_reads_more_than_a_native_target(embedded, embedded_dense, caplog):
-    from specdraft.catalogue import SELF_DRAFT
+    from specdraft.models.find import SELF_DRAFT
     from specdraft.models import linear_bytes, load_draft
 
     with caplog.at_level("WARNING", logger="specdraft"):
@@ -257,13 +257,13 @@ def test_the_default_self_draft_says_plainly_when_it_reads_more_than_a_native_ta
 
 @pytest.mark.slow
 def test_native_weights_load_without_a_float32_copy_of_the_blocks(embedded_dense, monkeypatch):
-    from specdraft import models
+    from specdraft.models import loader
 
     def dense_load(*args, **kwargs):
         raise AssertionError("the float32 model was loaded whole")
 
-    monkeypatch.setattr(models, "_from_pretrained", dense_load)
-    loaded = models.load_model(None, device="cpu", dtype="float32", arithmetic="float32")
+    monkeypatch.setattr(loader, "_from_pretrained", dense_load)
+    loaded = loader.load_model(None, device="cpu", dtype="float32", arithmetic="float32")
     assert loaded.weights == "native"
     dense = dict(embedded_dense.model.named_parameters())
     for name, tensor in loaded.model.named_parameters():  # what is left: the norms, each as the dense model holds it

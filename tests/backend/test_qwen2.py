@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from specdraft import LLM, SamplingParams, SpeculationParams
-from specdraft.backend import RowModel, llama
+from specdraft.backend import RowModel, forward
 from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of, family_problem
 from specdraft.backend.linear import use_few_rows_linears
@@ -63,9 +63,9 @@ def test_each_config_gives_its_familys_description_and_other_models_are_refused_
 
 def test_our_forward_takes_a_qwen2_only_where_its_modules_match_the_description():
     model = make_tiny_qwen2(layers=1)
-    assert llama.supports(model)
+    assert forward.supports(model)
     model.model.layers[0].self_attn.k_proj.bias = None  # no longer what a Qwen2 is
-    assert not llama.supports(model)
+    assert not forward.supports(model)
 
 
 # -- tiny Qwen2 models in our forward ------------------------------------------------------------------
@@ -224,7 +224,7 @@ def test_the_real_05b_holds_q_and_k_in_transformers_order():
     gguf = pytest.importorskip("gguf")
     from safetensors import safe_open
 
-    from specdraft.gguf_cache import gguf_cache_path
+    from specdraft.models.gguf_cache import gguf_cache_path
     from specdraft.params import cache_dir
 
     path = cache_dir() / "catalogue" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"

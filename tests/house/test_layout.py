@@ -17,12 +17,11 @@ FLOORS = {  # higher imports lower; a module's floor is its first listed prefix'
     "specdraft.engine": 5,
     "specdraft.integrations": 4,
     "specdraft.verifier": 3, "specdraft.drafters": 3,  # siblings: the engine joins them, neither imports the other
-    "specdraft.models": 2, "specdraft.gguf_cache": 2, "specdraft.grammar": 2, "specdraft.sampling": 2,
+    "specdraft.models": 2, "specdraft.grammar": 2, "specdraft.sampling": 2,  # models/: find, plan, load, pair
     # the backend's packages: the kernel wing (GGUF blocks and the compiled kernel) and numba's layers
     "specdraft.backend.native": 1, "specdraft.backend.numba_layers": 1,
     "specdraft.backend": 1, "specdraft.params": 1, "specdraft.policy": 1, "specdraft.errors": 1,
     "specdraft.draft": 1, "specdraft.results": 1,
-    "specdraft.catalogue": 1, "specdraft.gguf_check": 1,
     "specdraft.threads": 1, "specdraft.text": 1, "specdraft.splitmix": 1,
 }
 
@@ -106,6 +105,15 @@ def test_the_kernel_wing_imports_no_layer_above_it():
     allowed = ("specdraft.backend.native", "specdraft.backend.linear", "specdraft.backend.family", "specdraft.params")
     found = sorted((a, b) for a, targets in GRAPH.items() if a.startswith("specdraft.backend.native")
                    for b in targets if not any(b == prefix or b.startswith(prefix + ".") for prefix in allowed))
+    assert found == []
+
+
+def test_the_kernel_wing_reads_no_model_module_even_to_type_check():
+    """The layout a GGUF's check returns is the wing's own value (`backend.native.layout.GgufLayout`):
+    `models.gguf_check` makes it and hands it down, so not even a type-checking import reaches up."""
+    found = sorted((name, node.module) for name, path in MODULES.items() if name.startswith("specdraft.backend.native")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdraft.models"))
     assert found == []
 
 

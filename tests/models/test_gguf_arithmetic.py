@@ -17,7 +17,7 @@ import torch
 from specdraft import LLM
 from specdraft.backend import RowModel
 from specdraft.errors import BadModelFileError
-from specdraft.gguf_check import FAMILIES, ROPE_FREQS, UNIMPLEMENTED, check_gguf
+from specdraft.models.gguf_check import FAMILIES, ROPE_FREQS, UNIMPLEMENTED, check_gguf
 from specdraft.params import SamplingParams, SpeculationParams
 from tests.conftest import hf_greedy, make_tiny_model
 from tests.helpers.gguf_files import SMALL_HEADS, SMALL_WIDTH, write_model_gguf, write_small
@@ -241,9 +241,9 @@ def test_a_tiny_qwen2_model_file_passes(tmp_path):
 
 
 def test_load_model_refuses_before_converting(tmp_path, monkeypatch):
-    from specdraft import models
+    from specdraft.models import loader
 
-    monkeypatch.setattr(models, "convert_gguf", lambda path: pytest.fail("a refused file reached the conversion"))
+    monkeypatch.setattr(loader, "convert_gguf", lambda path: pytest.fail("a refused file reached the conversion"))
     path = write_small(tmp_path / "moe.gguf", keys={"expert_count": 8})
     with pytest.raises(BadModelFileError, match="llama.expert_count is 8: a mixture of experts"):
-        models.load_model(str(path), device="cpu", weights="dense")
+        loader.load_model(str(path), device="cpu", weights="dense")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from specdraft.errors import BadModelFileError, ModelNotFoundError
-from specdraft.gguf_check import FAMILIES, READ_KINDS, check_gguf
+from specdraft.models.gguf_check import FAMILIES, READ_KINDS, check_gguf
 
 ROWS, WIDTH = 8, 64
 TENSORS = {  # name -> kind; the two projections' names have the same length (the duplicate-name edit)
@@ -222,11 +222,11 @@ def test_the_catalogues_files_pass_quickly(name):
 
 
 def test_load_model_refuses_a_bad_file_before_converting_it(tiny, tmp_path, monkeypatch):
-    from specdraft import models
+    from specdraft.models import loader
 
-    monkeypatch.setattr(models, "convert_gguf", lambda path: pytest.fail("a bad file reached the conversion"))
+    monkeypatch.setattr(loader, "convert_gguf", lambda path: pytest.fail("a bad file reached the conversion"))
     with pytest.raises(BadModelFileError, match="past the end of the file"):
-        models.load_model(str(cut(tiny, tmp_path, tiny.stat().st_size - 1)), device="cpu")
+        loader.load_model(str(cut(tiny, tmp_path, tiny.stat().st_size - 1)), device="cpu")
 
 
 @pytest.mark.parametrize("command", [["generate", "hi"], ["serve"]])

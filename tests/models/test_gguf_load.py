@@ -1,4 +1,4 @@
-"""A GGUF read natively loads from the file alone (`models._native_from_gguf`): its blocks, and every
+"""A GGUF read natively loads from the file alone (`models.loader._native_from_gguf`): its blocks, and every
 other tensor dequantised from it, bitwise what transformers' own conversion holds; only its config,
 generation config and tokenizer are cached. Tested on tiny Llama and Qwen2 files (names as
 transformers' GGUF loader maps them, q/k rows put back for Llama, kinds the kernel does not read,
@@ -17,8 +17,8 @@ import torch
 from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of
 from specdraft.backend.native.gguf_file import dense_tensor, gguf_blocks, read_gguf, transformers_name
-from specdraft.gguf_cache import gguf_config_path
-from specdraft.gguf_check import check_gguf
+from specdraft.models.gguf_cache import gguf_config_path
+from specdraft.models.gguf_check import check_gguf
 from specdraft.params import cache_dir
 from tests.conftest import make_tiny_model
 from tests.helpers.qwen2 import make_tiny_qwen2
@@ -97,7 +97,7 @@ def _settings(config) -> dict:
 
 @pytest.mark.slow
 def test_the_embedded_model_loads_from_its_file_as_its_conversion_holds_it(tmp_path, monkeypatch):
-    from specdraft.gguf_cache import gguf_cache_path, gguf_config_path
+    from specdraft.models.gguf_cache import gguf_cache_path, gguf_config_path
     from specdraft.models import embedded_gguf
 
     path = embedded_gguf()
@@ -111,7 +111,7 @@ def test_the_embedded_model_loads_from_its_file_as_its_conversion_holds_it(tmp_p
 def converted_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    from specdraft.gguf_cache import gguf_cache_path
+    from specdraft.models.gguf_cache import gguf_cache_path
 
     return AutoTokenizer.from_pretrained(gguf_cache_path(path))
 
@@ -132,19 +132,19 @@ def test_a_native_load_caches_only_the_config_and_tokenizer(tmp_path, monkeypatc
     reads no GGUF metadata through transformers."""
     from transformers import AutoConfig
 
-    from specdraft import models
+    from specdraft.models import embedded_gguf, loader
 
     monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "convert_gguf", lambda path: pytest.fail("a native load converted the file"))
-    path = models.embedded_gguf()
-    first = models.load_model(str(path), device="cpu", arithmetic="float32")
+    monkeypatch.setattr(loader, "convert_gguf", lambda path: pytest.fail("a native load converted the file"))
+    path = embedded_gguf()
+    first = loader.load_model(str(path), device="cpu", arithmetic="float32")
     assert first.weights == "native" and first.path == path
     cached = gguf_config_path(path)
     assert sorted(p.name for p in cached.parent.iterdir()) == [cached.name]
     assert {"config.json", "generation_config.json", "tokenizer.json"} <= {p.name for p in cached.iterdir()}
     assert sum(p.stat().st_size for p in cached.iterdir()) < 20e6
     monkeypatch.setattr(AutoConfig, "from_pretrained", _refusing_gguf(AutoConfig.from_pretrained))
-    again = models.load_model(str(path), device="cpu", arithmetic="float32")
+    again = loader.load_model(str(path), device="cpu", arithmetic="float32")
     assert torch.equal(again.model.model.norm.weight, first.model.model.norm.weight)
 
 
@@ -218,7 +218,7 @@ def test_a_fast_tokenizer_drops_its_construction_tables_and_tokenizes_as_before(
     read by its constructor alone, what it encodes, decodes and lists is unchanged."""
     from transformers import Qwen2Tokenizer
 
-    from specdraft.gguf_cache import lean_tokenizer
+    from specdraft.models.gguf_cache import lean_tokenizer
 
     vocab = {c: i for i, c in enumerate(["a", "b", "c", "d", "ab", "abc", "Ġ", "Ġa", "<|endoftext|>"])}
     fresh = Qwen2Tokenizer(vocab=dict(vocab), merges=[("a", "b"), ("ab", "c"), ("Ġ", "a")])
@@ -235,7 +235,7 @@ def test_a_gguf_models_tokenizer_tokenizes_as_a_fresh_one():
     afresh from the same files."""
     from transformers import AutoTokenizer
 
-    from specdraft.gguf_cache import cache_gguf_config, gguf_tokenizer
+    from specdraft.models.gguf_cache import cache_gguf_config, gguf_tokenizer
     from specdraft.models import embedded_gguf
 
     source = cache_gguf_config(embedded_gguf())

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from specdraft import catalogue, gguf_cache
-from specdraft.catalogue import fetch, resolve
+from specdraft.models import find, gguf_cache
+from specdraft.models.find import fetch, resolve
 from specdraft.errors import BadModelFileError, ModelIntegrityError, ModelNotFoundError
 from tests.helpers.catalogue import PARTS, chunk, entry, fake_installer
 
 JOINED = b"".join(chunk(i) for i in range(1, PARTS + 1))
 
 
-def fetched(tmp_path: Path, calls: list) -> tuple[catalogue.Catalogued, Path]:
+def fetched(tmp_path: Path, calls: list) -> tuple[find.Catalogued, Path]:
     model = entry()
     return model, fetch(model, cache=tmp_path, install=fake_installer(calls), progress=False)
 
@@ -40,7 +40,7 @@ def refuse_hashing(monkeypatch) -> None:
     def hashed(*_):
         raise AssertionError("hashed a file that had not changed")
 
-    monkeypatch.setattr(catalogue, "_sha256", hashed)
+    monkeypatch.setattr(find, "_sha256", hashed)
 
 
 def test_an_unchanged_file_is_trusted_without_hashing(tmp_path, monkeypatch):
@@ -106,7 +106,7 @@ def test_a_record_without_the_files_state_is_hashed_once_and_completed(tmp_path,
 
 
 def test_names_resolve_in_any_case_and_near_misses_get_did_you_mean():
-    embedded = catalogue.embedded_gguf()
+    embedded = find.embedded_gguf()
     for name in (None, "embedded", "SMOLLM2", "smollm2-135m-instruct"):
         assert resolve(name) == ("SmolLM2-135M-Instruct (embedded GGUF)", embedded)
     assert resolve("nobody/no-such-model") == ("nobody/no-such-model", "nobody/no-such-model")  # the hub's

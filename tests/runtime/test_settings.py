@@ -178,7 +178,7 @@ def test_a_server_builds_every_built_in_and_plugin_the_default_first():
 # -- the draft model is planned and loaded as the target is ---------------------------------------------
 @pytest.mark.skipif(kernel_library.kernel_problem() is not None, reason="no block kernel: weights are dense anyway")
 def test_the_draft_model_is_planned_by_the_targets_rules():
-    from specdraft.catalogue import SELF_DRAFT
+    from specdraft.models.find import SELF_DRAFT
 
     settings = Settings(drafters=["ngram", "model"], draft_model="SmolLM2-135M-Instruct", device="cpu")
     plan = settings.resolve()

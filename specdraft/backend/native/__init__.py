@@ -24,6 +24,8 @@ Its parts, by job:
 - `pages`: memory on 2 MB pages for the weights a step streams (`huge_page_buffer`).
 - `gguf_file`: a GGUF read in place: its blocks swapped into a model (`use_gguf_blocks`), its other
   tensors read as transformers' loader gives them (`read_gguf`, `dense_tensor`).
+- `layout`: where a GGUF's tensors lie in its file (`GgufLayout`, `TensorInfo`), the value
+  `models.gguf_check` returns and hands down to `gguf_file`.
 - `csrc/`: the kernel's C++: `formats.h` (the block formats, one traits entry a kind, `Traits<KIND>`,
   and `with_kind`, the one dispatch from a kind's number to the code compiled for it), `projection.h` (a
   projection's struct, shared by every file below), `entry.cpp` (the entry points), `quantize.cpp`

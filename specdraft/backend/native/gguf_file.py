@@ -1,4 +1,5 @@
-"""A GGUF's tensors, memory-mapped (where `gguf_check.check_gguf`'s layout says they lie, or by gguf's reader), by the names transformers
+"""A GGUF's tensors, memory-mapped (where the layout `models.gguf_check.check_gguf` returns,
+`layout.GgufLayout`, says they lie, or by gguf's reader), by the names transformers
 gives them (`read_gguf`), for the families our forward runs (`backend.family`; llama.cpp names their
 tensors alike). Those of the kinds the kernel reads (`formats.KINDS`) are read as blocks (`gguf_blocks`)
 and swapped into a model (`use_blocks`); the rest (norms, biases, other kinds) are read dense
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,10 +18,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from specdraft.backend.family import Family, family_of
 from specdraft.backend.native.formats import KINDS
+from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.backend.native.modules import BlockEmbedding, BlockLinear
-
-if TYPE_CHECKING:  # the kernel wing reads no layer above it: a layout is handed in
-    from specdraft.gguf_check import GgufLayout
 
 _READ = {kind.name: number for number, kind in KINDS.items()}  # the GGUF types read as blocks; the rest stay dense
 _TOP = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
@@ -71,8 +69,8 @@ def read_gguf(gguf: Path, layout: GgufLayout | None = None) -> dict[str, GgufTen
     return {name: GgufTensor(kind, data) for raw, kind, data in found if (name := transformers_name(raw)) is not None}
 
 
-def _bytes(gguf: Path, data_start: int, info) -> np.ndarray:
-    """A tensor's bytes in the file (`info`: its `gguf_check.TensorInfo`), uint8 [*rows, row bytes],
+def _bytes(gguf: Path, data_start: int, info: TensorInfo) -> np.ndarray:
+    """A tensor's bytes in the file (`info`: its `layout.TensorInfo`), uint8 [*rows, row bytes],
     mapped on their own: a tensor's pages leave the process with the last view of it (a file mapped
     whole stays mapped, and resident, while any one tensor of it is used). Private: writable arrays
     (torch's), the file never written."""

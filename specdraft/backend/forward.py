@@ -1,4 +1,4 @@
-"""Our own forward pass for Llama-architecture models (the families of `family.FAMILIES`: Llama
+"""Our own forward pass (`OwnForward`), for every family `family.FAMILIES` describes as data (Llama
 2/3.x, SmolLM2, Qwen2/2.5), over the transformers model's own modules and weights: embedding, rotary
 embedding, norms, projections and MLPs are called as they are; the layer loop, the KV writes and
 attention are ours.
@@ -59,7 +59,7 @@ def supports(model: torch.nn.Module) -> bool:
     return all((getattr(m, "bias", None) is not None) == biased[n] for n, m in parts.items())
 
 
-class LlamaForward:
+class OwnForward:
     """model: a causal LM `supports` takes; layers: indices of the decoder layers to run (default all);
     dtype: the activations' dtype (default the model's); compiled: on CPU, run passes of a few tokens
     compiled where that applies; kernels: "triton" runs every pass on the batch-invariant Triton
