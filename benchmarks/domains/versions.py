@@ -65,13 +65,14 @@ def compare(before: list[dict], after: list[dict]) -> dict:
                                            / statistics.median(r[k]["seconds"] for r in before) for k in ks)
             cells[f"{domain}/{name}"] = {**{f"{side}_tok_s": v for side, v in speed.items()}, "time_after_over_before": time_ratio}
     return {"outputs": len(keys), "equal_in_every_run": equal, "equal_to_none": lossless, "runs": len(before),
-            "cells": cells}
+            "runs_after": len(after), "cells": cells}
 
 
 def report(result: dict) -> str:
     lines = [f"Outputs the same in every run of both versions: {result['equal_in_every_run']}/{result['outputs']}; "
-             f"each equal to `none`'s: {result['equal_to_none']}/{result['outputs']}. {result['runs']} runs a "
-             "version, alternated; medians over prompts of each prompt's median over runs.", "",
+             f"each equal to `none`'s: {result['equal_to_none']}/{result['outputs']}. {result['runs']} runs before, "
+             f"{result.get('runs_after', result['runs'])} after, alternated; medians over prompts of each prompt's "
+             "median over runs.", "",
              "| domain | drafter | before (tok/s) | after (tok/s) | time, after / before |", "| --- | --- | --- | --- | --- |"]
     for cell, f in result["cells"].items():
         domain, name = cell.split("/")
