@@ -298,7 +298,7 @@ class Engine:
 
     def _retire(self, request: Request) -> None:
         request.metrics.finished = time.perf_counter()
-        self.verifier.store_prefix(request.id, request.params.cache_salt, request.prompt_ids + request.generated)
+        self.verifier.store_prefix(request.id, request.params.cache_salt, [*request.prompt_ids, *request.generated])
         self.verifier.remove(request.id)
         if request.phase is Phase.RUNNING:
             self.policy.end(request.id, len(request.generated), request.finish_reason == "stop")

@@ -128,17 +128,11 @@ class Phase(Enum):
 
 @dataclass
 class Request:
-    """What intake resolved (`ResolvedRequest`: `params.max_tokens` is its limit, which fits in the
-    context; `drafter` the object that drafts for it, `parts` its declaration), and its progress."""
+    """A request as intake resolved it (`resolved`: its id, prompt, params, drafter and its parts, k,
+    policy and grammar, read through below; `params.max_tokens` is its limit, which fits in the
+    context), and its progress."""
 
-    id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    drafter_name: str
-    drafter: Drafter
-    parts: Parts
-    k: int  # longest draft per step
-    policy: Policy  # how each step's draft length is chosen
+    resolved: ResolvedRequest
     detok: IncrementalDetokenizer
     metrics: RequestMetrics
     generated: list[int] = field(default_factory=list)
@@ -147,7 +141,6 @@ class Request:
     error: str | None = None  # why the request failed (finish_reason "error")
     phase: Phase = Phase.WAITING
     prefilled: int = 0  # prompt tokens in the target's cache
-    grammar: RowGrammar | None = None  # its response format's state (the verifier advances it)
     stop_string: bool = False  # it ended on a stop string (its text is cut there)
     logprobs: list[TokenLogprob] | None = None  # one per generated token, where its params ask for them
 
@@ -155,9 +148,17 @@ class Request:
     def of(cls, resolved: ResolvedRequest, detok: IncrementalDetokenizer) -> Request:
         metrics = RequestMetrics(resolved.k, resolved.drafter_name,
                                  grammar=None if resolved.grammar is None else GrammarMetrics())
-        return cls(resolved.id, list(resolved.prompt_ids), resolved.params, resolved.drafter_name, resolved.drafter,
-                   resolved.parts, resolved.k, resolved.policy, detok, metrics, grammar=resolved.grammar,
-                   logprobs=None if resolved.params.logprobs is None else [])
+        return cls(resolved, detok, metrics, logprobs=None if resolved.params.logprobs is None else [])
+
+    id = property(lambda self: self.resolved.id)
+    prompt_ids = property(lambda self: self.resolved.prompt_ids)  # a tuple
+    params = property(lambda self: self.resolved.params)
+    drafter_name = property(lambda self: self.resolved.drafter_name)
+    drafter = property(lambda self: self.resolved.drafter)
+    parts = property(lambda self: self.resolved.parts)
+    k = property(lambda self: self.resolved.k)  # longest draft per step
+    policy = property(lambda self: self.resolved.policy)  # how each step's draft length is chosen
+    grammar = property(lambda self: self.resolved.grammar)  # its response format's state (the verifier advances it)
 
     @property
     def room(self) -> int:
