@@ -18,7 +18,7 @@ from specdraft.drafters import Drafter, Resources, create_drafter, is_builtin
 from specdraft.engine import Engine, RequestError
 from specdraft.engine.calibrate import KeptCalibration
 from specdraft.grammar import GrammarCompiler
-from specdraft.models import LoadedModel, Loading, load, load_draft, release_freed_memory
+from specdraft.models import LoadedModel, Loading, load, load_draft, model_device, release_freed_memory
 from specdraft.params import cache_dir
 from specdraft.settings import Resolved, Settings
 from specdraft.text import check_text
@@ -175,7 +175,7 @@ def static_shapes(target: LoadedModel, max_batch: int, context: int, graphs: boo
     """Static shapes (a preallocated cache, and CUDA graphs unless `graphs` is False) where they pay:
     on CUDA, for models our own forward runs. On CPU a step is bound by the weights, not by launches,
     and the dynamic path (attending over exactly the rows' lengths) is faster."""
-    if next(target.model.parameters()).device.type != "cuda" or not forward.supports(target.model):
+    if model_device(target).type != "cuda" or not forward.supports(target.model):
         return None
     return StaticShapes(max_rows=max_batch, max_context=context, graphs=graphs)
 

@@ -30,7 +30,7 @@ from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.errors import ModelNotFoundError
 from specdraft.models.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer, lean_tokenizer
 from specdraft.models.gguf_check import ROPE_FREQS, check_gguf
-from specdraft.models.loaded import LoadedModel
+from specdraft.models.loaded import LoadedModel, model_device
 from specdraft.models.plan import Loading, plan_load
 
 
@@ -233,7 +233,7 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
     shared = {id(t): t for t in list(target.model.parameters()) + list(target.model.buffers())}
     model = copy.deepcopy(target.model, memo=shared)  # new modules over the same tensors
     use_weight_only_int8(model)
-    device = next(target.model.parameters()).device
+    device = model_device(target)
     dtype = torch.float32 if device.type == "cpu" else next(target.model.parameters()).dtype
     return LoadedModel(model, target.tokenizer, f"{target.name} (int8 copy)", target.path, target.max_context,
                        target.eos_token_ids, few_rows_linears=False, compute_dtype=dtype, target_copy=True)

@@ -75,12 +75,10 @@ inline void tile_block_sums(const Half& half, int64_t at, const int32_t i[kTileR
 
 #ifdef SPECDRAFT_AVX2
 
-// The bytes group_weights gives exceed the weights by `Traits::offset` (their dot product less offset *
-// sum of x): Q4_1's none (its weights are its q), Q5_0's 16 (q - 16), Q8_0's 128 with VNNI (w + 128; without,
-// group_weights gives w itself).
-
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
 // bytes the instructions below take (Q4_1's 0..15; Q5_0's q, 0..31; Q8_0's w + 128 for VNNI, w without it).
+// The bytes exceed the weights by `Traits::offset` (their dot product less offset * sum of x): Q4_1's
+// none, Q5_0's 16, Q8_0's 128 with VNNI (without, the weights themselves come back).
 template <int64_t KIND>
 inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
     if constexpr (Traits<KIND>::bits < 8) {
