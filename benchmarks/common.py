@@ -129,14 +129,14 @@ def wait_healthy(proc: subprocess.Popen, url: str, name: str, timeout: float, ou
 
 
 @contextmanager
-def live_server(*args: str, startup_timeout: float = 300.0, log: Path | None = None):
+def live_server(*args: str, startup_timeout: float = 300.0, log: Path | None = None, cwd: Path | None = None):
     """Yield the base URL of a `specdraft serve ARGS` process on a free loopback port; stop it (SIGINT:
-    a graceful shutdown) after."""
+    a graceful shutdown) after. cwd: the checkout whose specdraft it runs (default this one)."""
     port = free_port()
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen([sys.executable, "-m", "specdraft.api.cli", "serve", "--port", str(port), *args],
-                            stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, env=env)
+                            stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, "specdraft serve", startup_timeout,

@@ -98,6 +98,12 @@ class OwnForward:
         return self.invariant is not None
 
     @property
+    def reads_pages(self) -> bool:
+        """Whether the compiled CPU step's layers run here: their attention reads a paged cache in place
+        (`paged.PagedKVCache`); other passes read it through `update`, gathered."""
+        return isinstance(self.compiled, NumbaLayers)
+
+    @property
     def compiled_tokens(self) -> int:
         """The longest pass the compiled layers run (0: none are; longer passes run the eager layers)."""
         return 0 if self.compiled is None else self.compiled.max_tokens
@@ -106,7 +112,7 @@ class OwnForward:
                  logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: [batch, T]; mask: [batch, 1, T, kv] bool, True where a query may look
         (None where the forward `reads_lengths`: attention then sees each token's positions up to its own);
-        cache: a `RowKVCache` prepared for this pass (its layer i is the i-th layer run here);
+        cache: a `KVCache` prepared for this pass (its layer i is the i-th layer run here);
         logits_at: [batch] the one position per row to return logits for, or None for all T;
         real: [N] flat indices into [batch, T] of the tokens to compute (None: all). Padding tokens
         write zero keys and values, or none, past their row's tokens (never committed, never seen)

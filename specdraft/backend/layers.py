@@ -27,7 +27,7 @@ class Pass:
     """One forward pass as the layers see it: x [N, hidden], the stream of the N tokens it computes
     (given `real`, their flat indices into the padded [batch, T] input; None: all of it); cos, sin
     [batch, T, head_dim], the rotary embedding; positions [batch, T]; mask [batch, 1, T, kv] bool,
-    True where a query may look; cache, a `RowKVCache` prepared for the pass."""
+    True where a query may look; cache, a `KVCache` prepared for the pass."""
 
     x: torch.Tensor
     cos: torch.Tensor

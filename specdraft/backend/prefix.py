@@ -11,7 +11,7 @@ leaf, and prompts that share only a system prompt share its node.
 
 Why a tree of runs, not vLLM's hashed fixed-size blocks: a hit reuses every token of the shared prefix,
 not the whole blocks of it (an agent's new turn usually parts from the stored one inside a block), a
-node copies into `RowKVCache`'s contiguous rows in one copy a layer, not one a block, and the number
+node copies into a row (`KVCache.write`: a contiguous run, or the run's pages) in one copy a layer, not one a block, and the number
 of nodes stays small (one per branch, not one per 16 tokens), so the least recently used leaf is found
 by a scan. Entries are only ever copied in and out: the rows' storage is untouched, so a request that
 is cancelled, fails or rolls back a draft leaves nothing here but what a finished step committed.
@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdraft.backend.cache import RowKVCache
+from specdraft.backend.cache import KVCache
 from specdraft.results import PrefixStats
 
 
@@ -86,7 +86,7 @@ class PrefixCache:
         """How many tokens of the longest stored prefix of `tokens` (at most `limit`) `read_prefix` would take."""
         return sum(n for _, n in self._walk(salt, np.asarray(tokens[:limit], dtype=np.int64), next(self._tick)))
 
-    def read_prefix(self, cache: RowKVCache, slot: int, salt: str | None, tokens: Sequence[int], limit: int) -> int:
+    def read_prefix(self, cache: KVCache, slot: int, salt: str | None, tokens: Sequence[int], limit: int) -> int:
         """Copy the entries of the longest stored prefix of `tokens` (at most `limit` tokens) into the
         empty row in `slot`; return how many tokens it took (the row's new length)."""
         assert cache.lengths[slot] == 0, "a prefix is read into an empty row"
@@ -96,7 +96,7 @@ class PrefixCache:
             at += n
         return at
 
-    def store_prefix(self, cache: RowKVCache, slot: int, salt: str | None, tokens: Sequence[int]) -> None:
+    def store_prefix(self, cache: KVCache, slot: int, salt: str | None, tokens: Sequence[int]) -> None:
         """Keep the committed entries of the row in `slot` whose tokens are `tokens` (its first
         len(tokens) positions): what is not stored yet is copied out of the row; then the budget is kept."""
         tokens = np.asarray(tokens, dtype=np.int64)

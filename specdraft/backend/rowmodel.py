@@ -28,6 +28,7 @@ import torch
 from specdraft.backend import forward, memory
 from specdraft.backend.family import FAMILIES, attention_knee, attention_shape, projection_work
 from specdraft.backend.cache import RowKVCache
+from specdraft.backend.paged import PagedKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
 
@@ -119,10 +120,15 @@ class RowModel:
         if static is not None and self._own is None:
             raise ValueError(f"static shapes need a model of a family our forward runs ({', '.join(FAMILIES)})")
         self.static = static
-        # A static cache is allocated whole (with room for a KV bucket's overhang), so no step ever grows it.
-        slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)
-        self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device, slots, capacity,
-                                fixed=static is not None)
+        # Paged where the CPU step's layers read pages in place (a row then holds its own length, not the
+        # longest row's); else one block a layer, which torch's attention and the Triton kernels read as
+        # views. A static cache is allocated whole (with room for a KV bucket's overhang): no step grows it.
+        if static is None and self._own is not None and self._own.reads_pages:
+            self.cache = PagedKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device)
+        else:
+            slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)
+            self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device, slots, capacity,
+                                    fixed=static is not None)
         # Prefill passes (`chunk_end`): the first of `_widest` tokens, none under `_least`, shrinking past the knee.
         work, self._knee, self._least = projection_work(config), attention_knee(config), min(prefill_chunk, MIN_CHUNK)
         self._widest = prefill_chunk
@@ -178,7 +184,7 @@ class RowModel:
             self._order[src], self._order[dst] = self._order[dst], self._order[src]
             self._slot[self._order[src]] = src
         else:
-            self.cache.copy_row(src, dst)
+            self.cache.move_row(src, dst)
             self._order[dst] = self._order[src]
         self._slot[self._order[dst]] = dst
 
@@ -391,8 +397,7 @@ class RowModel:
         until its shape runs steady (captured, under CUDA graphs), committing nothing, so that no
         request's prefill pays for a shape's warm-up and capture."""
         window = self.window_of(row_id)
-        room = self.cache.capacity - self.length(row_id)
-        for width in (w for w in self.prefill_widths() if w <= room):
+        for width in (w for w in self.prefill_widths() if w <= self.cache.capacity - self.length(row_id)):
             for _ in range(3):  # eager, eager, captured (`_replay`)
                 if self.forward_pass(window, np.zeros((1, width), dtype=np.int64), logits_at=np.array([width - 1])).steady:
                     break

@@ -200,6 +200,25 @@ def attention_reference(q, keys, values, visible):
 ATTENTIONS = ("numba", *blocks.PATHS)  # numba's loops, and the compiled kernel's builds
 
 
+def paged(cache: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A cache of rows [rows, kv_heads, capacity, head_dim] (capacity whole spans) as `attend` reads it:
+    pages [1 + rows * spans, kv_heads, SPAN, head_dim] in a shuffled order after a NaN page 0, and the
+    table [rows, spans] of each row's pages."""
+    rows, kv_heads, capacity, head_dim = cache.shape
+    spans = capacity // SPAN
+    order = 1 + rng.permutation(rows * spans)  # [rows * spans]: where each (row, span) lies
+    pages = np.full((1 + rows * spans, kv_heads, SPAN, head_dim), np.nan, np.float32)
+    pages[order] = cache.reshape(rows, kv_heads, spans, SPAN, head_dim).transpose(0, 2, 1, 3, 4).reshape(-1, kv_heads,
+                                                                                                         SPAN, head_dim)
+    return pages, order.reshape(rows, spans).astype(np.int64)
+
+
+def unpaged(pages: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """`paged`'s cache back: [rows, kv_heads, spans * SPAN, head_dim]."""
+    rows = pages[table]  # [rows, spans, kv_heads, SPAN, head_dim]
+    return rows.transpose(0, 2, 1, 3, 4).reshape(table.shape[0], pages.shape[1], -1, pages.shape[3])
+
+
 def attention_kernel(name: str) -> int:
     """`attend`'s kernel argument for an implementation in `ATTENTIONS`."""
     return 0 if name == "numba" else blocks.kernel(name).attend_address
@@ -220,19 +239,22 @@ def test_attention_over_joined_spans_equals_the_softmax(tokens, kv, implementati
     visible = np.zeros((tokens, kv), bool)
     for t, p in enumerate(positions):  # the first token sees only its last 10 entries: early spans see nothing
         visible[t, (p - 9 if t == 0 else 0) : p + 1] = True
-    keys, values = cache[0], cache[1]
+    (keys, table), (values, _) = paged(cache[0], np.random.default_rng(1)), paged(cache[1], np.random.default_rng(1))
     kernel = attention_kernel(implementation)
     out = np.full((tokens, heads * head_dim), np.nan, np.float32)
-    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel, 2)
+    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, table, heads, kv_heads, head_dim, out,
+           kernel, 2)
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
-    want = attention_reference(q, keys[0, :, :kv].astype(np.float64), values[0, :, :kv].astype(np.float64), visible)
+    rows_keys, rows_values = unpaged(keys, table), unpaged(values, table)
+    want = attention_reference(q, rows_keys[0, :, :kv].astype(np.float64), rows_values[0, :, :kv].astype(np.float64),
+                               visible)
     np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
     written = qkv[:, heads * head_dim :].reshape(tokens, 2, kv_heads, head_dim)
-    np.testing.assert_array_equal(keys[0][:, positions].transpose(1, 0, 2), written[:, 0])  # the new entries
+    np.testing.assert_array_equal(rows_keys[0][:, positions].transpose(1, 0, 2), written[:, 0])  # the new entries
     for t in range(tokens):
         alone = np.full((1, heads * head_dim), np.nan, np.float32)
         seen = visible[t : t + 1, : positions[t] + 1]  # as its own pass would see the cache
-        attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], seen, keys, values, heads, kv_heads,
+        attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], seen, keys, values, table, heads, kv_heads,
                head_dim, alone, kernel, 1)
         np.testing.assert_array_equal(alone[0], out[t])
 
@@ -247,20 +269,24 @@ def test_attention_of_qwen2s_shapes_equals_the_softmax_and_alone_each_token_its_
     same attended alone, by numba's loops and by each of the kernel's builds."""
     rng = np.random.default_rng(heads)
     kv, tokens = 2 * SPAN + 5, 6
-    keys, values = (rng.standard_normal((1, kv_heads, 3 * SPAN, head_dim), dtype=np.float32) for _ in range(2))
+    rows_keys, rows_values = (rng.standard_normal((1, kv_heads, 3 * SPAN, head_dim), dtype=np.float32) for _ in range(2))
+    (keys, table), (values, _) = paged(rows_keys, np.random.default_rng(2)), paged(rows_values, np.random.default_rng(2))
     qkv = rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
     positions = np.arange(kv - tokens, kv)
     visible = np.arange(kv)[None, :] <= positions[:, None]
     kernel = attention_kernel(implementation)
     out = np.empty((tokens, heads * head_dim), np.float32)
-    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel, 2)
+    attend(qkv, np.zeros(tokens, np.int64), positions, visible, keys, values, table, heads, kv_heads, head_dim, out,
+           kernel, 2)
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).astype(np.float64)
-    want = attention_reference(q, keys[0, :, :kv].astype(np.float64), values[0, :, :kv].astype(np.float64), visible)
+    rows_keys, rows_values = unpaged(keys, table), unpaged(values, table)
+    want = attention_reference(q, rows_keys[0, :, :kv].astype(np.float64), rows_values[0, :, :kv].astype(np.float64),
+                               visible)
     np.testing.assert_allclose(out.reshape(tokens, heads, head_dim), want, rtol=0, atol=1e-5)
     for t in range(tokens):
         alone = np.empty((1, heads * head_dim), np.float32)
         attend(qkv[t : t + 1], np.zeros(1, np.int64), positions[t : t + 1], visible[t : t + 1, : positions[t] + 1], keys,
-               values, heads, kv_heads, head_dim, alone, kernel, 1)
+               values, table, heads, kv_heads, head_dim, alone, kernel, 1)
         np.testing.assert_array_equal(alone[0], out[t])
 
 
@@ -273,7 +299,8 @@ def test_the_attention_kernel_computes_bitwise_the_same_on_every_path(heads, kv_
     batch of two rows with a token each and one row with four, grouped-query heads, a span partly seen."""
     rng = np.random.default_rng(head_dim)
     kv, capacity = SPAN + 37, 3 * SPAN
-    keys, values = (rng.standard_normal((3, kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(2))
+    (keys, table), (values, _) = (paged(rng.standard_normal((3, kv_heads, capacity, head_dim), dtype=np.float32),
+                                        np.random.default_rng(3)) for _ in range(2))  # one shuffle for both
     rows, positions = np.array([0, 1, 2, 2, 2, 2]), np.array([20, kv - 1, kv - 4, kv - 3, kv - 2, kv - 1])
     visible = np.arange(kv)[None, :] <= positions[:, None]
     qkv = rng.standard_normal((len(rows), (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
@@ -281,7 +308,8 @@ def test_the_attention_kernel_computes_bitwise_the_same_on_every_path(heads, kv_
     for path in blocks.PATHS:
         for threads in (1, 2, 3):
             k, v, out = keys.copy(), values.copy(), np.empty((len(rows), heads * head_dim), np.float32)
-            attend(qkv, rows, positions, visible, k, v, heads, kv_heads, head_dim, out, attention_kernel(path), threads)
+            attend(qkv, rows, positions, visible, k, v, table, heads, kv_heads, head_dim, out, attention_kernel(path),
+                   threads)
             outs[path, threads] = out
     assert blocks.kernel("portable").code == "portable"
     for (path, threads), out in outs.items():

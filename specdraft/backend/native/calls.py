@@ -27,13 +27,13 @@ each of its 32s; Q6_K's xtotal the sums of each 32's two 16s, as int16 halves; `
 writes them; w is then tiles, `Kernel.tile`), or 0: float32 arithmetic."""
 
 
-Attention = namedtuple("Attention", ["qkv", "qkv_stride", "rows", "visible", "kv", "keys", "values", "capacity",
-                                     "heads", "kv_heads", "head_dim", "span", "spans", "tokens", "tops", "totals", "sums"])
+Attention = namedtuple("Attention", ["qkv", "qkv_stride", "rows", "visible", "kv", "keys", "values", "table",
+                                     "table_stride", "heads", "kv_heads", "head_dim", "span", "spans", "tokens", "tops", "totals", "sums"])
 Attention.__doc__ = """A layer's attention over a pass (`numba_layers.attention.attend`): csrc/attention.cpp's
 `Attention`, the same fields in the same order (`Kernel.offset(field, "attention")`), every one an integer. qkv [n,
-qkv_stride] float32 (q heads, k, v); rows [n] int64; visible [n, kv] bool; keys, values [rows,
-kv_heads, capacity, head_dim] float32 (head_dim a multiple of 16); span, spans: the entries a job reads
-and how many spans; tokens: n; tops, totals [n, heads, spans], sums [n, heads, spans, head_dim] float32: what each
+qkv_stride] float32 (q heads, k, v); rows [n] int64; visible [n, kv] bool; keys, values [pages,
+kv_heads, span, head_dim] float32 (head_dim a multiple of 16); table [rows, table_stride] int64: each row's
+page for each span; span, spans: the entries a job (and a page) holds and how many spans; tokens: n; tops, totals [n, heads, spans], sums [n, heads, spans, head_dim] float32: what each
 job writes (attention.cpp says how it sums)."""
 MAX_SPAN = 256  # attention.cpp's kMaxSpan
 MAX_JOB_QUERIES = 6  # attention.cpp's kMaxQueries: the (token, query head) pairs of one kv head a job takes at most

@@ -2,7 +2,8 @@
 cache first, then attention over the row's entries in spans at fixed offsets (flash-decoding's split,
 fixed so that a token's result does not depend on the pass it is in), each span by the compiled
 kernel (`csrc/attention.cpp`) where it compiles and takes the shape, else by numba's loops, and the
-spans joined after, in order."""
+spans joined after, in order. The cache is paged (`backend.paged`): a span is one page, found through
+the pass's table; a span that none of a job's tokens sees is not read at all."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int) -> int:
 
 
 @njit(cache=True)
-def _write_entries(qkv, rows, positions, keys, values, heads, kv_heads, head_dim):  # pragma: no cover - compiled
-    """Each token's k and v (of qkv [N, (heads + 2 kv_heads) * head_dim]) into its row's cache at its
+def _write_entries(qkv, rows, positions, keys, values, table, heads, kv_heads, head_dim):  # pragma: no cover
+    """Each token's k and v (of qkv [N, (heads + 2 kv_heads) * head_dim]) into its row's page at its
     position: all of them before any attention, so that a row's tokens in this pass see each other."""
     for t in range(qkv.shape[0]):
+        page, at = table[rows[t], positions[t] // SPAN], positions[t] % SPAN
         for g in range(kv_heads):
-            key, value = keys[rows[t], g, positions[t]], values[rows[t], g, positions[t]]  # [head_dim] views
+            key, value = keys[page, g, at], values[page, g, at]  # [head_dim] views
             k, v = (heads + g) * head_dim, (heads + kv_heads + g) * head_dim
             for d in range(head_dim):
                 key[d] = qkv[t, k + d]
@@ -56,7 +58,7 @@ def _attention_share(part, parts, kv_heads, spans, chunks, size, queries, kv, wi
 
 
 @njit(parallel=True, fastmath=SUM, cache=True)
-def _spans_by_kernel(qkv, rows, visible, keys, values, heads, kv_heads, head_dim, tops, totals, sums, kernel,
+def _spans_by_kernel(qkv, rows, visible, keys, values, table, heads, kv_heads, head_dim, tops, totals, sums, kernel,
                      threads):  # pragma: no cover - compiled
     """Every span's softmax parts (tops, totals, sums) by the compiled kernel at address `kernel`: a job
     per span and chunk of a kv head's (token, query head) pairs (at most `native.MAX_JOB_QUERIES`,
@@ -70,14 +72,15 @@ def _spans_by_kernel(qkv, rows, visible, keys, values, heads, kv_heads, head_dim
         start, end = _attention_share(part, parts, kv_heads, spans, chunks, size, n * group, kv, width)
         attention = native.Attention(
             qkv=qkv.ctypes.data, qkv_stride=qkv.shape[1], rows=rows.ctypes.data, visible=visible.ctypes.data,
-            kv=kv, keys=keys.ctypes.data, values=values.ctypes.data, capacity=keys.shape[2], heads=heads,
+            kv=kv, keys=keys.ctypes.data, values=values.ctypes.data, table=table.ctypes.data,
+            table_stride=table.shape[1], heads=heads,
             kv_heads=kv_heads, head_dim=head_dim, span=width, spans=spans, tokens=n, tops=tops.ctypes.data,
             totals=totals.ctypes.data, sums=sums.ctypes.data)
         native.call(kernel, attention, start, end)
 
 
 @njit(parallel=True, fastmath=SUM, cache=True)
-def _spans_by_loops(qkv, rows, visible, keys, values, heads, kv_heads, head_dim, tops, totals, sums):  # pragma: no cover
+def _spans_by_loops(qkv, rows, visible, keys, values, table, heads, kv_heads, head_dim, tops, totals, sums):  # pragma: no cover
     """Every span's softmax parts (tops, totals, sums) by numba's loops: a job per (token, kv head, span),
     its query heads together."""
     n, kv, width, spans = qkv.shape[0], visible.shape[1], SPAN, tops.shape[2]
@@ -87,11 +90,21 @@ def _spans_by_loops(qkv, rows, visible, keys, values, heads, kv_heads, head_dim,
         t, span, g = job % n, (job // n) % spans, job // (n * spans)
         first = span * width
         seen = np.zeros(width, np.bool_)
+        anything = False
         for j in range(min(width, kv - first)):
             seen[j] = visible[t, first + j]
-        k, v = keys[rows[t], g, first : first + width], values[rows[t], g, first : first + width]  # [span, head_dim]
+            anything |= seen[j]
+        if not anything:  # what the loops below give a span with nothing seen, without reading it
+            for u in range(group):
+                h = g * group + u
+                tops[t, h, span], totals[t, h, span] = -np.inf, np.float32(0.0)
+                for d in range(head_dim):
+                    sums[t, h, span, d] = np.float32(0.0)
+            continue
         scores = np.full((group, width), -np.inf, np.float32)
         top = np.full(group, -np.inf, np.float32)
+        page = table[rows[t], span]
+        k, v = keys[page, g], values[page, g]  # [span, head_dim]
         for j in range(width):
             if seen[j]:
                 kj = k[j]
@@ -153,11 +166,13 @@ def _join(tops, totals, sums, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_dim, out, kernel, threads):  # pragma: no cover
+def attend(qkv, rows, positions, visible, keys, values, table, heads, kv_heads, head_dim, out, kernel,
+           threads):  # pragma: no cover - compiled
     """Write each token's k and v into its row's cache at its position, then attention: out [N, heads *
     head_dim]. qkv [N, (heads + 2 kv_heads) * head_dim] (q, k rotated); rows, positions [N]: each
     token's row in the window and position; visible [N, kv] bool (which cache entries each token
-    sees); keys, values [batch, kv_heads, capacity, head_dim]: this layer's, the window's rows.
+    sees); keys, values [pages, kv_heads, SPAN, head_dim]: this layer's pools; table [batch, spans]:
+    each of the window's rows' page for each span of `kv` entries (`PagedKVCache.table`).
     kernel: the compiled kernel's `specdraft_attend` address (`attention_kernel`), or 0: numba's loops;
     threads: the threads the kernel's jobs are shared among (numba's own thread count, read in here,
     would keep numba from caching this function).
@@ -167,19 +182,19 @@ def attend(qkv, rows, positions, visible, keys, values, heads, kv_heads, head_di
     after in order (`_join`). Either way one order of arithmetic per (token, head, span): the
     kernel's (csrc/attention.cpp states it), or numba's loops'."""
     n, kv = qkv.shape[0], visible.shape[1]
-    _write_entries(qkv, rows, positions, keys, values, heads, kv_heads, head_dim)
+    _write_entries(qkv, rows, positions, keys, values, table, heads, kv_heads, head_dim)
     # Spans at fixed offsets (0, SPAN, 2 SPAN, ...), each computed over its whole width: a token's
     # keys are split, and every span's sums run, the same way whatever pass the token is in.
     spans = (kv + SPAN - 1) // SPAN
-    assert spans * SPAN <= keys.shape[2], "the cache's capacity is a whole number of spans"
+    assert spans <= table.shape[1] and keys.shape[2] == SPAN, "a page a span, each row's in the table"
     # Every job fills its own (token, head, span) entries; no array expressions here (in a parallel
     # function numba would run each as a parallel loop of its own).
     tops = np.empty((n, heads, spans), np.float32)
     totals = np.empty((n, heads, spans), np.float32)
     sums = np.empty((n, heads, spans, head_dim), np.float32)
     if kernel != 0:
-        _spans_by_kernel(qkv, rows, visible, keys, values, heads, kv_heads, head_dim, tops, totals, sums, kernel,
-                         threads)
+        _spans_by_kernel(qkv, rows, visible, keys, values, table, heads, kv_heads, head_dim, tops, totals, sums,
+                         kernel, threads)
     else:
-        _spans_by_loops(qkv, rows, visible, keys, values, heads, kv_heads, head_dim, tops, totals, sums)
+        _spans_by_loops(qkv, rows, visible, keys, values, table, heads, kv_heads, head_dim, tops, totals, sums)
     _join(tops, totals, sums, out)

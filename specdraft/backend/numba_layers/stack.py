@@ -15,7 +15,7 @@ from numba import njit
 from numba.typed import List
 
 from specdraft.backend import native
-from specdraft.backend.cache import RowKVCache
+from specdraft.backend.paged import PagedKVCache
 from specdraft.backend.family import Family
 from specdraft.backend.layers import Pass
 from specdraft.backend.numba_layers.attention import attend, attention_kernel
@@ -105,7 +105,7 @@ BLOCK_ROWS = 16  # rows a block of `_head_rows` holds (the int8 arithmetic's who
 
 
 @njit(cache=True)
-def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, eps, heads, kv_heads,
+def _stack(x, cos, sin, rows, positions, visible, keys, values, table, before, after, eps, heads, kv_heads,
            head_dim, kernel, attention, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
     before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
@@ -115,7 +115,8 @@ def _stack(x, cos, sin, rows, positions, visible, keys, values, before, after, e
     for i in range(len(before)):
         norm, qkv_weights = before[i]
         qkv = _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim, kernel)
-        attend(qkv, rows, positions, visible, keys[i], values[i], heads, kv_heads, head_dim, attended, attention, threads)
+        attend(qkv, rows, positions, visible, keys[i], values[i], table, heads, kv_heads, head_dim, attended, attention,
+               threads)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
         x = _after_attention(x, attended, out_weights, norm2, eps, gate_up_weights, down_weights, kernel)
     return x
@@ -139,7 +140,7 @@ def _named(name: str):
 
 
 class NumbaLayers:
-    """The per-token parts of `layers` (a model's decoder layers), attention over a `RowKVCache`
+    """The per-token parts of `layers` (a model's decoder layers), attention over a `PagedKVCache`
     and the output head, as numba kernels over the model's own weights: moved once, when these
     layers are built, onto 2 MB pages in the order a step reads them, q/k/v and gate/up adjacent (one
     buffer each); the model's modules keep using them (views, nothing kept twice). `family`: the
@@ -169,7 +170,7 @@ class NumbaLayers:
     def _warm_up(self, hidden: int, layers: int) -> None:
         """Compile the kernels now, or load them from numba's disk cache: no step pays for it."""
         heads, kv_heads, head_dim = self._shape
-        cache = RowKVCache(layers, kv_heads, head_dim, torch.float32, torch.device("cpu"), slots=1, capacity=2)
+        cache = PagedKVCache(layers, kv_heads, head_dim, torch.float32, torch.device("cpu"))
         cache.push_row()
         cache.prepare(slice(0, 1), torch.zeros(1, 1, dtype=torch.int64), 1)
         x = torch.zeros(1, hidden)
@@ -228,27 +229,29 @@ class NumbaLayers:
         if numba.get_num_threads() != threads:
             numba.set_num_threads(threads)
 
-    def _cache(self, cache: RowKVCache) -> tuple:
-        """The prepared pass's keys and values per layer as typed lists, kept by the cache for its window
-        (rebuilt when the window or the cache's buffers change)."""
+    @staticmethod
+    def _cache(cache: PagedKVCache) -> tuple:
+        """The cache's keys and values pools per layer as typed lists, kept by the cache (rebuilt when
+        its pools change)."""
         def typed() -> tuple:
-            keys, values = cache.window_buffers()
+            keys, values = cache.pools()
             return _as_list(tuple(k.numpy() for k in keys)), _as_list(tuple(v.numpy() for v in values))
 
-        return cache.derived(("numba", cache.window.start, cache.window.stop), typed)
+        return cache.derived(("numba",), typed)
 
     def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-             visible: torch.Tensor, cache: RowKVCache) -> torch.Tensor:
+             visible: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
         """Every layer on the tokens x [N, hidden]: cos, sin [N, head_dim]; rows, positions [N] (each
         token's row in the cache's prepared window, its position); visible [N, kv] bool (which cache
         entries each token sees). Writes the tokens' keys and values; returns the stream [N, hidden]."""
+        assert isinstance(cache, PagedKVCache), "the step's attention reads a paged cache (`RowModel` makes one)"
         assert cache.dtype == torch.float32 and cache.num_layers == len(self._before)
         self.use_torch_threads()
         keys, values = self._cache(cache)
         with _named("specdraft::numba_stack"):
             x = _stack(host_array(x), host_array(cos), host_array(sin), host_array(rows), host_array(positions),
-                       host_array(visible), keys, values, self._before, self._after, self._eps, *self._shape, self._kernel,
-                       self.attention_address, numba.get_num_threads())
+                       host_array(visible), keys, values, cache.table, self._before, self._after, self._eps,
+                       *self._shape, self._kernel, self.attention_address, numba.get_num_threads())
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

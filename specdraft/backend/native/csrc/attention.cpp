@@ -17,7 +17,11 @@
 // The AVX-512 code (the 16 lanes in one register), the AVX2 code (in two) and the portable loops
 // below compute exactly these operations (-ffp-contract=off: no other multiply-add is fused), so they
 // give bitwise the same results. Entries a token does not
-// see are never read as numbers (their cache slots may hold anything).
+// see are never read as numbers (their cache slots may hold anything); a span that none of a job's
+// queries sees is not read at all (what the arithmetic gives it, -inf, 0 and 0s, written instead).
+//
+// The cache is paged (specdraft.backend.paged): a span is one page of `span` entries, a row's pages
+// found through the pass's table, so where a row's entries lie never changes the arithmetic.
 
 #include <cmath>
 #include <cstddef>
@@ -42,9 +46,10 @@ struct Attention {
     const int64_t* rows;     // [n]: each token's row in keys and values
     const uint8_t* visible;  // [n, kv] bool: which cache entries each token sees
     int64_t kv;
-    const float* keys;       // [rows, kv_heads, capacity, head_dim]
+    const float* keys;       // [pages, kv_heads, span, head_dim]: the layer's pool
     const float* values;     // the same shape
-    int64_t capacity;
+    const int64_t* table;    // [rows, table_stride]: each row's page for each span
+    int64_t table_stride;
     int64_t heads;
     int64_t kv_heads;
     int64_t head_dim;        // a multiple of 16
@@ -324,7 +329,7 @@ void attend_queries(const Attention& a, int64_t g, int64_t span, int64_t q0) {
     const int64_t group = a.heads / a.kv_heads, row = a.rows[q0 / group];
     const int64_t hd = a.head_dim, first = span * a.span, count = a.kv - first < a.span ? a.kv - first : a.span;
     const float scale = float(1.0 / std::sqrt(double(hd)));
-    const int64_t cache = ((row * a.kv_heads + g) * a.capacity + first) * hd;
+    const int64_t cache = (a.table[row * a.table_stride + span] * a.kv_heads + g) * a.span * hd;
     const int64_t width = (count + 7) / 8 * 8;  // the flags padded with unseen entries to a multiple of 8
     alignas(32) uint8_t seen[Q][kMaxSpan] = {};
     alignas(32) float scores[Q][kMaxSpan], weights[Q][kMaxSpan];  // unseen entries' scores 0: numbers
@@ -337,6 +342,16 @@ void attend_queries(const Attention& a, int64_t g, int64_t span, int64_t q0) {
         q[u] = a.qkv + t * a.qkv_stride + head * hd;
         at[u] = (t * a.heads + head) * a.spans + span;
         out[u] = a.sums + at[u] * hd;
+    }
+    bool anything = false;
+    for (int u = 0; u < Q; ++u) anything = anything || std::memchr(seen[u], 1, count) != nullptr;
+    if (!anything) {  // what the arithmetic below gives a span none of the queries sees, unread
+        for (int u = 0; u < Q; ++u) {
+            a.tops[at[u]] = -INFINITY;
+            a.totals[at[u]] = 0.0f;
+            std::memset(out[u], 0, hd * sizeof(float));
+        }
+        return;
     }
     float tops[Q];
     score_keys<Q>(q, a.keys + cache, hd, seen, width, scale, scores, tops);
@@ -391,7 +406,8 @@ extern "C" int64_t specdraft_attention_offset(const char* field) {
         const char* name;
         size_t offset;
     } fields[] = {SPECDRAFT_FIELD(qkv), SPECDRAFT_FIELD(qkv_stride), SPECDRAFT_FIELD(rows), SPECDRAFT_FIELD(visible),
-                  SPECDRAFT_FIELD(kv), SPECDRAFT_FIELD(keys), SPECDRAFT_FIELD(values), SPECDRAFT_FIELD(capacity),
+                  SPECDRAFT_FIELD(kv), SPECDRAFT_FIELD(keys), SPECDRAFT_FIELD(values), SPECDRAFT_FIELD(table),
+                  SPECDRAFT_FIELD(table_stride),
                   SPECDRAFT_FIELD(heads), SPECDRAFT_FIELD(kv_heads), SPECDRAFT_FIELD(head_dim),
                   SPECDRAFT_FIELD(span), SPECDRAFT_FIELD(spans), SPECDRAFT_FIELD(tokens),
                   SPECDRAFT_FIELD(tops), SPECDRAFT_FIELD(totals),
