@@ -10,7 +10,7 @@ from just before they are sent: its peak over the figure before, and the figure 
 ones' median and worst seconds and their generated tokens a second together; the long one's seconds; and
 whether every reply equals the first checkout's (greedy output must not change).
 
-    python -m benchmarks.serving.long_beside [--before REV] [--long 8000] [--short 15] [--rounds 3]
+    python -m benchmarks.serving.long_beside [--before REV] [--model NAME] [--long 8000] [--short 15] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ def sampled_peak(pid: int, done: threading.Event) -> list[int]:
     return peak
 
 
-def together(checkout: Path, long: int, short: int, max_tokens: int, seed: int) -> dict:
-    """One round on a server started from `checkout`."""
-    with live_server("--max-batch-size", str(short + 1), "--prefix-cache-mb", "0", cwd=checkout) as url:
+def together(checkout: Path, model: str | None, long: int, short: int, max_tokens: int, seed: int) -> dict:
+    """One round on a server started from `checkout` (on `model`, default the embedded one)."""
+    args = ("--max-batch-size", str(short + 1), "--prefix-cache-mb", "0", *(("--model", model) if model else ()))
+    with live_server(*args, cwd=checkout) as url:
         pid = server_pid(url)
         completion(url, words(16, -1), 1)  # the first request's one-off costs, out of every figure
         before, done = status(pid, "VmRSS"), threading.Event()
@@ -102,7 +103,8 @@ def markdown(result: dict) -> str:
     mb = 1 << 20
     lines = [f"# One long prompt beside short requests through `specdraft serve`\n",
              f"{result['date']}, {result['machine']}; load {result['load_before']:.2f} before; "
-             f"`python -m benchmarks.serving.long_beside {result['command']}`. A {result['long']}-word prompt and "
+             f"`python -m benchmarks.serving.long_beside {result['command']}`; the {result['model']} model. "
+             f"A {result['long']}-word prompt and "
              f"{result['short']} short completions ({result['max_tokens']} tokens each, greedy) sent at once; "
              f"medians of {result['rounds']} rounds, the checkouts interleaved.\n",
              "| checkout | peak RSS over before | RSS after over before | long prompt s | short median / worst s "
@@ -119,6 +121,7 @@ def markdown(result: dict) -> str:
 def main() -> None:
     parser = cli(__doc__, RESULTS / "serving")
     parser.add_argument("--before", default=None, help="a revision to measure beside this checkout")
+    parser.add_argument("--model", default=None, help="the server's model (default the embedded one)")
     parser.add_argument("--long", type=int, default=8000)
     parser.add_argument("--short", type=int, default=15)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -132,12 +135,13 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in checkouts}
     for round_ in range(args.rounds):
         for name, path in checkouts.items():
-            runs[name].append(together(path, args.long, args.short, args.max_tokens, seed=round_ + 1))
+            runs[name].append(together(path, args.model, args.long, args.short, args.max_tokens, seed=round_ + 1))
     first = next(iter(runs.values()))
     sides = {name: {"median": summary(rs), "runs": rs, "equal_replies": equal_replies(rs, first)}
              for name, rs in runs.items()}
     command = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v is not None)
-    result = {"date": dt.date.today().isoformat(), "machine": machine(), "load_before": load_before, "long": args.long,
+    result = {"date": dt.date.today().isoformat(), "machine": machine(), "load_before": load_before,
+              "model": args.model or "embedded", "long": args.long,
               "short": args.short, "max_tokens": args.max_tokens, "rounds": args.rounds, "command": command,
               "checkouts": sides}
     write_results(args.out, args.name, result, markdown(result))

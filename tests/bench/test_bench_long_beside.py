@@ -26,6 +26,6 @@ def test_the_report_gives_each_checkouts_medians():
              for name, rs in (("before (abc)", before), ("this checkout", after))}
     assert sides["before (abc)"]["median"]["peak_over_before"] == 7700 * (1 << 20)
     text = bench.markdown({"date": "2026-12-07", "machine": "a CPU", "load_before": 0.1, "command": "--rounds 3",
-                           "long": 8000, "short": 15, "max_tokens": 64, "rounds": 3, "checkouts": sides})
+                           "model": "embedded", "long": 8000, "short": 15, "max_tokens": 64, "rounds": 3, "checkouts": sides})
     assert "| before (abc) | **7700 MB** |" in text
     assert "| this checkout | **600 MB** |" in text and "| 2/3 |" in text
