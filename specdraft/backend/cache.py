@@ -88,7 +88,7 @@ class KVCache:
 
     is_compileable = False
 
-    # Each layout's own: push_row, pop_row, move_row, swap_rows, reserve, read, write, entries, prepare, update.
+    # Each layout's own: push_row, pop_row, move_row, swap_rows, read, write, entries, prepare, update.
 
 
 class RowKVCache(KVCache):

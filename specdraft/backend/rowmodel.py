@@ -119,6 +119,9 @@ class RowModel:
             cache_dtype = next(model.parameters()).dtype
         if static is not None and self._own is None:
             raise ValueError(f"static shapes need a model of a family our forward runs ({', '.join(FAMILIES)})")
+        if static is not None and self._own.reads_pages:
+            raise ValueError("static shapes (a fixed cache, for CUDA graphs) and the compiled CPU step (whose attention "
+                             "reads a paged cache) do not combine: leave static shapes out on CPU")
         self.static = static
         # Paged where the CPU step's layers read pages in place (a row then holds its own length, not the
         # longest row's); else one block a layer, which torch's attention and the Triton kernels read as

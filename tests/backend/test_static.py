@@ -109,3 +109,10 @@ def test_static_shapes_need_our_own_forward():
                                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(ValueError, match="static shapes need a model of a family our forward runs"):
         RowModel(model, static=STATIC)
+
+
+def test_static_shapes_and_the_compiled_cpu_step_are_refused_together():
+    """The compiled CPU step's attention reads a paged cache; static shapes hold a fixed one-block cache."""
+    model = make_tiny_model(dtype=torch.float32)
+    with pytest.raises(ValueError, match="static shapes .* and the compiled CPU step .* do not combine"):
+        RowModel(model, static=StaticShapes(max_rows=2, max_context=64, graphs=False), compiled=True)
