@@ -222,8 +222,7 @@ class Api:
 
     async def _whole(self, kind: str, response_id: str, request_id: str, queue: asyncio.Queue, prompt_tokens: int,
                      request: Request):
-        text = []
-        while True:
+        while True:  # the deltas are a stream's; the reply is the completion's own text
             try:
                 event = await asyncio.wait_for(queue.get(), POLL_DISCONNECT)
             except TimeoutError:
@@ -232,15 +231,14 @@ class Api:
                     return Response(status_code=499)
                 continue
             if isinstance(event, Delta):
-                text.append(event.text)
                 continue
             if isinstance(event, Failed) or event.finish_reason == "error":
                 message = event.message if isinstance(event, Failed) else event.error
                 raise ApiError(500, f"generation failed: {message}", "internal_error")
             break
         completion: Completion = event
-        choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}} if kind == "chat"
-                  else {"index": 0, "text": "".join(text)})
+        choice = ({"index": 0, "message": {"role": "assistant", "content": completion.text}} if kind == "chat"
+                  else {"index": 0, "text": completion.text})
         choice.update(logprobs=self._logprobs(kind, completion.logprobs), finish_reason=completion.finish_reason)
         structured = protocol.structured_output(completion.metrics, completion.finish_reason)
         if structured is not None:
