@@ -35,15 +35,20 @@ from specdraft.verifier import Verifier
 SHORT, LONG = 512, 8000
 
 
-def blas_gflops(size: int = 2048, repeats: int = 7) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
+def median_seconds(run, repeats: int) -> float:
+    """The median seconds of `repeats` calls of `run`, after one that warms it up."""
+    run()
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        torch.mm(a, b)
+        run()
         seconds.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(seconds) / 1e9
+    return statistics.median(seconds)
+
+
+def blas_gflops(size: int = 2048, repeats: int = 7) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    return 2 * size**3 / median_seconds(lambda: torch.mm(a, b), repeats) / 1e9
 
 
 def attention_flops(heads: int, head_dim: int, layers: int, first: int, stop: int) -> float:
@@ -66,13 +71,7 @@ def attention_gflops(shape: tuple[int, int, int], depth: int, chunk: int, kernel
     out = np.empty((chunk, heads * head_dim), np.float32)
     run = lambda: attend(qkv, np.zeros(chunk, np.int64), positions, visible, keys, values, table, heads, kv_heads,  # noqa: E731
                          head_dim, out, kernel, torch.get_num_threads())
-    run()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return attention_flops(heads, head_dim, 1, depth, kv) / statistics.median(seconds) / 1e9
+    return attention_flops(heads, head_dim, 1, depth, kv) / median_seconds(run, repeats) / 1e9
 
 
 def prefill_seconds(verifier: Verifier, tokens: int, seed: int) -> float:

@@ -35,7 +35,7 @@ class PagedKVCache(KVCache):
         self._grow(self._least)
         self.table = np.zeros((0, 0), np.int64)  # the prepared pass's [batch, spans]: its rows' pages
         self._positions: torch.Tensor | None = None  # the prepared pass's [batch, T]
-        self._write_at: tuple[torch.Tensor, torch.Tensor] | None = None  # pages, offsets [batch, T] to write
+        self._write_at: tuple[torch.Tensor, ...] | None = None  # the table, then pages, offsets [batch, T] to write
 
     @property
     def pages(self) -> int:
@@ -179,10 +179,10 @@ class PagedKVCache(KVCache):
         """Write the new keys/values ([batch, kv_heads, T, head_dim]) into their pages and return the
         rows' entries gathered ([batch, kv_heads, kv_len, head_dim], copies; the blank page's zeros past
         each row's pages)."""
-        table = torch.as_tensor(self.table, device=self.device)  # [batch, spans]
-        if self._write_at is None:
-            self._write_at = (table.gather(1, self._positions // SPAN), self._positions % SPAN)
-        pages, offsets = self._write_at
+        if self._write_at is None:  # once a pass, not once a layer
+            table = torch.as_tensor(self.table, device=self.device)  # [batch, spans]
+            self._write_at = (table, table.gather(1, self._positions // SPAN), self._positions % SPAN)
+        table, pages, offsets = self._write_at
         out = []
         for pool, new in ((self._keys[layer_idx], key_states), (self._values[layer_idx], value_states)):
             pool[pages, :, offsets] = new.transpose(1, 2).to(self.dtype)  # [batch, T, kv_heads, head_dim]
