@@ -78,6 +78,7 @@ def verify_step_times(verifier: Verifier, batch: int, ks: list[int], repeats: in
     import numpy as np
 
     from specdraft.drafters.base import Draft
+    from specdraft.verifier import Batch
 
     rows = verifier.row_ids[:batch]
     assert len(rows) == batch
@@ -86,10 +87,10 @@ def verify_step_times(verifier: Verifier, batch: int, ks: list[int], repeats: in
     forwards: dict[int, list[float]] = {k: [] for k in ks}
     for _ in range(repeats + 1):
         for k in ks:
-            drafts = {r: Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for r in rows} if k else {}
+            batched = Batch.of(rows, [42] * len(rows), [Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for _ in rows])
             before = verifier.forward_seconds
             start = time.perf_counter()
-            verifier.step({r: 42 for r in rows}, drafts)
+            verifier.step(batched)
             totals[k].append(time.perf_counter() - start)
             forwards[k].append(verifier.forward_seconds - before)
             for r in rows:  # roll back

@@ -22,7 +22,7 @@ from benchmarks.common import RESULTS, cli, machine, write_results
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
-from specdraft.verifier import Verifier
+from specdraft.verifier import Batch, Verifier
 
 # Each comparison: its title, and its two variants with what each does to a step's compiled layers.
 COMPARISONS = {
@@ -35,9 +35,9 @@ K = 5
 
 
 def step_ms(verifier: Verifier, row: str, k: int, length: int, rng: np.random.Generator) -> float:
-    drafts = {row: Draft(rng.integers(1000, 2000, k).astype(np.int32))} if k else {}
+    batch = Batch.of([row], [int(rng.integers(1000, 2000))], [Draft(rng.integers(1000, 2000, k).astype(np.int32))])
     start = time.perf_counter()
-    verifier.step({row: int(rng.integers(1000, 2000))}, drafts)
+    verifier.step(batch)
     seconds = time.perf_counter() - start
     verifier.truncate(row, length)
     return seconds * 1e3

@@ -37,7 +37,7 @@ from benchmarks.cpu.floor import read_bandwidth, read_buffer, weight_bytes_per_t
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model, resolve
 from specdraft.params import SamplingParams
-from specdraft.verifier import Verifier
+from specdraft.verifier import Batch, Verifier
 
 ARITHMETICS = ("float32", "int8")
 DECODE, CONTEXT, PREFILL, VERIFY_K, BATCH = 128, 128, 512, 5, 8
@@ -48,7 +48,7 @@ def decode(verifier: Verifier, rng: np.random.Generator) -> float:
     verifier.admit("decode", [int(rng.integers(1000, 2000))], SamplingParams())
     start = time.perf_counter()
     for _ in range(DECODE):
-        verifier.step({"decode": int(rng.integers(1000, 2000))}, {})
+        verifier.step(Batch.of(["decode"], [int(rng.integers(1000, 2000))], [None]))
     seconds = time.perf_counter() - start
     verifier.remove("decode")
     return DECODE / seconds
@@ -64,9 +64,10 @@ def step_times(verifier: Verifier, rng: np.random.Generator, rows: int, steps: d
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(repeats + 1):
         for name, (stepped, k) in steps.items():
-            drafts = {row: Draft(rng.integers(1000, 2000, k).astype(np.int32)) for row in ids[:stepped]} if k else {}
+            batch = Batch.of(ids[:stepped], rng.integers(1000, 2000, stepped).tolist(),
+                             [Draft(rng.integers(1000, 2000, k).astype(np.int32)) for _ in ids[:stepped]])
             start = time.perf_counter()
-            verifier.step({row: int(rng.integers(1000, 2000)) for row in ids[:stepped]}, drafts)
+            verifier.step(batch)
             if i:  # the first round warms up
                 times[name].append(time.perf_counter() - start)
             for row in ids[:stepped]:

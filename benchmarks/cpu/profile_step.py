@@ -19,7 +19,7 @@ from benchmarks.cpu.floor import built_as, step_models
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
-from specdraft.verifier import Verifier
+from specdraft.verifier import Batch, Verifier
 
 # What each op does, by its profiler name (first matching prefix wins).
 GROUPS = [
@@ -55,8 +55,7 @@ def run_case(verifier: Verifier, rows: list[str], k: int, steps: int, rng) -> di
     lengths = {r: verifier.length(r) for r in rows}
 
     def step() -> None:
-        drafts = {r: Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for r in rows} if k else {}
-        verifier.step({r: 42 for r in rows}, drafts)
+        verifier.step(Batch.of(rows, [42] * len(rows), [Draft(rng.integers(0, 1000, size=k).astype(np.int32)) for _ in rows]))
         for r in rows:
             verifier.truncate(r, lengths[r])
 

@@ -5,7 +5,7 @@ alternating, each layer of the call timed from outside:
 - kernels: numba's layer stack and output head (`numba_layers._stack`, `_head`), the arithmetic;
 - layer wrappers: `NumbaLayers.stack` and `head` less the kernels (tensor views, the cache's typed
   lists, thread counts);
-- forward: `RowModel.forward_pass` less the layers (positions, the mask, the embedding, the rotary
+- forward: `RowModel.packed_pass` less the layers (positions, the mask, the embedding, the rotary
   embedding, the cache's preparation);
 - verifier: `Verifier.step` less the forward (acceptance, commit, results).
 
@@ -31,12 +31,12 @@ from specdraft.backend.numba_layers import stack as numba_layers
 from specdraft.drafters.base import Draft
 from specdraft.models import load_model
 from specdraft.params import SamplingParams
-from specdraft.verifier import Verifier, verifier
+from specdraft.verifier import Batch, Verifier, verifier
 
 CONTEXT, K = 128, 5
 TIMED = {"kernels": [(numba_layers, "_stack"), (numba_layers, "_head")],
          "layer calls": [(numba_layers.NumbaLayers, "stack"), (numba_layers.NumbaLayers, "head")],
-         "forward": [(rowmodel.RowModel, "forward_pass")],
+         "forward": [(rowmodel.RowModel, "packed_pass")],
          "verifier step": [(verifier.Verifier, "step")]}
 PARTS = ("kernels", "layer wrappers", "forward", "verifier")
 
@@ -74,9 +74,9 @@ def measure(rounds: int, model_name: str | None = None) -> dict:
     for r in range(rounds + 3):
         for k in parts:
             seconds: dict[str, float] = defaultdict(float)
-            drafts = {"r": Draft(rng.integers(1000, 2000, k).astype(np.int32))} if k else {}
+            batch = Batch.of(["r"], [int(rng.integers(1000, 2000))], [Draft(rng.integers(1000, 2000, k).astype(np.int32))])
             with timed(seconds):
-                target.step({"r": int(rng.integers(1000, 2000))}, drafts)
+                target.step(batch)
             target.truncate("r", length)
             if r < 3:  # warm-up
                 continue

@@ -109,18 +109,21 @@ class OwnForward:
         return 0 if self.compiled is None else self.compiled.max_tokens
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
-                 logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids, positions: [batch, T]; mask: [batch, 1, T, kv] bool, True where a query may look
-        (None where the forward `reads_lengths`: attention then sees each token's positions up to its own);
-        cache: a `KVCache` prepared for this pass (its layer i is the i-th layer run here);
-        logits_at: [batch] the one position per row to return logits for, or None for all T;
-        real: [N] flat indices into [batch, T] of the tokens to compute (None: all). Padding tokens
-        write zero keys and values, or none, past their row's tokens (never committed, never seen)
-        and get zero logits.
-        Returns logits [batch, T or 1, vocab] (float32)."""
-        batch, steps = input_ids.shape
-        assert real is None or logits_at is None, "packed passes return every real token's logits"
-        ids = input_ids.reshape(-1) if real is None else input_ids.reshape(-1)[real]
+                 logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None,
+                 ends: torch.Tensor | None = None) -> torch.Tensor:
+        """positions: [batch, T]; input_ids: [batch, T], or, given `real` (the flat indices into
+        [batch, T] of the tokens a packed pass computes), those tokens alone [N]; mask: [batch, 1, T,
+        kv] bool, True where a query may look (None where the forward `reads_lengths`: attention then
+        sees each token's positions up to its own); cache: a `KVCache` prepared for this pass (its
+        layer i is the i-th layer run here); logits_at: [batch] the one position per row to return
+        logits for (not with `real`); ends: [rows] the indices into [N] to return logits for (with
+        `real` only). Positions outside `real` are padding: their keys and values are written zero,
+        or not at all, past their row's tokens (never committed, never seen).
+        Returns logits (float32): [batch, T, vocab], [batch, 1, vocab] at `logits_at`, [N, vocab]
+        given `real`, [rows, vocab] at `ends`."""
+        batch, steps = positions.shape
+        assert real is None or logits_at is None, "a packed pass returns its tokens' logits, or at `ends`"
+        ids = input_ids.reshape(-1)  # [N]
         x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
         cos, sin = self.model.model.rotary_emb(x, positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)  # [batch, T, head_dim]
@@ -133,9 +136,8 @@ class OwnForward:
         x = layers.stack(Pass(x, cos, sin, positions, mask, cache, real, batch, steps))
         if logits_at is not None:
             x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)
-        logits = layers.head(x)  # [N or batch, vocab]
-        if logits_at is not None:
-            return logits.view(batch, 1, -1)
-        if real is not None:
-            logits = logits.new_zeros(batch * steps, logits.shape[-1]).index_copy_(0, real, logits)
-        return logits.view(batch, steps, -1)
+            return layers.head(x).view(batch, 1, -1)
+        if ends is not None:
+            return layers.head(x[ends])  # [rows, vocab]
+        logits = layers.head(x)  # [N, vocab]
+        return logits if real is not None else logits.view(batch, steps, -1)

@@ -8,16 +8,15 @@ pass feeds each row of a window T new tokens at the positions after its committe
 then `commit`s how many of them each row keeps (padding and rejected drafts are never committed),
 and `truncate` rolls a row back. Lengths live on the host, so none of this syncs with the device.
 
-A row's prompt is prefilled in chunks at fixed positions (boundaries from the row's start, at most
-`prefill_chunk` tokens apart and closer as attention's share of a pass grows: `chunk_end`), whoever
-feeds it and in whatever parts, so where the chunks fall never depends on a step's budget. The chunks
-have this one owner; a caller that budgets prefill reads their sizes and costs here (`chunk_cost`).
+A row's prompt is prefilled in chunks at fixed positions (`chunks.PrefillChunks`: boundaries from the
+row's start, at most `prefill_chunk` tokens apart and closer as attention's share of a pass grows),
+whoever feeds it and in whatever parts, so where the chunks fall never depends on a step's budget. The
+chunks have this one owner (`RowModel.chunks`); a caller that budgets prefill reads their sizes and
+costs there.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -26,16 +25,12 @@ import numpy as np
 import torch
 
 from specdraft.backend import forward, memory
-from specdraft.backend.family import FAMILIES, attention_knee, attention_shape, projection_work
+from specdraft.backend.chunks import PrefillChunks
+from specdraft.backend.family import FAMILIES, attention_shape
 from specdraft.backend.cache import RowKVCache
 from specdraft.backend.paged import PagedKVCache
 from specdraft.backend.prefix import PrefixCache
 from specdraft.params import PREFILL_CHUNK
-
-MIN_CHUNK = 64  # the fewest tokens a prefill pass is cut to (`RowModel.chunk_end`)
-# The most multiply-adds a prefill pass on CPU takes (SmolLM2-135M: 320 tokens, a quarter of a second on two
-# Zen 4 cores; the 1.5B of the catalogue's pair: MIN_CHUNK): so a step with a long prompt in it stays short.
-PASS_WORK = 2**35
 
 MIN_PREFILL_WIDTH = 16  # the narrowest padded prefill pass (`RowModel._static_width`)
 
@@ -93,7 +88,7 @@ class RowModel:
     forward's families only); compiled:
     on CPU, run passes of a few tokens compiled; kernels: which kernels run our own forward
     (`forward.OwnForward`: auto, triton or torch); prefill_chunk: the most tokens a prefill pass
-    takes, its passes at fixed positions, fewer as the positions grow (`chunk_end`)."""
+    takes, its passes at fixed positions, fewer as the positions grow (`chunks.PrefillChunks`)."""
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
                  static: StaticShapes | None = None, compiled: bool = False, kernels: str = "auto",
@@ -132,12 +127,7 @@ class RowModel:
             slots, capacity = (static.max_rows, static.max_context + static.kv_block) if static else (1, 64)
             self.cache = RowKVCache(num_layers, kv_heads, head_dim, cache_dtype, self.device, slots, capacity,
                                     fixed=static is not None)
-        # Prefill passes (`chunk_end`): the first of `_widest` tokens, none under `_least`, shrinking past the knee.
-        work, self._knee, self._least = projection_work(config), attention_knee(config), min(prefill_chunk, MIN_CHUNK)
-        self._widest = prefill_chunk
-        if work is not None and self.device.type == "cpu" and prefill_chunk * num_layers * work > PASS_WORK:
-            self._widest = max(self._least, int(PASS_WORK / (num_layers * work)) // 16 * 16)
-        self._boundaries = [0]  # where prefill passes begin, as far as asked
+        self.chunks = PrefillChunks(config, num_layers, prefill_chunk, self.device.type == "cpu")
         self._shapes: dict[tuple, _Shape] = {}
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self._order: list[str] = []  # row id in each slot
@@ -298,40 +288,61 @@ class RowModel:
 
     @property
     def packs(self) -> bool:
-        """Whether a batched pass given each row's token count (`forward(counts=...)`) computes only
-        those tokens (our own forward, not at static shapes); otherwise it computes batch x T."""
+        """Whether a packed pass (`packed_pass`) computes only the tokens fed (our own forward, not at
+        static shapes); otherwise it runs padded, batch x the most a row is fed."""
         return self._own is not None and self.static is None
 
-    def forward(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None,
-                counts: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None) -> torch.Tensor:
         """`forward_pass`'s logits."""
-        return self.forward_pass(window, input_ids, logits_at, counts).logits
+        return self.forward_pass(window, input_ids, logits_at).logits
 
-    def forward_pass(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None,
-                     counts: Sequence[int] | None = None) -> Forwarded:
+    def forward_pass(self, window: slice, input_ids: torch.Tensor | np.ndarray, logits_at: np.ndarray | None = None) -> Forwarded:
         """Feed the rows of `window` the tokens input_ids [batch, T] at the positions after their
         committed lengths; return logits [batch, T, vocab], or [batch, 1, vocab] at the positions
-        logits_at [batch] (indices into T), and whether the pass was steady (`Forwarded`). counts [batch]:
-        row b's first counts[b] tokens are real, the rest padding, whose logits are not wanted (where
-        the model `packs`, they are not computed: zeros). Nothing is committed."""
+        logits_at [batch] (indices into T), and whether the pass was steady (`Forwarded`). Nothing is
+        committed."""
         if self.static is not None and window.start == 0:
             return self._forward_static(window, input_ids, logits_at)
         input_ids = torch.as_tensor(input_ids, dtype=torch.int64, device=self.device)
-        batch, steps = input_ids.shape
+        return self._pass(window, input_ids, input_ids.shape[1], logits_at=logits_at)
+
+    def packed_pass(self, window: slice, tokens: np.ndarray, feeds: np.ndarray, last: bool = False) -> Forwarded:
+        """Feed row b of `window` the next feeds[b] of the flat tokens [N] (in window order; 0: the row
+        sits the pass out) at the positions after its committed length. Returns logits [N, vocab], each
+        fed token's, in the same layout; or, where `last`, [fed rows, vocab] at each fed row's last
+        token. Where the model `packs`, only the fed tokens are computed; elsewhere the pass runs padded
+        (batch x the most a row is fed) and the fed tokens' logits are picked out. Nothing is committed."""
+        feeds = np.asarray(feeds, dtype=np.int64)
+        batch, steps = len(feeds), int(feeds.max())
+        real = np.flatnonzero(np.arange(steps)[None, :] < feeds[:, None])  # [N] into [batch * T]
+        fed = np.flatnonzero(feeds)  # the rows fed
+        if not self.packs or len(real) == batch * steps:
+            ids = np.zeros(batch * steps, dtype=np.int64)
+            ids[real] = tokens
+            if last:
+                out = self.forward_pass(window, ids.reshape(batch, steps), logits_at=np.maximum(feeds - 1, 0))
+                return Forwarded(out.logits[torch.as_tensor(fed, device=self.device), 0], out.steady)
+            out = self.forward_pass(window, ids.reshape(batch, steps))
+            return Forwarded(out.logits.reshape(batch * steps, -1)[torch.as_tensor(real, device=self.device)], out.steady)
+        ends = np.cumsum(feeds[fed]) - 1 if last else None  # [fed rows] into [N]
+        return self._pass(window, torch.as_tensor(tokens, dtype=torch.int64, device=self.device), steps,
+                          real=torch.as_tensor(real, device=self.device),
+                          ends=None if ends is None else torch.as_tensor(ends, device=self.device))
+
+    def _pass(self, window: slice, input_ids: torch.Tensor, steps: int, logits_at: np.ndarray | None = None,
+              real: torch.Tensor | None = None, ends: torch.Tensor | None = None) -> Forwarded:
+        """A pass that is not at a static shape: the rows of `window`, `steps` wide (`OwnForward.__call__`
+        for input_ids, real and ends), or the stock model's."""
         host_lengths = self.cache.lengths[window]
         lengths = torch.as_tensor(host_lengths, device=self.device)  # [batch]
         positions = lengths[:, None] + torch.arange(steps, device=self.device)[None, :]  # [batch, T]
         kv_len = max(host_lengths) + steps  # padding may reach past the context limit; it is never committed
         self.cache.prepare(window, positions, kv_len)
-        real = None
-        if counts is not None and self.packs and logits_at is None and min(counts) < steps:
-            flat = np.flatnonzero(np.arange(steps)[None, :] < np.asarray(counts)[:, None])  # [N] into [batch * T]
-            real = torch.as_tensor(flat, dtype=torch.int64, device=self.device)
         start = time.perf_counter()
         with torch.inference_mode():
             if self._own is not None:
                 at = None if logits_at is None else torch.as_tensor(logits_at, dtype=torch.int64, device=self.device)
-                logits = self._own(input_ids, positions, self._mask(positions, kv_len), self.cache, at, real)
+                logits = self._own(input_ids, positions, self._mask(positions, kv_len), self.cache, at, real, ends)
             else:
                 logits = self._stock(input_ids, positions, self._visible(positions, kv_len), logits_at)
         self.forward_seconds += time.perf_counter() - start
@@ -455,44 +466,14 @@ class RowModel:
         at = torch.as_tensor(np.asarray(logits_at) - first, dtype=torch.int64, device=self.device)
         return logits.gather(1, at[:, None, None].expand(len(at), 1, logits.shape[-1]))
 
-    def chunk_end(self, start: int, stop: int) -> int:
-        """Where a prefill pass from position `start` ends, feeding at most up to `stop`: the next
-        boundary, so that chunks fall at the same positions however a prompt is fed. Passes are of about
-        equal work rather than equal length (never under MIN_CHUNK tokens, a multiple of 16): on CPU
-        the first takes at most PASS_WORK multiply-adds, up to `prefill_chunk` tokens; from boundary b,
-        that times knee / (knee + b), knee being the cache entries at which a token's attention costs as
-        much as its projections (`family.attention_knee`). So a pass deep in a long prompt, or of a
-        large model, takes about as long as a small model's first, and a request waiting behind it no longer."""
-        return min(stop, self._boundaries[self._boundary_at(start) + 1])
-
-    @property
-    def widest_pass(self) -> int:
-        """The tokens of a prompt's first prefill pass, the longest (`chunk_end`)."""
-        return self._boundaries[self._boundary_at(0) + 1]
-
-    def chunk_cost(self, start: int, end: int) -> int:
-        """What a prefill pass of positions [start, end) counts in a step's token budget: its tokens
-        scaled to a whole chunk's worth at its boundary (a full pass anywhere: `prefill_chunk`)."""
-        i = self._boundary_at(start)
-        return math.ceil((end - start) * self.prefill_chunk / (self._boundaries[i + 1] - self._boundaries[i]))
-
-    def _boundary_at(self, position: int) -> int:
-        """The index of the last pass boundary at or before `position` (boundaries computed as far as it)."""
-        while self._boundaries[-1] <= position:
-            last = self._boundaries[-1]
-            shrunk = self._widest if math.isinf(self._knee) else int(
-                self._widest * self._knee / (self._knee + last)) // 16 * 16
-            self._boundaries.append(last + max(self._least, shrunk))
-        return bisect.bisect_right(self._boundaries, position) - 1
-
     def prefill(self, row_id: str, token_ids: Sequence[int]) -> torch.Tensor:
-        """Feed one row `token_ids` in passes that end at chunk boundaries (`chunk_end`) and commit them;
+        """Feed one row `token_ids` in passes that end at chunk boundaries (`PrefillChunks.end`) and commit them;
         return the logits [vocab] after the last one."""
         window = self.window_of(row_id)
         ids = np.asarray(token_ids, dtype=np.int64)
         length, done = self.length(row_id), 0
         while done < len(ids):
-            end = self.chunk_end(length + done, length + len(ids)) - length
+            end = self.chunks.end(length + done, length + len(ids)) - length
             piece = ids[done:end][None, :]  # [1, T]
             logits = self.forward(window, piece, logits_at=np.array([piece.shape[1] - 1]))
             self.commit(window, [piece.shape[1]])

@@ -259,7 +259,7 @@ class ModelDrafter:
         """Rows asked to draft but far behind: copy what the target holds (where it is shared), then
         feed them part of the rest, one row per pass."""
         # Catch-up tokens per call, over all rows: one prefill pass (the draft's rows own its size).
-        budget = widest = self.rows.widest_pass
+        budget = widest = self.rows.chunks.widest
         started = time.perf_counter()
         for request_id in wanted:
             self._leave_gap(request_id)
@@ -281,9 +281,10 @@ class ModelDrafter:
         return CatchUp(widest - budget, time.perf_counter() - started)
 
     def _draft(self, wanted: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]], float | None]:
-        """Draft wanted[r] tokens for each row r, every row of the cache riding along: one pass
-        feeding each row its pending tokens, then one pass per further position. Also returns the
-        seconds of one drafting pass (None where the only pass also fed a backlog)."""
+        """Draft wanted[r] tokens for each row r: one packed pass feeding each row its pending tokens
+        (every row of the cache riding along, catching up on as many), then one pass per further
+        position, fed by the drafting rows alone. Also returns the seconds of one drafting pass (None
+        where the only pass also fed a backlog)."""
         if not wanted:
             return {}, {}, None
         order, window = self.rows.active_ids, self.rows.active_window
@@ -293,17 +294,16 @@ class ModelDrafter:
         # First pass: T = the drafting rows' longest backlog; other rows catch up on up to T tokens.
         steps = max(self._pending(r) for r in wanted)
         started = time.perf_counter()
-        inputs = np.zeros((len(order), steps), dtype=np.int64)  # [rows, T], padded
-        feeds = np.zeros(len(order), dtype=np.int64)
+        pieces, feeds = [], np.zeros(len(order), dtype=np.int64)  # the pass's tokens, flat, and each row's count
         for b, request_id in enumerate(order):
             request, start = self._requests[request_id], self.rows.length(request_id)
             # A rider keeps its last pending token: whenever it drafts, its first pass needs one input.
             end = request.length if request_id in wanted else request.length - 1
-            piece = request.held(start, min(end, start + steps))
-            inputs[b, : len(piece)], feeds[b] = piece, len(piece)
-        logits = self.rows.forward(window, inputs, logits_at=np.maximum(feeds - 1, 0))[:, 0]  # [rows, vocab]
+            pieces.append(np.asarray(request.held(start, min(end, start + steps)), dtype=np.int64))
+            feeds[b] = len(pieces[-1])
+        logits = self.rows.packed_pass(window, np.concatenate(pieces), feeds, last=True).logits  # [rows fed, vocab]
         self.rows.commit(window, feeds)
-        index = {r: b for b, r in enumerate(order)}
+        index = {order[b]: i for i, b in enumerate(np.flatnonzero(feeds))}  # each fed row's logits
         for request_id in wanted:
             self._requests[request_id].fed_from = self.rows.length(request_id)
         tokens: dict[str, list[int]] = {r: [] for r in wanted}
@@ -327,14 +327,14 @@ class ModelDrafter:
             live = {r: n for r, n in live.items() if len(tokens[r]) < n}
             if not live:
                 return tokens, probs, pass_seconds
-            # Next pass: the drafting rows feed their newest draft token; the others feed padding.
-            step = np.zeros((len(order), 1), dtype=np.int64)
-            fed = np.zeros(len(order), dtype=np.int64)
-            for request_id in live:
-                step[index[request_id], 0], fed[index[request_id]] = tokens[request_id][-1], 1
+            # Next pass: the drafting rows feed their newest draft token; the others sit it out.
+            drafting = [r for r in order if r in live]  # in the window's order
+            fed = np.array([int(r in live) for r in order], dtype=np.int64)
+            for request_id in drafting:
                 self._requests[request_id].fed += 1
-            logits = self.rows.forward(window, step)[:, 0]
+            logits = self.rows.packed_pass(window, np.array([tokens[r][-1] for r in drafting], dtype=np.int64), fed).logits
             self.rows.commit(window, fed)
+            index = {r: i for i, r in enumerate(drafting)}
             passes += 1
 
     def _choose(self, logits: torch.Tensor, rows: dict[str, int], tokens: dict[str, list[int]]):

@@ -25,7 +25,7 @@ import numpy as np
 from specdraft.drafters.base import Draft, Drafter, Parts
 from specdraft.params import SamplingParams
 from specdraft.policy import DraftingTiming, DraftPolicy, StepReport, VerifyTiming
-from specdraft.verifier import Verifier
+from specdraft.verifier import Batch, Verifier
 
 log = logging.getLogger("specdraft")
 
@@ -131,8 +131,8 @@ def measure(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[
             cases = [[k] * rows + [0] * (batch - rows) for rows in sorted(drafting)]
         warms_up = False
         for lengths in cases:
-            drafts = {r: draft.prefix(n) for r, n in zip(ids, lengths) if n}
-            times, warmed = _steady_seconds(verifier, ids, prompt, drafts, REPEATS)
+            batched = Batch.of(ids, [prompt[-1]] * batch, [draft.prefix(n) for n in lengths])
+            times, warmed = _steady_seconds(verifier, batched, len(prompt), REPEATS)
             warms_up |= warmed
             if len(times) > 1:
                 reports.append(StepReport(verify=VerifyTiming(tuple(lengths), float(np.median(times[1:])))))
@@ -140,25 +140,24 @@ def measure(verifier: Verifier, drafters: Mapping[str, Drafter], parts: Mapping[
             timed = {max(lengths) for lengths in cases}
             for n in range(k + 1):
                 if n not in timed:
-                    _steady_seconds(verifier, ids, prompt, {r: draft.prefix(n) for r in ids if n}, 1)
+                    _steady_seconds(verifier, Batch.of(ids, [prompt[-1]] * batch, [draft.prefix(n)] * batch), len(prompt), 1)
         for row_id in ids:
             verifier.remove(row_id)
     return reports + _calibrate_drafters(drafters, parts, k, prompt, greedy)
 
 
-def _steady_seconds(verifier: Verifier, ids: list[str], prompt: list[int], drafts: dict[str, Draft],
-                    wanted: int) -> tuple[list[float], bool]:
-    """Time steps of the rows `ids` (each holding `prompt`) verifying `drafts`, each rolled back after,
-    until `wanted` of them ran steady (at most WARM_UP calls more). Returns the steady steps' timings
-    and whether any step was not steady (its shape warmed up)."""
+def _steady_seconds(verifier: Verifier, batch: Batch, length: int, wanted: int) -> tuple[list[float], bool]:
+    """Time steps verifying `batch` (its rows each holding a prompt of `length` tokens), each rolled
+    back after, until `wanted` of them ran steady (at most WARM_UP calls more). Returns the steady
+    steps' timings and whether any step was not steady (its shape warmed up)."""
     times, warmed = [], False
     for _ in range(wanted + WARM_UP):
         start = time.perf_counter()
-        results = verifier.step({r: prompt[-1] for r in ids}, drafts)
+        steady = verifier.step(batch).steady
         seconds = time.perf_counter() - start
-        for row_id in ids:
-            verifier.truncate(row_id, len(prompt))
-        if not all(result.steady for result in results.values()):
+        for row_id in batch.ids:
+            verifier.truncate(row_id, length)
+        if not steady:
             warmed = True
             continue
         times.append(seconds)

@@ -31,7 +31,7 @@ from specdraft.params import (DEFAULT_MAX_BATCH, DEFAULT_NUM_SPECULATIVE_TOKENS,
 from specdraft.policy import DraftPolicy
 from specdraft.results import TokenLogprob
 from specdraft.text import IncrementalDetokenizer
-from specdraft.verifier import StepResult, Verifier
+from specdraft.verifier import Verdict, Verifier
 
 log = logging.getLogger("specdraft.engine")
 
@@ -213,10 +213,11 @@ class Engine:
         self.verifier.store_prefix(request.id, request.params.cache_salt, request.prompt_ids)
         return self._retire_finished(self._begin(request, first))
 
-    def _begin(self, request: Request, first: StepResult) -> Delta:
-        """A request whose prompt is prefilled joins the running rows with its first token."""
-        if first.error is not None:
-            return self._failed(request, first.error)
+    def _begin(self, request: Request, first: Verdict) -> Delta:
+        """A request whose prompt is prefilled joins the running rows with its first token (`first`: the
+        verdict of its prefill, one row)."""
+        if first.errors[0] is not None:
+            return self._failed(request, first.errors[0])
         try:
             request.drafter.begin(request.id, request.prompt_ids, request.params)
         except Exception as exc:  # noqa: BLE001 - the drafter's fault, reported on its request
@@ -225,8 +226,8 @@ class Engine:
         request.phase = Phase.RUNNING
         request.metrics.first_token = time.perf_counter()
         if request.grammar is not None:
-            request.metrics.grammar.seconds += first.grammar_seconds
-        return self._emit(request, first.tokens, logprobs=first.logprobs)
+            request.metrics.grammar.seconds += float(first.grammar_seconds[0])
+        return self._emit(request, first.emitted(0), logprobs=first.logprobs[0])
 
     def _decode(self) -> tuple[list[Delta], int]:
         """One decode step (`Stages.run`), then what it returned applied: failures, then each verified
@@ -234,15 +235,15 @@ class Engine:
         Also returns the tokens the step's verify pass took (its share of the token budget)."""
         step = self.stages.run([self._requests[r] for r in self.verifier.row_ids], self.policy)
         deltas = [self._failed(row.request, row.failure) for row in step.failed]
-        for outcome in step.outcomes():
-            request = outcome.request
-            request.metrics.record(outcome.drafted, outcome.accepted)
-            request.metrics.draft_seconds += outcome.draft_seconds
+        for row in step.emitting:
+            request = row.request
+            request.metrics.record(row.drafted, row.accepted)
+            request.metrics.draft_seconds += step.draft_share
             if request.grammar is not None:
-                request.metrics.grammar.seconds += outcome.grammar_seconds
-                request.metrics.grammar.forced_draft_tokens += outcome.forced[0]
-                request.metrics.grammar.forced_accepted_tokens += outcome.forced[1]
-            deltas.append(self._emit(request, outcome.tokens, outcome.accepted, outcome.logprobs))
+                request.metrics.grammar.seconds += row.grammar_seconds
+                request.metrics.grammar.forced_draft_tokens += row.forced[0]
+                request.metrics.grammar.forced_accepted_tokens += row.forced[1]
+            deltas.append(self._emit(request, row.tokens, row.accepted, row.logprobs))
         self.policy.record(step.report(time.perf_counter()))
         return [self._retire_finished(delta) for delta in deltas], step.tokens
 

@@ -3,7 +3,9 @@
     limits -> free drafts -> plans -> lengths (the policy's choice) -> costly drafts -> the step's drafts -> verify
 
 A `Step` holds one record per running row (`Row`: its limit, its draft's source, its drafts, the
-length chosen, its grammar's forced tokens and time, its failure, its result) and the step's timings.
+length chosen, its grammar's forced tokens and time, its failure, what it emitted), from the plan to
+the engine's delta, and the step's timings. The verify stage hands the verifier the live rows as one
+`Batch` in its order, and reads its `Verdict` back by the same index.
 Each stage fills in the rows it is given; `Stages.run` runs them in order. No stage ends a request,
 emits a token or tells the policy anything: the engine's loop applies a step after it runs (emits,
 failures, retirements) and reports it to the policy once (`Step.report`). Each row's drafter is
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from specdraft.draft import EMPTY_DRAFT, Draft
 from specdraft.drafters.base import Cost, Parts, drafter_failure
@@ -25,7 +27,7 @@ from specdraft.engine.requests import Request
 from specdraft.params import Policy
 from specdraft.policy import CallTiming, DraftingTiming, DraftPolicy, RowPlan, StepReport, Verified, VerifyTiming
 from specdraft.results import TokenLogprob
-from specdraft.verifier import StepResult, Verifier
+from specdraft.verifier import Batch, Verifier
 
 
 @dataclass
@@ -35,7 +37,9 @@ class Row:
     none, and `waits` for its drafter's costly part); costly: the costly part's draft; length: the
     length the policy chose; chosen: the draft verified (None: none); unverified: a free draft the
     step left out (the policy checks it against what the row emits); forced_from: where the tokens
-    its grammar forced start in its draft; failure: why the row ends in this step (None: it goes on)."""
+    its grammar forced start in its draft; failure: why the row ends in this step (None: it goes on);
+    verified: it took part in the verify pass; tokens, accepted, logprobs: what it emitted there (its
+    accepted draft, then the target's token) and those tokens' logprobs where it asked for them."""
 
     request: Request
     limit: int
@@ -48,7 +52,10 @@ class Row:
     forced_from: int | None = None
     grammar_seconds: float = 0.0
     failure: str | None = None
-    result: StepResult | None = None
+    verified: bool = False
+    tokens: list[int] = field(default_factory=list)
+    accepted: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def id(self) -> str:
@@ -64,21 +71,10 @@ class Row:
         """Tokens of draft the row verified."""
         return 0 if self.chosen is None else len(self.chosen)
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a verified row gets from the step: its tokens (the first `accepted` from its draft of
-    `drafted`), its share of the step's drafting time, its grammar's time and forced tokens, and the
-    tokens' logprobs where the request asked for them."""
-
-    request: Request
-    tokens: list[int]
-    accepted: int
-    drafted: int
-    draft_seconds: float
-    grammar_seconds: float
-    forced: tuple[int, int]  # forced tokens verified after an accepted draft, and accepted
-    logprobs: tuple[TokenLogprob, ...] | None = None
+    @property
+    def forced(self) -> tuple[int, int]:
+        """Tokens its grammar forced that it verified after an accepted draft, and of those accepted."""
+        return constrain.forced_tally(self.forced_from, self.drafted, self.accepted)
 
 
 @dataclass
@@ -119,25 +115,24 @@ class Step:
     def tokens(self) -> int:
         """Tokens the verify pass took: each verified row's last token and its chosen draft (the step's
         share of the engine's token budget; prefill gets what is left)."""
-        return sum(1 + row.drafted for row in self.rows if row.result is not None)
+        return sum(1 + row.drafted for row in self.rows if row.verified)
 
-    def outcomes(self) -> Iterator[Outcome]:
-        """The verified rows that did not fail, in order."""
-        if self.verify_seconds is None:
-            return
-        share = self.draft_seconds / self.drafting_rows
-        for row in self.live:
-            result = row.result
-            yield Outcome(row.request, result.tokens, result.accepted, row.drafted, share,
-                          row.grammar_seconds + result.grammar_seconds,
-                          constrain.forced_tally(row.forced_from, row.drafted, result.accepted), result.logprobs)
+    @property
+    def emitting(self) -> list[Row]:
+        """The verified rows that did not fail, in order: each emits its tokens."""
+        return [row for row in self.live if row.verified]
+
+    @property
+    def draft_share(self) -> float:
+        """Each drafting row's share of the step's drafting time."""
+        return self.draft_seconds / max(self.drafting_rows, 1)
 
     def report(self, now: float) -> StepReport:
         """The step as the policy learns from it; `now`: when the loop finished applying it."""
         if self.verify_seconds is None:
             return StepReport(tuple(self.plans), asked=self.asked, calls=tuple(self.calls), drafting=tuple(self.drafting))
-        verified = [row for row in self.rows if row.result is not None]
-        rows = tuple(Verified(row.id, row.source, row.drafted, row.result.accepted, tuple(row.result.tokens),
+        verified = [row for row in self.rows if row.verified]
+        rows = tuple(Verified(row.id, row.source, row.drafted, row.accepted, tuple(row.tokens),
                               tuple((row.unverified or EMPTY_DRAFT).token_ids.tolist())) for row in verified)
         verify = VerifyTiming(tuple(row.drafted for row in verified), self.verify_seconds, self.steady)
         other = now - self.started - self.verify_seconds - self.draft_seconds
@@ -267,15 +262,18 @@ class Stages:
     def verify(self, step: Step) -> None:
         """One verify pass over the live rows (the other running rows sit it out)."""
         rows = step.live
+        batch = Batch.of([row.id for row in rows], [row.request.last_token for row in rows], [row.chosen for row in rows])
         started = time.perf_counter()
-        results = self.verifier.step({row.id: row.request.last_token for row in rows},
-                                     {row.id: row.chosen for row in rows if row.drafted})
+        verdict = self.verifier.step(batch)
         step.verify_seconds = time.perf_counter() - started
-        for row in rows:
-            row.result = results[row.id]
-            if row.result.error is not None:
-                step.fail([row], row.result.error)
-        step.steady = all(result.steady for result in results.values())
+        step.steady = verdict.steady
+        for r, row in enumerate(rows):
+            row.verified = True
+            row.grammar_seconds += float(verdict.grammar_seconds[r])
+            if verdict.errors[r] is not None:
+                step.fail([row], verdict.errors[r])
+                continue
+            row.tokens, row.accepted, row.logprobs = verdict.emitted(r), int(verdict.accepted[r]), verdict.logprobs[r]
 
 
 def _call_free(name: str, parts: Parts, group: list[Row], batch: int, policy: DraftPolicy,

@@ -26,6 +26,7 @@ the target's (Leviathan et al. 2023, Theorem 1). With deterministic drafters (`n
 seeded sampled row emits exactly the tokens plain sampling with the same seed emits, in any batch.
 """
 
-from specdraft.verifier.verifier import StepResult, Verifier
+from specdraft.verifier.batch import Batch, Verdict
+from specdraft.verifier.verifier import Verifier
 
-__all__ = ["StepResult", "Verifier"]
+__all__ = ["Batch", "Verdict", "Verifier"]

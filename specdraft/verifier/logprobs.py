@@ -18,29 +18,31 @@ from specdraft.results import TokenLogprob
 
 def pack_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:
     """The log-probabilities of `tokens` and of the `top` most likely tokens at each position, as one
-    int64 tensor [rows, k + 1, 1 + 2 top]: (token's logprob, top ids, top logprobs), each float32
+    int64 tensor [positions, 1 + 2 top]: (token's logprob, top ids, top logprobs), each float32
     logprob carried by its bits (so that it travels with the step's token ids, bit for bit).
 
-    logits: [rows, k + 1, vocab] raw logits of the rows that ask; tokens: [rows, k + 1] the tokens
-    they emit there (pad -1: its entry is not read)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, k + 1, vocab]
-    chosen = logprobs.gather(2, tokens.clamp(min=0)[:, :, None])  # [rows, k + 1, 1]
+    logits: [positions, vocab] raw logits of the positions of the rows that ask; tokens: [positions]
+    the tokens emitted there (a position past what its row emitted is not read)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [positions, vocab]
+    chosen = logprobs.gather(1, tokens.clamp(min=0)[:, None])  # [positions, 1]
     if not top:
         return chosen.view(torch.int32).to(torch.int64)
-    values, ids = logprobs.topk(top, dim=-1)  # [rows, k + 1, top], most likely first
-    bits = torch.cat([chosen, values], dim=-1).view(torch.int32).to(torch.int64)  # [rows, k + 1, 1 + top]
-    return torch.cat([bits[:, :, :1], ids, bits[:, :, 1:]], dim=-1)
+    values, ids = logprobs.topk(top, dim=-1)  # [positions, top], most likely first
+    bits = torch.cat([chosen, values], dim=-1).view(torch.int32).to(torch.int64)  # [positions, 1 + top]
+    return torch.cat([bits[:, :1], ids, bits[:, 1:]], dim=-1)
 
 
-def unpack_logprobs(packed: np.ndarray, tokens: np.ndarray, counts: Sequence[int],
+def unpack_logprobs(packed: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, counts: Sequence[int],
                     tops: Sequence[int]) -> list[list[TokenLogprob]]:
-    """`pack_logprobs`'s host copy [rows, k + 1, 1 + 2 top] as each row's first counts[i] tokens'
-    entries, each with its own tops[i] <= top most likely tokens. tokens: [rows, k + 1] the tokens emitted."""
+    """`pack_logprobs`'s host copy [positions, 1 + 2 top] as each row's first counts[i] tokens' entries
+    (row i's positions start at offsets[i]), each with its own tops[i] <= top most likely tokens.
+    tokens: [positions] the tokens emitted."""
     top = (packed.shape[-1] - 1) // 2
     floats = packed.astype(np.int32).view(np.float32)  # the bits back as float32
     out = []
-    for i, (count, n) in enumerate(zip(counts, tops)):
-        ids, values = packed[i, :count, 1 : 1 + n].tolist(), floats[i, :count, 1 + top : 1 + top + n].tolist()
-        out.append([TokenLogprob(int(tokens[i, j]), float(floats[i, j, 0]), tuple(zip(ids[j], values[j])))
-                    for j in range(count)])
+    for start, count, n in zip(offsets.tolist(), counts, tops):
+        span = slice(start, start + int(count))
+        ids, values = packed[span, 1 : 1 + n].tolist(), floats[span, 1 + top : 1 + top + n].tolist()
+        out.append([TokenLogprob(int(token), float(value), tuple(zip(i, v)))
+                    for token, value, i, v in zip(tokens[span].tolist(), floats[span, 0].tolist(), ids, values)])
     return out

@@ -141,7 +141,7 @@ def test_check_unicode_names_what_and_where_and_passes_valid_text():
 
 def test_the_library_names_the_position_not_the_tokenizers_type_error(tiny_model):
     from specdraft import LLM
-    from tests.conftest import loaded
+    from tests.helpers.tiny import loaded
 
     llm = LLM(loaded(tiny_model), drafters=["none"], max_batch=1, calibrate=False)
     with pytest.raises(RequestError, match="prompt is not valid Unicode: a lone surrogate U\\+D800 at index 4"):

@@ -15,7 +15,7 @@ from specdraft import LLM, Draft, RequestOutput, SamplingParams, SpeculationPara
 from specdraft.drafters.base import EMPTY_DRAFT
 from specdraft.errors import RequestError
 from specdraft.runtime import encode_prompt
-from tests.conftest import TINY_VOCAB, loaded
+from tests.helpers.tiny import TINY_VOCAB, loaded
 
 REPEATING = [33, 34, 35, 36] * 5  # n-gram drafts find matches here
 PROMPTS = [REPEATING, [5, 17, 42, 9, 9, 13], "Hello, hello, hello"]

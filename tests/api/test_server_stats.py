@@ -22,7 +22,7 @@ import uvicorn
 from specdraft.api.server import create_app
 from specdraft.runtime import build_runtime
 from specdraft.settings import Settings
-from tests.conftest import loaded, make_tiny_model
+from tests.helpers.tiny import loaded, make_tiny_model
 
 REQUESTS = 60  # requests that come and go while the scrapes run
 SCRAPES = (200, 4000)  # at least (while requests come and go, or after), at most; over both routes

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from specdraft.backend import RowModel, forward
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear, use_weight_only_int8
 from specdraft.backend.linear import FewRowsLinear
-from tests.conftest import TINY_VOCAB, make_tiny_model
+from tests.helpers.tiny import TINY_VOCAB, make_tiny_model
 
 
 def stock_logits(model, ids: list[int]) -> torch.Tensor:
@@ -53,9 +53,9 @@ def test_own_forward_equals_stock_across_rows_of_different_lengths(dtype, atol):
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 def test_a_packed_pass_computes_only_real_tokens_and_equals_the_stock_model(dtype, atol):
-    """Rows of one pass with 1, 4, 2 and 3 real tokens (a verify step's drafts of different lengths):
-    the real tokens' logits equal the stock model's, padding gets zero logits, and a row then
-    decodes on exactly as if the padding had never been fed."""
+    """Rows of one packed pass fed 1, 4, 2 and 3 tokens (a verify step's drafts of different lengths):
+    each fed token's logits, in the flat layout, equal the stock model's, no other token's are
+    computed, and a row then decodes on exactly as if only its tokens had been fed."""
     model = make_tiny_model(seed=4, dtype=dtype, layers=2)
     rows = RowModel(model, prefill_chunk=16)
     assert rows.packs
@@ -66,12 +66,14 @@ def test_a_packed_pass_computes_only_real_tokens_and_equals_the_stock_model(dtyp
         rows.add(row_id, active=True)
         rows.prefill(row_id, ids)
     inputs = np.array([[rng.randrange(TINY_VOCAB) for _ in range(4)] for _ in counts], dtype=np.int64)
-    logits = rows.forward(rows.active_window, inputs, counts=counts)  # [4, 4, vocab]
+    flat = np.concatenate([inputs[b, :n] for b, n in enumerate(counts)])
+    logits = rows.packed_pass(rows.active_window, flat, np.array(counts)).logits  # [10, vocab]
+    assert logits.shape[0] == sum(counts)
+    starts = np.cumsum([0] + counts)
     for b, (row_id, ids) in enumerate(contexts.items()):
         real = inputs[b, : counts[b]].tolist()
         reference = stock_logits(model, ids + real)
-        torch.testing.assert_close(logits[b, : counts[b]], reference[len(ids):], rtol=0, atol=atol)
-        assert not logits[b, counts[b]:].any()
+        torch.testing.assert_close(logits[starts[b] : starts[b + 1]], reference[len(ids):], rtol=0, atol=atol)
     rows.commit(rows.active_window, counts)
     after = rows.forward(rows.active_window, np.full((4, 1), 7, dtype=np.int64))
     for b, (row_id, ids) in enumerate(contexts.items()):

@@ -30,7 +30,7 @@ from specdraft.backend.native import Reader, Storage
 from specdraft.backend.native import library as cpp_kernel
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, project
-from tests.conftest import hf_greedy, make_tiny_model
+from tests.helpers.tiny import hf_greedy, make_tiny_model
 from tests.helpers.passes import pass_logits
 
 gguf = pytest.importorskip("gguf")

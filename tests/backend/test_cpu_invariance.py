@@ -15,7 +15,7 @@ import torch
 
 from specdraft import LLM, SamplingParams, SpeculationParams
 from specdraft.backend.numba_layers import stack as numba_layers
-from tests.conftest import feed
+from tests.helpers.tiny import feed
 
 pytestmark = pytest.mark.slow
 

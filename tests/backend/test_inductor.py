@@ -14,7 +14,7 @@ from specdraft.backend.family import family_of
 from specdraft.backend.inductor import MAX_TOKENS, InductorLayers
 from specdraft.backend.weight_only_int8 import use_weight_only_int8
 from specdraft.backend.numba_layers import NumbaLayers
-from tests.conftest import make_tiny_model, row_passes
+from tests.helpers.tiny import make_tiny_model, row_passes
 
 pytestmark = pytest.mark.compiles
 

@@ -32,7 +32,7 @@ from specdraft.backend.numba_layers import MAX_TOKENS, NO_RESIDUAL, NumbaLayers
 from specdraft.engine import Engine
 from specdraft.runtime import build_runtime
 from specdraft.verifier import Verifier
-from tests.conftest import TINY_VOCAB, ToyTokenizer, loaded, make_tiny_model
+from tests.helpers.tiny import TINY_VOCAB, ToyTokenizer, loaded, make_tiny_model
 
 gguf = pytest.importorskip("gguf")
 from tests.helpers.gguf_files import random_blocks, write_gguf  # noqa: E402 (needs gguf)

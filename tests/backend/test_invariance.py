@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TEST_DEVICE, TINY_VOCAB, make_tiny_model
+from tests.helpers.tiny import TEST_DEVICE, TINY_VOCAB, make_tiny_model
 
 assert TEST_DEVICE.type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest on CPU
 pytest.importorskip("triton")
@@ -23,7 +23,7 @@ from specdraft.backend import RowModel, StaticShapes  # noqa: E402
 from specdraft.backend import triton_kernels as tk  # noqa: E402
 from specdraft.drafters.base import Draft  # noqa: E402
 from specdraft.params import SamplingParams  # noqa: E402
-from specdraft.verifier import Verifier  # noqa: E402
+from specdraft.verifier import Batch, Verifier  # noqa: E402
 
 DTYPE = torch.bfloat16
 LENGTH = 34  # tokens a row is fed: crosses the KV buckets at 16 and 32
@@ -167,14 +167,14 @@ def test_speculative_greedy_output_equals_plain_in_bf16(model):
         verifier = Verifier(model, static, kernels="triton")
         out, accepted = [verifier.admit("r", prompt, SamplingParams(max_tokens=steps))], 0
         while len(out) < steps:
-            drafts = {}
+            draft = None
             if plain is not None:  # every fifth token wrong
                 done = len(out)
-                draft = [t if (done + i) % 5 else (t + 1) % TINY_VOCAB for i, t in enumerate(plain[done : done + 5])]
-                drafts = {"r": Draft(np.asarray(draft, dtype=np.int32))} if draft else {}
-            result = verifier.step({"r": out[-1]}, drafts)["r"]
-            out.extend(result.tokens)
-            accepted += result.accepted
+                draft = Draft(np.asarray([t if (done + i) % 5 else (t + 1) % TINY_VOCAB
+                                          for i, t in enumerate(plain[done : done + 5])], dtype=np.int32))
+            verdict = verifier.step(Batch.of(["r"], [out[-1]], [draft]))
+            out.extend(verdict.emitted(0))
+            accepted += int(verdict.accepted[0])
         return out[:steps], accepted
 
     plain, _ = generate(None)

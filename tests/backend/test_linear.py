@@ -10,7 +10,7 @@ from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from specdraft.backend.linear import MAX_ROWS, FewRowsLinear, use_few_rows_linears
-from tests.conftest import ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script
+from tests.helpers.tiny import ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script
 from tests.helpers.prompts import PROMPTS
 
 

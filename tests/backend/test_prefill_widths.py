@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY_VOCAB, make_tiny_model
+from tests.helpers.tiny import TINY_VOCAB, make_tiny_model
 
 pytest.importorskip("triton")
 

@@ -17,7 +17,7 @@ from specdraft.params import SamplingParams, SpeculationParams
 from specdraft.runtime import build_runtime
 from specdraft.settings import Settings
 from specdraft.verifier import Verifier
-from tests.conftest import ToyTokenizer, hf_greedy, loaded, make_tiny_model, shallow_copy_of
+from tests.helpers.tiny import ToyTokenizer, hf_greedy, loaded, make_tiny_model, shallow_copy_of
 
 LAYERS, HEADS, DIM = 2, 2, 4
 TOKEN_BYTES = 2 * LAYERS * HEADS * DIM * 8  # float64 keys and values of one token
@@ -249,10 +249,10 @@ def test_prefill_passes_fall_at_the_same_positions_whatever_the_budget_or_the_ca
         rows, seen = engine.verifier.rows, []
         forward = rows.forward
 
-        def recorded(window, input_ids, logits_at=None, counts=None):
+        def recorded(window, input_ids, logits_at=None):
             if logits_at is not None and window.start == rows.slot("late"):  # the late prompt's prefill passes
                 seen.append((rows.length("late"), len(input_ids[0])))
-            return forward(window, input_ids, logits_at, counts)
+            return forward(window, input_ids, logits_at)
 
         rows.forward = recorded
         late = engine.intake.resolve(prompt, SamplingParams(max_tokens=3))

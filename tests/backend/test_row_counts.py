@@ -17,7 +17,7 @@ from specdraft.backend import RowModel, native
 from specdraft.backend.linear import MAX_ROWS, FewRowsLinear
 from specdraft.backend.numba_layers import NO_KERNEL, NO_RESIDUAL, project
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear
-from tests.conftest import TINY_VOCAB, make_tiny_model
+from tests.helpers.tiny import TINY_VOCAB, make_tiny_model
 from tests.helpers.kernels import builds
 
 COUNTS = [1, 2, 3, 5, 6, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, MAX_ROWS]

@@ -12,7 +12,7 @@ from specdraft.drafters.model import ModelDrafter
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
-from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy, make_tiny_model, shallow_copy_of
+from tests.helpers.tiny import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy, make_tiny_model, shallow_copy_of
 
 PROMPTS = [[5, 17, 42, 9, 9, 13], list(range(1, 30)), [60], [33, 34, 35, 33, 34, 35, 33, 34], [70, 71, 72, 73] * 5,
            [8, 6, 7, 5, 3, 0, 9], [2, 4, 6, 8], list(range(40, 75))]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TEST_DEVICE, TINY_VOCAB, make_tiny_model
+from tests.helpers.tiny import TEST_DEVICE, TINY_VOCAB, make_tiny_model
 
 pytest.importorskip("triton")
 

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.cpu import projections
 from benchmarks.domains.methods import Methods, display_order
 from benchmarks.serving import agent_load
-from tests.conftest import loaded
+from tests.helpers.tiny import loaded
 
 
 def _request(conversation: str, turn: int, text: str, tps: float, decode: float, cached: int = 0) -> dict:
@@ -71,7 +71,7 @@ def test_projections_report_every_kernel_and_token_count(tmp_path, monkeypatch):
 
     from specdraft.backend import RowModel
     from specdraft.backend.numba_layers import read_parts, step_weights
-    from tests.conftest import make_tiny_model
+    from tests.helpers.tiny import make_tiny_model
 
     monkeypatch.setattr(projections, "TOKENS", (1, 3))
     model = make_tiny_model(seed=3, dtype=torch.float32)

@@ -24,7 +24,7 @@ from specdraft.policy import CostModel
 from specdraft.runtime import build_runtime
 from specdraft.settings import Settings
 from specdraft.verifier import Verifier
-from tests.conftest import ToyTokenizer, hf_greedy, loaded, make_tiny_model, shallow_copy_of
+from tests.helpers.tiny import ToyTokenizer, hf_greedy, loaded, make_tiny_model, shallow_copy_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 17, 42, 9, 9, 13], [33, 34, 35, 33, 34, 35, 33, 34], [70, 71, 72, 73, 70, 71, 72, 73, 70, 71]]

@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from specdraft.backend import memory, rowmodel
+from specdraft.backend import chunks, memory
 from specdraft.backend.family import attention_knee
 from specdraft.backend.rowmodel import RowModel
 from specdraft.drafters import create_drafter
 from specdraft.engine import Engine, RequestError
 from specdraft.params import SamplingParams
-from specdraft.verifier import Verifier
-from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy, oracle_script
+from specdraft.verifier import Batch, Verifier
+from tests.helpers.tiny import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy, oracle_script
 from tests.helpers.prompts import PROMPTS
 
 
@@ -72,8 +72,8 @@ def test_rollback_restores_plain_decoding_state(tiny_model, references):
     import numpy as np
 
     wrong = [(t + 1) % TINY_VOCAB for t in truth[3:5]]
-    result = verifier.step({"r": first}, {"r": Draft(np.array(truth[1:3] + wrong, dtype=np.int32))})
-    assert result["r"].tokens == truth[:4][1:] and result["r"].accepted == 2
+    verdict = verifier.step(Batch.of(["r"], [first], [Draft(np.array(truth[1:3] + wrong, dtype=np.int32))]))
+    assert verdict.emitted(0) == truth[:4][1:] and verdict.accepted[0] == 2
     length = verifier.length("r")
     assert length == len(prompt) + 3
 
@@ -85,8 +85,7 @@ def test_rollback_restores_plain_decoding_state(tiny_model, references):
         torch.testing.assert_close(ours_k, plain.layers[layer].keys[0], rtol=0, atol=1e-10)
         torch.testing.assert_close(ours_v, plain.layers[layer].values[0], rtol=0, atol=1e-10)
     # And decoding goes on exactly as plain decoding.
-    result = verifier.step({"r": truth[3]}, {})
-    assert result["r"].tokens == [truth[4]]
+    assert verifier.step(Batch.of(["r"], [truth[3]], [None])).emitted(0) == [truth[4]]
 
 
 def test_a_row_that_sits_a_pass_out_keeps_its_cache_and_decodes_on_as_plain_decoding(tiny_model, references):
@@ -96,11 +95,11 @@ def test_a_row_that_sits_a_pass_out_keeps_its_cache_and_decodes_on_as_plain_deco
     truths = [references[tuple(p)] for p in PROMPTS[:2]]
     firsts = [verifier.admit(f"r{i}", p, SamplingParams()) for i, p in enumerate(PROMPTS[:2])]
     lengths = [verifier.length(f"r{i}") for i in range(2)]
-    result = verifier.step({"r0": firsts[0]}, {})
-    assert set(result) == {"r0"} and result["r0"].tokens == truths[0][1:2]
+    verdict = verifier.step(Batch.of(["r0"], [firsts[0]], [None]))
+    assert len(verdict) == 1 and verdict.emitted(0) == truths[0][1:2]
     assert verifier.length("r1") == lengths[1] and verifier.length("r0") == lengths[0] + 1
-    result = verifier.step({"r0": truths[0][1], "r1": firsts[1]}, {})
-    assert result["r0"].tokens == truths[0][2:3] and result["r1"].tokens == truths[1][1:2]
+    verdict = verifier.step(Batch.of(["r0", "r1"], [truths[0][1], firsts[1]], [None, None]))
+    assert verdict.emitted(0) == truths[0][2:3] and verdict.emitted(1) == truths[1][1:2]
 
 
 def test_eos_inside_accepted_draft_stops_at_eos(tiny_model, references):
@@ -275,7 +274,7 @@ def test_an_engine_and_its_rows_refuse_a_budget_or_chunk_below_one(tiny_model):
 
 @pytest.mark.parametrize("start, stop, end", [(0, 100, 8), (0, 5, 5), (3, 100, 8), (8, 100, 16), (13, 14, 14), (15, 40, 16)])
 def test_a_prefill_pass_ends_at_the_next_multiple_of_the_chunk(tiny_model, start, stop, end):
-    assert Verifier(tiny_model, prefill_chunk=8).rows.chunk_end(start, stop) == end
+    assert Verifier(tiny_model, prefill_chunk=8).rows.chunks.end(start, stop) == end
 
 
 def test_prefill_passes_shorten_where_attention_outweighs_the_projections(tiny_model):
@@ -286,8 +285,8 @@ def test_prefill_passes_shorten_where_attention_outweighs_the_projections(tiny_m
     assert attention_knee(LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
                                       num_key_value_heads=3)) == 3072  # SmolLM2-135M
     rows = Verifier(tiny_model, prefill_chunk=128).rows
-    assert [rows.chunk_end(start, 10_000) for start in (0, 100, 128, 150, 208, 272)] == [128, 128, 208, 208, 272, 336]
-    assert (rows.chunk_cost(0, 128), rows.chunk_cost(128, 208), rows.chunk_cost(128, 168), rows.chunk_cost(208, 216)) == (
+    assert [rows.chunks.end(start, 10_000) for start in (0, 100, 128, 150, 208, 272)] == [128, 128, 208, 208, 272, 336]
+    assert (rows.chunks.cost(0, 128), rows.chunks.cost(128, 208), rows.chunks.cost(128, 168), rows.chunks.cost(208, 216)) == (
         128, 128, 64, 16)
     engine = Engine(Verifier(tiny_model, prefill_chunk=128), {"none": create_drafter("none")}, ToyTokenizer(), (), 256,
                     max_batch=2, token_budget=128)
@@ -307,8 +306,8 @@ def test_a_prefill_pass_on_cpu_takes_at_most_pass_work(tiny_model, monkeypatch):
     per_token = 2 * 36864  # the tiny model's two layers' projections
     for work, chunk, widest in ((100 * per_token, 512, 96), (10 * per_token, 512, 64), (10 * per_token, 48, 48),
                                 (1000 * per_token, 512, 512)):
-        monkeypatch.setattr(rowmodel, "PASS_WORK", work)
-        assert RowModel(tiny_model, prefill_chunk=chunk).widest_pass == widest
+        monkeypatch.setattr(chunks, "PASS_WORK", work)
+        assert RowModel(tiny_model, prefill_chunk=chunk).chunks.widest == widest
 
 
 def test_the_steps_chosen_drafts_count_in_its_token_budget(tiny_model):

@@ -11,9 +11,8 @@ from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
 from specdraft.sampling import inverse_cdf
-from specdraft.verifier import acceptance
 from specdraft.verifier import verifier as verifier_module
-from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer
+from tests.helpers.tiny import TINY_VOCAB, ScriptedDrafter, ToyTokenizer
 
 pytestmark = pytest.mark.slow
 PROMPT = [5, 17, 42, 9]
@@ -53,11 +52,11 @@ def test_engine_sampling_matches_target_marginal(tiny_model, exact):
 
 def test_negative_control_always_accepting_fails(tiny_model, exact, monkeypatch):
     _, second, marginal = exact
-    def accept_everything(p, draft, u, q=None, probabilistic=None):
-        accepted = (draft >= 0).sum(dim=1)  # every draft token "accepted"; then an honest bonus draw
-        at = accepted[:, None, None].expand(-1, 1, p.shape[-1])
-        bonus = inverse_cdf(p.gather(1, at).squeeze(1), u[:, :, 0].gather(1, accepted[:, None]).squeeze(1))
-        return acceptance._emit(draft, accepted, bonus), accepted
+    def accept_everything(p, following, u, row_of, starts, q=None, probabilistic=None):
+        accepted = torch.zeros_like(starts).index_add_(0, row_of, (following >= 0).long())  # every draft token
+        at = starts + accepted  # each row's last position: then an honest bonus draw
+        bonus = inverse_cdf(p[at], u[at, 0])
+        return torch.where(torch.arange(len(following)) < at[row_of], following, bonus[row_of]), accepted
 
     monkeypatch.setattr(verifier_module, "rejection_sample", accept_everything)
     assert tvd(sample_second_tokens(tiny_model, second), marginal) > 0.1

@@ -18,7 +18,7 @@ from specdraft.policy import DraftingTiming, StepReport, VerifyTiming
 from specdraft.runtime import calibration_key, kept_calibration
 from specdraft.settings import Settings
 from specdraft.verifier import Verifier
-from tests.conftest import ToyTokenizer, loaded, make_tiny_model
+from tests.helpers.tiny import ToyTokenizer, loaded, make_tiny_model
 
 
 def engine(model: torch.nn.Module, kept: KeptCalibration | None, **verifier) -> Engine:

@@ -20,7 +20,7 @@ from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.policy import DraftPolicy, StepReport, VerifyTiming
 from specdraft.verifier import Verifier
-from tests.conftest import TEST_DEVICE, TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
+from tests.helpers.tiny import TEST_DEVICE, TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 
 K = 5
 STATIC = StaticShapes(max_rows=1, max_context=256, kv_block=32, graphs=False)
@@ -56,8 +56,8 @@ class SlowFirstPasses(RowModel):
         self.calls: Counter[tuple[int, int]] = Counter()
         self.spent = 0.0  # simulated seconds in verify passes
 
-    def forward_pass(self, window, input_ids, logits_at=None, counts=None) -> Forwarded:
-        out = super().forward_pass(window, input_ids, logits_at, counts)
+    def forward_pass(self, window, input_ids, logits_at=None) -> Forwarded:
+        out = super().forward_pass(window, input_ids, logits_at)
         if logits_at is not None:  # a prefill chunk: not a verify pass, free here
             return out
         batch, width = np.shape(input_ids)

@@ -27,8 +27,8 @@ from specdraft.grammar import GrammarCompiler, GrammarError, mask_words, unpack
 from specdraft.params import ResponseFormat, SamplingParams, SpeculationParams
 from specdraft.sampling import distribution
 from specdraft.verifier import Verifier
-from specdraft.verifier.acceptance import rejection_sample
-from tests.conftest import GRAMMAR_EOS, TINY_VOCAB, GrammarTokens, ScriptedDrafter, ToyTokenizer, make_tiny_model, shallow_copy_of
+from tests.helpers.acceptance import padded_rejection_sample
+from tests.helpers.tiny import GRAMMAR_EOS, TINY_VOCAB, GrammarTokens, ScriptedDrafter, ToyTokenizer, make_tiny_model, shallow_copy_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "specdraft-copycat"))
 from specdraft_copycat import Copycat  # noqa: E402  (the example plugin: the four verbs only)
@@ -165,9 +165,9 @@ def test_an_illegal_draft_token_is_never_verified(pair, compiler, monkeypatch):
     verified: list[list[int]] = []
     step = engine.verifier.step
 
-    def spy(last_tokens, drafts):
-        verified.extend(d.token_ids.tolist() for d in drafts.values())
-        return step(last_tokens, drafts)
+    def spy(batch):
+        verified.extend(batch.draft(r).tolist() for r in range(len(batch)) if batch.counts[r])
+        return step(batch)
 
     monkeypatch.setattr(engine.verifier, "step", spy)
     for prompt in PROMPTS:
@@ -257,9 +257,9 @@ def _constrained_draws(compiler, probabilistic: bool):
     p = distribution(logits.masked_fill(~allowed, float("-inf")), params)
     u = torch.rand(N, 3, 3, generator=gen)
     if not probabilistic:
-        return rejection_sample(p, padded, u)
+        return padded_rejection_sample(p, padded, u)
     q = torch.stack([Q0, Q1]).float().expand(N, 2, TINY_VOCAB)
-    return rejection_sample(p, padded, u, q, torch.ones(N, dtype=torch.bool))
+    return padded_rejection_sample(p, padded, u, q, torch.ones(N, dtype=torch.bool))
 
 
 def _tvd(samples: torch.Tensor, dist: torch.Tensor) -> float:

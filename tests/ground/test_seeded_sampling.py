@@ -14,7 +14,7 @@ from specdraft.drafters.base import EMPTY_DRAFT, Draft
 from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.verifier import Verifier
-from tests.conftest import TINY_VOCAB, ToyTokenizer, make_tiny_model
+from tests.helpers.tiny import TINY_VOCAB, ToyTokenizer, make_tiny_model
 
 TARGET_PROMPT = [7, 3, 7, 3, 11, 42]
 TARGET = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, seed=1234)

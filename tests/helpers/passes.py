@@ -7,7 +7,7 @@ import numpy as np
 
 from specdraft.backend import RowModel
 from specdraft.backend.numba_layers import NumbaLayers
-from tests.conftest import TINY_VOCAB
+from tests.helpers.tiny import TINY_VOCAB
 
 
 def pass_logits(model, prompt, counts):

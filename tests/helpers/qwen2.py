@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.conftest import TINY_VOCAB
+from tests.helpers.tiny import TINY_VOCAB
 
 
 def make_tiny_qwen2(heads: int = 7, kv_heads: int = 1, head_dim: int = 64, seed: int = 0,

@@ -1,6 +1,7 @@
-"""No module under `tests/` imports a test module (`tests.test_*`, `tests.<room>.test_*`), at its top or
-inside a function: what tests share lives in `tests/helpers/` (helpers) or a conftest.py (fixtures), so
-a test module can be moved, split or deselected without breaking another."""
+"""No module under `tests/` imports a test module (`tests.test_*`, `tests.<room>.test_*`) or a conftest,
+at its top or inside a function: what tests share lives in `tests/helpers/` (helpers, imported) or a
+conftest.py (fixtures, which pytest hands out), so a test module can be moved, split or deselected
+without breaking another."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def imported_modules(tree: ast.AST, package: str = "tests") -> list[tuple[int, s
 
 
 def is_test_module(name: str) -> bool:
+    """A test module or a conftest (or a name inside one)."""
     parts = name.split(".")
-    return parts[0] == "tests" and any(part.startswith("test_") for part in parts[1:])
+    return parts[0] == "tests" and any(part.startswith("test_") or part == "conftest" for part in parts[1:])
 
 
 def offenders() -> list[str]:
@@ -59,7 +61,8 @@ def test_no_module_under_tests_imports_a_test_module():
     ("from tests.test_top import x\n", "tests", True),
     ("def f():\n    from tests.backend.test_qwen2 import make_tiny_qwen2\n", "tests.models", True),
     ("from .test_blocks import write_gguf\n", "tests.backend", True),
-    ("from tests.helpers.cli import run_cli\nfrom tests.conftest import loaded\n", "tests.runtime", False),
+    ("from tests.conftest import make_tiny_model\n", "tests.engine", True),
+    ("from tests.helpers.cli import run_cli\nfrom tests.helpers.tiny import loaded\n", "tests.runtime", False),
     ("from specdraft.drafters import create_drafter\nimport pytest\n", "tests.drafters", False),
     ("from . import cli\n", "tests.helpers", False),
 ])

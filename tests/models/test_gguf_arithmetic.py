@@ -19,7 +19,7 @@ from specdraft.backend import RowModel
 from specdraft.errors import BadModelFileError
 from specdraft.models.gguf_check import FAMILIES, ROPE_FREQS, UNIMPLEMENTED, check_gguf
 from specdraft.params import SamplingParams, SpeculationParams
-from tests.conftest import hf_greedy, make_tiny_model
+from tests.helpers.tiny import hf_greedy, make_tiny_model
 from tests.helpers.gguf_files import SMALL_HEADS, SMALL_WIDTH, write_model_gguf, write_small
 
 THETA, HEAD_DIM = 10000.0, 16  # make_tiny_model: hidden 64 over 4 heads

@@ -20,7 +20,7 @@ from specdraft.backend.native.gguf_file import dense_tensor, gguf_blocks, read_g
 from specdraft.models.gguf_cache import gguf_config_path
 from specdraft.models.gguf_check import check_gguf
 from specdraft.params import cache_dir
-from tests.conftest import make_tiny_model
+from tests.helpers.tiny import make_tiny_model
 from tests.helpers.qwen2 import make_tiny_qwen2
 
 gguf = pytest.importorskip("gguf")

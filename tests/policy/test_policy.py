@@ -13,7 +13,7 @@ from specdraft.policy import EXPLORE_EVERY, CostModel, DraftPolicy, RowPlan, Ste
 from specdraft.policy.costs import least_squares
 from specdraft.policy.report import CallTiming
 from specdraft.verifier import Verifier
-from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
+from tests.helpers.tiny import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 
 
 class FixedCosts(CostModel):

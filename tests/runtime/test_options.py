@@ -11,7 +11,7 @@ from specdraft.drafters.base import Draft
 from specdraft.engine import Engine
 from specdraft.params import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculationParams
 from specdraft.verifier import Verifier
-from tests.conftest import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
+from tests.helpers.tiny import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 from tests.helpers.cli import run_cli
 
 

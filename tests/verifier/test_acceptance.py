@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specdraft.sampling import inverse_cdf
-from specdraft.verifier.acceptance import PAD, greedy_accept, greedy_accept_host, rejection_sample
+from specdraft.verifier.acceptance import PAD
+from tests.helpers.acceptance import padded_greedy, padded_greedy_host, padded_rejection_sample
 
 V = 8
 
@@ -33,7 +34,7 @@ def logits_for(targets: list[list[int]]) -> torch.Tensor:
     ],
 )
 def test_greedy_table(draft, target, expected_tokens, expected_accepted):
-    tokens, accepted = greedy_accept(logits_for([target]), torch.tensor([draft], dtype=torch.long).reshape(1, -1))
+    tokens, accepted = padded_greedy(logits_for([target]), torch.tensor([draft], dtype=torch.long).reshape(1, -1))
     assert accepted.tolist() == [expected_accepted]
     row = tokens[0].tolist()
     assert row[: expected_accepted + 1] == expected_tokens
@@ -51,15 +52,15 @@ def test_greedy_on_the_host_is_the_same_rule():
         draft = np.where(rng.random((batch, k)) < 0.7, target[:, :k], rng.integers(0, V, (batch, k)))
         lengths = rng.integers(0, k + 1, batch)
         draft[np.arange(k)[None, :] >= lengths[:, None]] = PAD
-        tokens, accepted = greedy_accept(torch.from_numpy(logits), torch.from_numpy(draft))
-        host_tokens, host_accepted = greedy_accept_host(logits, draft)
+        tokens, accepted = padded_greedy(torch.from_numpy(logits), torch.from_numpy(draft))
+        host_tokens, host_accepted = padded_greedy_host(logits, draft)
         assert host_tokens.dtype == np.int64 and host_accepted.dtype == np.int64
         assert host_tokens.tolist() == tokens.tolist() and host_accepted.tolist() == accepted.tolist()
 
 
 def test_greedy_rows_are_independent():
     draft = torch.tensor([[1, 2], [3, PAD], [PAD, PAD]])
-    tokens, accepted = greedy_accept(logits_for([[1, 2, 5], [3, 4, 0], [6, 0, 0]]), draft)
+    tokens, accepted = padded_greedy(logits_for([[1, 2, 5], [3, 4, 0], [6, 0, 0]]), draft)
     assert accepted.tolist() == [2, 1, 0]
     assert tokens.tolist() == [[1, 2, 5], [3, 4, PAD], [6, PAD, PAD]]
 
@@ -110,8 +111,8 @@ def run_sampler(q_for_draft, q_given, draft_fixed, seed: int = 0, target: torch.
         draft = torch.tensor(draft_fixed).expand(N, K)
     u = torch.rand(N, K + 1, 3, generator=gen)
     if q_given is None:
-        return draft, rejection_sample(p, draft, u)
-    return draft, rejection_sample(p, draft, u, q_given.expand(N, K, V), torch.ones(N, dtype=torch.bool))
+        return draft, padded_rejection_sample(p, draft, u)
+    return draft, padded_rejection_sample(p, draft, u, q_given.expand(N, K, V), torch.ones(N, dtype=torch.bool))
 
 
 def emitted_at(tokens: torch.Tensor, accepted: torch.Tensor, position: int) -> torch.Tensor:
@@ -163,7 +164,7 @@ def test_token_with_zero_target_probability_is_never_emitted():
     draft = torch.full((N, K), 6)
     u = torch.rand(N, K + 1, 3, generator=gen)
     for q, probabilistic in ((None, None), (Q.expand(N, K, V), torch.ones(N, dtype=torch.bool))):
-        tokens, accepted = rejection_sample(p.expand(N, K + 1, V), draft, u, q, probabilistic)
+        tokens, accepted = padded_rejection_sample(p.expand(N, K + 1, V), draft, u, q, probabilistic)
         assert accepted.max().item() == 0
         assert not (tokens == 6).any()
 
@@ -171,7 +172,7 @@ def test_token_with_zero_target_probability_is_never_emitted():
 def test_empty_draft_samples_from_p():
     gen = torch.Generator().manual_seed(5)
     u = torch.rand(N, 1, 3, generator=gen)
-    tokens, accepted = rejection_sample(P[:1].expand(N, 1, V), torch.empty(N, 0, dtype=torch.long), u)
+    tokens, accepted = padded_rejection_sample(P[:1].expand(N, 1, V), torch.empty(N, 0, dtype=torch.long), u)
     assert accepted.max().item() == 0
     assert tvd(tokens[:, 0], P[0]) < 0.01
 
@@ -184,7 +185,7 @@ def test_deterministic_rows_emit_the_targets_own_draws_whatever_was_drafted():
     p = P_DET.expand(N, K + 1, V)
     plain = inverse_cdf(p, u[..., 0])  # [N, K + 1]
     for draft in ([1, 3, 5], [0, 0, 0], [1, PAD, PAD]):
-        tokens, accepted = rejection_sample(p, torch.tensor(draft).expand(N, K), u)
+        tokens, accepted = padded_rejection_sample(p, torch.tensor(draft).expand(N, K), u)
         emitted = accepted + 1
         for row in range(0, N, 997):
             assert tokens[row, : emitted[row]].tolist() == plain[row, : emitted[row]].tolist()
@@ -197,8 +198,8 @@ def test_mixed_rows_follow_their_own_rule():
     draft = torch.stack([torch.multinomial(Q[i], N, replacement=True, generator=gen) for i in range(K)], 1)
     p, q = P.expand(N, K + 1, V), Q.expand(N, K, V)
     probabilistic = torch.arange(N) % 2 == 0
-    mixed = rejection_sample(p, draft, u, q, probabilistic)
-    alone_q = rejection_sample(p, draft, u, q, torch.ones(N, dtype=torch.bool))
-    alone_det = rejection_sample(p, draft, u)
+    mixed = padded_rejection_sample(p, draft, u, q, probabilistic)
+    alone_q = padded_rejection_sample(p, draft, u, q, torch.ones(N, dtype=torch.bool))
+    alone_det = padded_rejection_sample(p, draft, u)
     for ours, alone, rows in ((mixed, alone_q, probabilistic), (mixed, alone_det, ~probabilistic)):
         assert torch.equal(ours[0][rows], alone[0][rows]) and torch.equal(ours[1][rows], alone[1][rows])

@@ -14,8 +14,8 @@ from specdraft.drafters import create_drafter
 from specdraft.drafters.base import Draft
 from specdraft.engine import Engine
 from specdraft.grammar import GrammarCompiler
-from specdraft.verifier import Verifier
-from tests.conftest import GRAMMAR_EOS, TINY_VOCAB, GrammarTokens, ScriptedDrafter, ToyTokenizer, loaded, oracle_script
+from specdraft.verifier import Batch, Verifier
+from tests.helpers.tiny import GRAMMAR_EOS, TINY_VOCAB, GrammarTokens, ScriptedDrafter, ToyTokenizer, loaded, oracle_script
 
 PROMPT = [5, 17, 42, 9, 9, 13]
 REPEATING = [33, 34, 35, 36] * 5
@@ -54,15 +54,15 @@ def test_verifier_logprobs_are_the_plain_forwards(tiny_model):
     verifier.add("r", SamplingParams(max_tokens=32, logprobs=3))
     verifier.add("quiet", SamplingParams(max_tokens=32))
     first = verifier.prefill("r", PROMPT, last=True)
-    assert verifier.prefill("quiet", [7, 8, 9], last=True).logprobs is None  # asked for none: gets none
-    tokens, entries = list(first.tokens), list(first.logprobs)
+    assert verifier.prefill("quiet", [7, 8, 9], last=True).logprobs[0] is None  # asked for none: gets none
+    tokens, entries = first.emitted(0), list(first.logprobs[0])
     for step in range(6):
         draft = Draft(np.array([(tokens[-1] * 7 + i) % TINY_VOCAB for i in range(step % 4)], dtype=np.int32))
-        results = verifier.step({"r": tokens[-1], "quiet": 1}, {"r": draft})
-        assert results["quiet"].logprobs is None
-        tokens += results["r"].tokens
-        entries += results["r"].logprobs
-        assert len(results["r"].logprobs) == len(results["r"].tokens)
+        verdict = verifier.step(Batch.of(["r", "quiet"], [tokens[-1], 1], [draft, None]))
+        assert verdict.logprobs[1] is None
+        tokens += verdict.emitted(0)
+        entries += verdict.logprobs[0]
+        assert len(verdict.logprobs[0]) == len(verdict.emitted(0))
     check(entries, tokens, reference(tiny_model, PROMPT, tokens), 3)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TEST_DEVICE, ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script
+from tests.helpers.tiny import TEST_DEVICE, ScriptedDrafter, ToyTokenizer, make_tiny_model, oracle_script
 
 assert TEST_DEVICE.type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest on CPU
 pytest.importorskip("triton")
