@@ -314,9 +314,13 @@ class RowModel:
         (batch x the most a row is fed) and the fed tokens' logits are picked out. Nothing is committed."""
         feeds = np.asarray(feeds, dtype=np.int64)
         batch, steps = len(feeds), int(feeds.max())
+        if (feeds == steps).all():  # every row fed alike: the flat layout is the padded one
+            out = self.forward_pass(window, np.asarray(tokens, dtype=np.int64).reshape(batch, steps),
+                                    logits_at=np.full(batch, steps - 1) if last else None)
+            return Forwarded(out.logits.reshape(-1, out.logits.shape[-1]), out.steady)
         real = np.flatnonzero(np.arange(steps)[None, :] < feeds[:, None])  # [N] into [batch * T]
         fed = np.flatnonzero(feeds)  # the rows fed
-        if not self.packs or len(real) == batch * steps:
+        if not self.packs:
             ids = np.zeros(batch * steps, dtype=np.int64)
             ids[real] = tokens
             if last:
