@@ -43,12 +43,19 @@ ARITHMETICS = ("float32", "int8")
 DECODE, CONTEXT, PREFILL, VERIFY_K, BATCH = 128, 128, 512, 5, 8
 
 
+def ids_in(verifier: Verifier) -> tuple[int, int]:
+    """The token ids the runs draw from: 1000 to 2000, or the upper half of a smaller vocabulary (the kind
+    files': `benchmarks.cpu.kind_files`)."""
+    high = min(2000, verifier.vocab_size)
+    return min(1000, high // 2), high
+
+
 def decode(verifier: Verifier, rng: np.random.Generator) -> float:
     """tg128: tokens per second of 128 plain steps from a one-token prompt."""
-    verifier.admit("decode", [int(rng.integers(1000, 2000))], SamplingParams())
+    verifier.admit("decode", [int(rng.integers(*ids_in(verifier)))], SamplingParams())
     start = time.perf_counter()
     for _ in range(DECODE):
-        verifier.step(Batch.of(["decode"], [int(rng.integers(1000, 2000))], [None]))
+        verifier.step(Batch.of(["decode"], [int(rng.integers(*ids_in(verifier)))], [None]))
     seconds = time.perf_counter() - start
     verifier.remove("decode")
     return DECODE / seconds
@@ -59,13 +66,13 @@ def step_times(verifier: Verifier, rng: np.random.Generator, rows: int, steps: d
     back to it after each step. steps: a name -> (the rows stepped, each row's draft length)."""
     ids = [f"row{r}" for r in range(rows)]
     for row in ids:
-        verifier.admit(row, rng.integers(1000, 2000, CONTEXT).tolist(), SamplingParams())
+        verifier.admit(row, rng.integers(*ids_in(verifier), CONTEXT).tolist(), SamplingParams())
     length = verifier.length(ids[0])
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(repeats + 1):
         for name, (stepped, k) in steps.items():
-            batch = Batch.of(ids[:stepped], rng.integers(1000, 2000, stepped).tolist(),
-                             [Draft(rng.integers(1000, 2000, k).astype(np.int32)) for _ in ids[:stepped]])
+            batch = Batch.of(ids[:stepped], rng.integers(*ids_in(verifier), stepped).tolist(),
+                             [Draft(rng.integers(*ids_in(verifier), k).astype(np.int32)) for _ in ids[:stepped]])
             start = time.perf_counter()
             verifier.step(batch)
             if i:  # the first round warms up
@@ -88,7 +95,7 @@ def step_ratios(verifier: Verifier, rng: np.random.Generator) -> dict:
 def prefill(verifier: Verifier, rng: np.random.Generator) -> float:
     """pp512: tokens per second of one 512-token prompt."""
     start = time.perf_counter()
-    verifier.admit("prefill", rng.integers(1000, 2000, PREFILL).tolist(), SamplingParams())
+    verifier.admit("prefill", rng.integers(*ids_in(verifier), PREFILL).tolist(), SamplingParams())
     seconds = time.perf_counter() - start
     verifier.remove("prefill")
     return PREFILL / seconds

@@ -32,7 +32,14 @@ from specdraft.backend.numba_layers import NO_RESIDUAL, project
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = [*range(1, 18), 33]  # pass widths compared bitwise
-SHAPES = {"Q4_1": (8960, 1536), "Q5_0": (4864, 896), "Q8_0": (8960, 1536), "Q4_K": (8960, 1536), "Q6_K": (1536, 8960)}
+SHAPES = {"Q4_0": (8960, 1536), "Q4_1": (8960, 1536), "Q5_0": (4864, 896), "Q5_1": (4864, 896), "Q8_0": (8960, 1536),
+          "Q4_K": (8960, 1536), "Q6_K": (1536, 8960)}
+
+
+def shared_kinds(old: Kernel) -> list[native.BlockKind]:
+    """The kinds both versions read: the table's that the old kernel states alike (a kind the change
+    adds has nothing to be compared with)."""
+    return [kind for kind in native.KINDS.values() if old.kind(kind.number) == (kind.name, kind.weights, kind.bytes)]
 
 
 def revision_source(revision: str, into: Path) -> Path:
@@ -59,7 +66,7 @@ def projection(kernel: Kernel, weights: np.ndarray, kind: int, x: np.ndarray, ar
 def bitwise(old: Kernel, new: Kernel) -> list[str]:
     """Every array the two kernels give apart (empty where all are equal)."""
     rng, differ = np.random.default_rng(1), []
-    for kind in native.KINDS.values():
+    for kind in shared_kinds(old):
         blocks = synthetic_blocks(rng, kind, 40, 512)
         tiles = {"old": old.tile(blocks, kind.number), "new": new.tile(blocks, kind.number)}
         if tiles["old"].tobytes() != tiles["new"].tobytes():
@@ -89,7 +96,7 @@ def call_ms(call, calls: int = 20) -> float:
 def timed(old: Kernel, new: Kernel, rounds: int) -> list[dict]:
     """Each kind, arithmetic and pass width: old and new interleaved, medians of `rounds`."""
     rng, cells = np.random.default_rng(0), []
-    for kind in native.KINDS.values():
+    for kind in shared_kinds(old):
         rows, width = SHAPES[kind.name]
         blocks = synthetic_blocks(rng, kind, rows, width)
         weights = {("int8", "old"): old.tile(blocks, kind.number), ("int8", "new"): new.tile(blocks, kind.number),
@@ -110,9 +117,10 @@ def timed(old: Kernel, new: Kernel, rounds: int) -> list[dict]:
     return cells
 
 
-def report(base: str, path: str, rounds: int, differ: dict[str, list[str]], cells: list[dict]) -> str:
+def report(base: str, path: str, rounds: int, differ: dict[str, list[str]], cells: list[dict], added: list[str]) -> str:
     lines = [f"# The kernel at {base} against the working tree's", "",
              f"{machine()}; `python -m benchmarks.cpu.kernel_ab --base {base} --path {path} --rounds {rounds}`.", "",
+             *([f"Kinds new in the working tree (nothing to compare them with): {', '.join(added)}.", ""] if added else []),
              "## Bitwise, every path", "", "| path | arrays apart |", "| --- | --- |"]
     lines += [f"| {p} | {', '.join(d) if d else 'none: tiles and both arithmetics equal at every width'} |"
               for p, d in differ.items()]
@@ -136,8 +144,10 @@ def main() -> None:
         builds = {p: (Kernel(build(p, old_source)), Kernel(build(p))) for p in PATHS}
         differ = {p: bitwise(*pair) for p, pair in builds.items()}
         cells = timed(*builds[path], args.rounds)
-    results = {"machine": machine(), "base": args.base, "path": path, "bitwise": differ, "times": cells}
-    write_results(args.out, args.name, results, report(args.base, path, args.rounds, differ, cells))
+        shared = {kind.name for kind in shared_kinds(builds[path][0])}
+    added = [kind.name for kind in native.KINDS.values() if kind.name not in shared]
+    results = {"machine": machine(), "base": args.base, "path": path, "bitwise": differ, "times": cells, "added": added}
+    write_results(args.out, args.name, results, report(args.base, path, args.rounds, differ, cells, added))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.cpu.kernel_ab import bitwise, report, revision_source
+from benchmarks.cpu.kernel_ab import bitwise, report, revision_source, shared_kinds
 from specdraft.backend import native
 
 pytestmark = pytest.mark.skipif(native.kernel_problem() is not None, reason="no block kernel here")
@@ -40,9 +40,26 @@ def test_a_kernel_against_itself_differs_nowhere_and_a_changed_one_is_named():
     assert not any("float32" in item for item in differ)  # the float32 arithmetic reads the blocks, not the tiles
 
 
+class _Older:
+    """A kernel from before a kind was added: it states no Q5_1."""
+
+    def __init__(self, kernel: native.Kernel) -> None:
+        self.kernel = kernel
+
+    def kind(self, number: int):
+        return None if number == native.Q5_1 else self.kernel.kind(number)
+
+
+def test_only_the_kinds_both_kernels_state_are_compared():
+    kernel = native.kernel()
+    assert [kind.name for kind in shared_kinds(kernel)] == [kind.name for kind in native.KINDS.values()]
+    assert "Q5_1" not in [kind.name for kind in shared_kinds(_Older(kernel))]
+
+
 def test_the_report_names_each_paths_result():
     text = report("abc123", "avx2", 3, {"native": [], "avx2": ["Q4_1 tiles"]},
                   [{"kind": "Q4_1", "shape": "8x32", "arithmetic": "int8", "tokens": 1, "old_ms": 1.0, "new_ms": 0.5,
-                    "ratio": 0.5}])
+                    "ratio": 0.5}], ["Q5_1"])
+    assert "Kinds new in the working tree (nothing to compare them with): Q5_1." in text
     assert "| native | none: tiles and both arithmetics equal at every width |" in text
     assert "| avx2 | Q4_1 tiles |" in text and "| Q4_1 | 8x32 | int8 | 1 | 1.000 | 0.500 | 0.50 |" in text

@@ -13,10 +13,9 @@ import gguf
 import numpy as np
 import torch
 
+from benchmarks.cpu.kind_files import byte_tokenizer
 from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of
-
-EOS = "<|endoftext|>"
 
 
 def random_blocks(rng, kind: int, rows: int, width: int) -> np.ndarray:
@@ -109,7 +108,7 @@ def write_model_gguf(model, path: Path, tensors: dict[str, np.ndarray] | None = 
     rope_freqs) and `keys` (after `{architecture}.`) set."""
     def describe(writer: gguf.GGUFWriter) -> None:
         _config(writer, model.config)
-        _tokenizer(writer, model.config.vocab_size)
+        byte_tokenizer(writer, model.config.vocab_size)
         for name, values in (tensors or {}).items():
             writer.add_tensor(name, values)
         for key, value in (keys or {}).items():
@@ -131,19 +130,6 @@ def _config(writer: gguf.GGUFWriter, config) -> None:
     writer.add_rope_dimension_count(family.head_dim)
     writer.add_layer_norm_rms_eps(family.norm_eps)
     writer.add_vocab_size(config.vocab_size)
-
-
-def _tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    characters = list(bytes_to_unicode().values())[: vocab_size - 2]
-    tokens = [*characters, characters[0] + characters[1], EOS]  # one merge, the first two characters
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.NORMAL] * (vocab_size - 1) + [gguf.TokenType.CONTROL])
-    writer.add_token_merges([f"{characters[0]} {characters[1]}"])
-    writer.add_eos_token_id(vocab_size - 1)
-    writer.add_bos_token_id(vocab_size - 1)
 
 
 def add_key(writer: gguf.GGUFWriter, key: str, value: object) -> None:

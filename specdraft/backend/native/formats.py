@@ -3,7 +3,7 @@
 block's weights and bytes, where its float16 fields lie, and its dequantisation by torch (the float32
 values the dense copy holds).
 
-Blocks of 32 weights (Q4_1, Q5_0, Q8_0) and the K kinds' super-blocks of 256 (Q4_K, Q6_K: sub-blocks
+Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the K kinds' super-blocks of 256 (Q4_K, Q6_K: sub-blocks
 with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
@@ -23,7 +23,8 @@ from typing import Callable
 
 import torch
 
-F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K = 0, 1, 2, 3, 4, 5  # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
+# kinds: float32 rows, and GGUF's block types (the kernel's numbers)
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1 = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ def _q4_1_values(b: torch.Tensor) -> torch.Tensor:
     return _half(b, 0) * q + _half(b, 2)
 
 
+def _q4_0_values(b: torch.Tensor) -> torch.Tensor:
+    """Q4_0: float16 d, then 16 bytes as Q4_1's: w = d * (q - 8) (exact)."""
+    return _half(b, 0) * (_nibbles(b[..., 2:]).float() - 8)
+
+
 def _q8_0_values(b: torch.Tensor) -> torch.Tensor:
     """Q8_0: float16 d, then 32 int8 q: w = q * d (exact)."""
     q = b[..., 2:].contiguous().view(torch.int8).float()  # [..., 32]
@@ -71,13 +77,22 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([packed & 15, packed >> 4], dim=-1)
 
 
-def _q5_0_values(b: torch.Tensor) -> torch.Tensor:
-    """Q5_0: float16 d, a 32-bit qh, 16 bytes qs: element j's low 4 bits in qs (as Q4_1's), its 5th bit
-    qh's bit j: w = d * (q - 16) (exact)."""
-    qh = b[..., 2:6].long()  # [..., 4] little-endian bytes of qh
+def _five_bits(b: torch.Tensor, qh_at: int) -> torch.Tensor:
+    """The 5-bit integers [..., 32] of Q5_0 and Q5_1: a 32-bit qh at `qh_at`, then 16 bytes qs: element
+    j's low 4 bits in qs (as Q4_1's), its 5th bit qh's bit j."""
+    qh = b[..., qh_at : qh_at + 4].long()  # [..., 4] little-endian bytes of qh
     bits = (qh[..., torch.arange(32) // 8] >> (torch.arange(32) % 8)) & 1  # [..., 32]: element j's 5th bit
-    q = _nibbles(b[..., 6:]).long() | (bits << 4)
-    return _half(b, 0) * (q - 16).float()
+    return _nibbles(b[..., qh_at + 4 :]).long() | (bits << 4)
+
+
+def _q5_0_values(b: torch.Tensor) -> torch.Tensor:
+    """Q5_0: float16 d, then `_five_bits` q: w = d * (q - 16) (exact)."""
+    return _half(b, 0) * (_five_bits(b, 2) - 16).float()
+
+
+def _q5_1_values(b: torch.Tensor) -> torch.Tensor:
+    """Q5_1: float16 d and m, then `_five_bits` q: w = d * q + m (the product exact, the sum one rounding)."""
+    return _half(b, 0) * _five_bits(b, 4).float() + _half(b, 2)
 
 
 def _q4_k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,9 +131,11 @@ def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
 
 
 KINDS = {
+    Q4_0: BlockKind(Q4_0, "Q4_0", weights=32, bytes=18, float16_at=(0,), values=_q4_0_values),
     Q4_1: BlockKind(Q4_1, "Q4_1", weights=32, bytes=20, float16_at=(0, 2), values=_q4_1_values),
     Q8_0: BlockKind(Q8_0, "Q8_0", weights=32, bytes=34, float16_at=(0,), values=_q8_0_values),
     Q5_0: BlockKind(Q5_0, "Q5_0", weights=32, bytes=22, float16_at=(0,), values=_q5_0_values),
+    Q5_1: BlockKind(Q5_1, "Q5_1", weights=32, bytes=24, float16_at=(0, 2), values=_q5_1_values),
     Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
     Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }

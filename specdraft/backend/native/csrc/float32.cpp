@@ -2,8 +2,9 @@
 // give bitwise the same sums whether they are read as float32 rows or as GGUF blocks, and whether
 // the pass has 1 token or 32:
 //   - a row's weights are float32 values: a float32 row as it is, a block's as formats.h's
-//     `Traits<KIND>::piece` gives them (Q4_1's d * q + m, Q8_0's d * q, Q5_0's d * (q - 16), Q4_K's
-//     (d * scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32): each product is exact in float32, so
+//     `Traits<KIND>::piece` gives them (Q4_1's and Q5_1's d * q + m, Q8_0's d * q, Q4_0's d * (q - 8),
+//     Q5_0's d * (q - 16), Q4_K's (d * scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32): each
+//     product is exact in float32, so
 //     the value is exact or the one rounding of the sum, the value a dequantised float32 copy holds);
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
 //     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
@@ -94,20 +95,45 @@ inline void block_values<Q8_0>(const uint8_t* p, int, Lanes v[4]) {
     for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen_i8(p + 2 + 8 * i)));
 }
 
-// Q5_0: Q4_1's nibbles (at 6), and element j's 5th bit qh's bit j (qh at 2).
+// Q4_0: Q4_1's nibbles (at 2), less 8.
 template <>
-inline void block_values<Q5_0>(const uint8_t* p, int, Lanes v[4]) {
+inline void block_values<Q4_0>(const uint8_t* p, int, Lanes v[4]) {
     const __m256 d = half(p);
+    const __m256i a = widen_u8(p + 2), b = widen_u8(p + 10), eight = _mm256_set1_epi32(8);
+    const __m256i q[4] = {low_nibbles(a), low_nibbles(b), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)};
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[i], eight)));
+}
+
+// The integers of a 5-bit kind (Q5_0, Q5_1): Q4_1's nibbles (qs, just after qh), and element j's 5th
+// bit qh's bit j (qh at `qh_at`); q[i] holds elements 8i .. 8i + 7.
+inline void five_bit_lanes(const uint8_t* qh_at, __m256i q[4]) {
     uint32_t qh;
-    std::memcpy(&qh, p + 2, 4);
-    const __m256i a = widen_u8(p + 6), b = widen_u8(p + 14), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    std::memcpy(&qh, qh_at, 4);
+    const __m256i a = widen_u8(qh_at + 4), b = widen_u8(qh_at + 12), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i nibbles[4] = {low_nibbles(a), low_nibbles(b), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)};
     for (int i = 0; i < 4; ++i) {
         const __m256i bit = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int32_t(qh >> (8 * i))), lane),
                                              _mm256_set1_epi32(1));
-        const __m256i q = _mm256_or_si256(nibbles[i], _mm256_slli_epi32(bit, 4));
-        v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))));
+        q[i] = _mm256_or_si256(nibbles[i], _mm256_slli_epi32(bit, 4));
     }
+}
+
+// Q5_0: qh at 2, less 16.
+template <>
+inline void block_values<Q5_0>(const uint8_t* p, int, Lanes v[4]) {
+    const __m256 d = half(p);
+    __m256i q[4];
+    five_bit_lanes(p + 2, q);
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[i], _mm256_set1_epi32(16))));
+}
+
+// Q5_1: d and m as Q4_1's, qh at 4: d * q + m.
+template <>
+inline void block_values<Q5_1>(const uint8_t* p, int, Lanes v[4]) {
+    const __m256 d = half(p), m = half(p + 2);
+    __m256i q[4];
+    five_bit_lanes(p + 4, q);
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q[i]), m);
 }
 
 // Q4_K's sub-block `sub`: its 32 nibbles at 16 + 32 (sub / 2), low for even sub, high for odd.

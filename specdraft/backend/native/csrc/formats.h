@@ -18,7 +18,7 @@
 
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5 };  // as `native.formats` numbers them
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7 };  // as `native.formats` numbers them
 constexpr int64_t kBlock = 32;     // weights the arithmetics read together: a block, or a K kind's sub-block (a piece)
 constexpr int64_t kSuper = 256;    // weights in a K kind's block (its super-block)
 
@@ -60,22 +60,41 @@ inline void q4_1_piece(const uint8_t* p, float* o) {
     }
 }
 
+// Q4_0 (18 bytes): float16 d at 0, qs at 2 as Q4_1's: w = d * (q - 8) (exact).
+inline void q4_0_piece(const uint8_t* p, float* o) {
+    const float d = half_to_float(load_u16(p));
+    for (int j = 0; j < 16; ++j) {
+        o[j] = d * float((p[2 + j] & 15) - 8);
+        o[j + 16] = d * float((p[2 + j] >> 4) - 8);
+    }
+}
+
 // Q8_0 (34 bytes): float16 d at 0, 32 int8 q at 2: w = d * q (exact).
 inline void q8_0_piece(const uint8_t* p, float* o) {
     const float d = half_to_float(load_u16(p));
     for (int j = 0; j < 32; ++j) o[j] = d * float(int8_t(p[2 + j]));
 }
 
-// Q5_0 (22 bytes): float16 d at 0, qh (32 bits, little-endian) at 2, qs at 6: element j's low 4 bits as
-// Q4_1's (byte 6 + j % 16), its 5th bit qh's bit j: w = d * (q - 16) (exact).
+// Element j of a 5-bit kind's block: qh (32 bits, little-endian) at `qh`, then qs: its low 4 bits as
+// Q4_1's (qs byte j % 16), its 5th bit qh's bit j.
+inline int five_bits(const uint8_t* qh_at, int j) {
+    uint32_t qh;
+    std::memcpy(&qh, qh_at, 4);
+    const uint8_t* qs = qh_at + 4;
+    return (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4) | int((qh >> j) & 1) << 4;
+}
+
+// Q5_0 (22 bytes): float16 d at 0, qh at 2, qs at 6 (`five_bits`): w = d * (q - 16) (exact).
 inline void q5_0_piece(const uint8_t* p, float* o) {
     const float d = half_to_float(load_u16(p));
-    uint32_t qh;
-    std::memcpy(&qh, p + 2, 4);
-    for (int j = 0; j < 32; ++j) {
-        const int q = (j < 16 ? p[6 + j] & 15 : p[6 + j - 16] >> 4) | int((qh >> j) & 1) << 4;
-        o[j] = d * float(q - 16);
-    }
+    for (int j = 0; j < 32; ++j) o[j] = d * float(five_bits(p + 2, j) - 16);
+}
+
+// Q5_1 (24 bytes): float16 d at 0, m at 2, qh at 4, qs at 8 (`five_bits`): w = d * q + m (the product
+// exact, one rounding).
+inline void q5_1_piece(const uint8_t* p, float* o) {
+    const float d = half_to_float(load_u16(p)), m = half_to_float(load_u16(p + 2));
+    for (int j = 0; j < 32; ++j) o[j] = std::fmaf(d, float(five_bits(p + 4, j)), m);
 }
 
 // Q4_K's sub-block j (0..7) scale and min, 6 bits each, from its 12 bytes s (llama.cpp's
@@ -163,6 +182,18 @@ struct Traits<Q5_0> : Facts<kBlock, 22, 5, 1, 6, 16> {
 };
 
 template <>
+struct Traits<Q4_0> : Facts<kBlock, 18, 4, 1, 2, 8, false> {
+    static constexpr const char* name = "Q4_0";
+    static void piece(const uint8_t* p, int, float* o) { q4_0_piece(p, o); }
+};
+
+template <>
+struct Traits<Q5_1> : Facts<kBlock, 24, 5, 2, 8> {
+    static constexpr const char* name = "Q5_1";
+    static void piece(const uint8_t* p, int, float* o) { q5_1_piece(p, o); }
+};
+
+template <>
 struct Traits<Q4_K> : Facts<kSuper, 144, 4, 2> {
     static constexpr const char* name = "Q4_K";
     static void piece(const uint8_t* p, int sub, float* o) { q4_k_piece(p, sub, o); }
@@ -176,7 +207,7 @@ struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
 
 template <int64_t... K>
 struct KindList {};
-using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K>;  // every kind with an entry above
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1>;  // every kind with an entry above
 
 template <int64_t KIND>
 using KindOf = std::integral_constant<int64_t, KIND>;

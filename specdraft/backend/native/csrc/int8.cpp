@@ -5,13 +5,13 @@
 // block against a token's block is then an integer sum i = sum_j wq_j * q_j, exact in every path,
 // and the row's sum for the token is, block after block in order,
 //   acc = fma(dw * d, float(i), acc)      (i is below 2^24 in magnitude: exact as a float)
-//   acc = fma(mw, s, acc)                 (Q4_1's offset: mw * sum_j x_j ~ mw * d * sum_j q_j)
+//   acc = fma(mw, s, acc)                 (Q4_1's and Q5_1's m: mw * sum_j x_j ~ mw * d * sum_j q_j)
 // from acc = 0, then y = acc + bias (+ residual) as `Out::put` adds them. The paths differ only in
 // how they reach each i (VNNI's `vpdpbusd`, AVX2's `vpmaddubsw` + `vpmaddwd`, or portable loops);
 // every float operation is the one above, per row and token, so every path and pass width gives
 // bitwise the same sums.
 //
-// (Q5_0's i = sum_j (q_j - 16) x_j: its w is q - 16.) A K kind's tokens are quantised per super-block
+// (Q4_0's i = sum_j (q_j - 8) x_j, Q5_0's sum_j (q_j - 16) x_j: their w is q less the offset.) A K kind's tokens are quantised per super-block
 // of 256 instead (one d over the 256, each 32 of it quantised with that d as above: `quantize_super`),
 // and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K per super-block
 //   i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)        (s: 8 sub-blocks of 32)
@@ -24,9 +24,9 @@
 // The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
 // same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
 // of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
-//   d[R] float16 (Q4_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
-//   r's element 4G + e of a group G of 4 elements: Q4_1 4 vectors, vector v holding group v in its
-//   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128; Q5_0
+//   d[R] float16 (Q4_1, Q5_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
+//   r's element 4G + e of a group G of 4 elements: Q4_1 (Q4_0) 4 vectors, vector v holding group v in its
+//   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128; Q5_0 (Q5_1)
 //   Q4_1's 4 vectors of its q's low 4 bits, then a fifth whose byte 4r + e holds in bit G the 5th bit
 //   of element 4G + e; Q4_K and Q6_K (a block a super-block of 256) as their
 //   `tile_pieces` say (int8_k.cpp): their bytes in 4-byte groups, vectors of 4R bytes likewise.
@@ -48,7 +48,7 @@
 namespace {
 
 // Row r's (0..7) integer weight j (0..31) of a half tile's block of KIND (`at` bytes on from block 0):
-// Q4_1's 0..15, Q8_0's -128..127, Q5_0's q - 16 (the tile's byte less the kind's offset).
+// Q4_1's 0..15, Q8_0's -128..127, Q4_0's q - 8, Q5_0's q - 16 (the tile's byte less the kind's offset).
 template <int64_t KIND>
 inline int32_t tile_weight(const Half& half, int64_t at, int r, int j) {
     using K = Traits<KIND>;
@@ -409,7 +409,7 @@ void tile_block(const HalfOf<uint8_t>& half, int64_t at, int r, const uint8_t* b
     for (int G = 0; G < 4; ++G) std::memcpy(q + half.vector * G + 4 * r, block + K::qs + 4 * G, 4);
     if constexpr (K::bits == 5) {  // the 5th bit of element 4G + e, qh's bit 4G + e, to bit G of the fifth vector's byte 4r + e
         uint32_t qh;
-        std::memcpy(&qh, block + 2, 4);
+        std::memcpy(&qh, block + K::qs - 4, 4);  // qh just before qs
         for (int e = 0; e < 4; ++e) {
             uint32_t fifth = 0;
             for (int G = 0; G < 8; ++G) fifth |= ((qh >> (4 * G + e)) & 1u) << G;
