@@ -215,6 +215,9 @@ def add_models_command(sub) -> None:
     models.add_argument("--verify", action="store_true",
                         help="hash every model that is here (fetched or installed) against the catalogue first")
     models.add_argument("--json", action="store_true", help="print a JSON array, one object a model")
+    models.add_argument("files", nargs="*", type=Path, metavar="FILE.gguf",
+                        help="instead of the list: say for each local GGUF whether it loads here, which of its "
+                             "weights run natively (read as its own blocks) and, for the rest, why not")
 
 
 def _drafter_list(value: str) -> list[str]:
@@ -417,6 +420,10 @@ def _models(args: argparse.Namespace) -> int:
     `--fetch` fetches the named ones first."""
     from specdraft.models import find
 
+    if args.files:
+        from specdraft.models.verdict import print_verdicts
+
+        return print_verdicts(args.files)
     if args.force and not args.fetch:
         raise ValueError("--force fetches again the models --fetch names; name them")
     for model in [find.entry(name) for name in args.fetch]:  # every name checked before any fetch

@@ -1,0 +1,84 @@
+"""What a local GGUF file gets here (`specdraft models FILE.gguf`): whether it loads at all (the check every
+load makes first, `gguf_check.check_gguf`, whose first problem is the answer where it fails), which of its
+weights the block kernel reads as the file's own blocks (the kinds of `native.KINDS`) and which load as
+float32 copies and why, and whether native weights run on this machine (`plan.native_problem`). It reads
+the file's header and tensor infos only."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from specdraft.backend import native
+from specdraft.backend.family import ROPE_FREQS
+from specdraft.backend.native.layout import TensorInfo
+from specdraft.errors import BadModelFileError
+from specdraft.models.gguf_check import check_gguf
+from specdraft.models.plan import native_problem
+
+NATIVE_NAMES = tuple(kind.name for kind in native.KINDS.values())
+
+
+def weights_of(tensors: tuple[TensorInfo, ...]) -> list[TensorInfo]:
+    """The tensors a linear layer or the embedding holds (what native weights may read): not norms,
+    biases or Llama 3's rotary factors."""
+    return [t for t in tensors if t.name.endswith(".weight") and "norm" not in t.name and t.name != ROPE_FREQS]
+
+
+def _census(weights: list[TensorInfo]) -> str:
+    """'n in KIND (MB), ...' by kind, the most bytes first."""
+    count, size = Counter(t.kind.name for t in weights), Counter()
+    for t in weights:
+        block, block_bytes = GGML_QUANT_SIZES[t.kind]
+        elements = 1
+        for dim in t.shape:
+            elements *= dim
+        size[t.kind.name] += elements // block * block_bytes
+    return ", ".join(f"{count[name]} in {name} ({size[name] / 1e6:.{0 if size[name] >= 1e7 else 1}f} MB)"
+                     for name, _ in size.most_common())
+
+
+def _why_dense(kinds: set[str]) -> str:
+    floats = kinds & {GGMLQuantizationType.F32.name}
+    others = sorted(kinds - floats)
+    why = [f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not a kind the kernel reads "
+           f"(it reads {', '.join(NATIVE_NAMES)})"] if others else []
+    return "; ".join(why + (["F32 is float32 already"] if floats else []))
+
+
+def print_verdicts(files: list[Path]) -> int:
+    """`specdraft models FILE.gguf ...`: each file's lines (`describe`), every path checked to be a file first."""
+    for path in files:
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file: give the path of a .gguf model file")
+    for path in files:
+        print("\n".join(describe(path)))
+    return 0
+
+
+def describe(path: Path) -> list[str]:
+    """Lines saying whether `path` loads here and how its weights run (the module docstring)."""
+    try:
+        layout = check_gguf(path)
+    except BadModelFileError as exc:
+        return [f"{path}: does not load: {exc.problem}"]
+    weights = weights_of(layout.tensors)
+    blocks = [t for t in weights if t.kind.name in NATIVE_NAMES]
+    dense = [t for t in weights if t.kind.name not in NATIVE_NAMES]
+    lines = [f"{path}: {layout.architecture}, {len(weights)} weight tensors"]
+    if blocks:
+        lines.append(f"  read as the file's blocks: {_census(blocks)}")
+    if dense:
+        lines.append(f"  loaded as float32 copies: {_census(dense)}: {_why_dense({t.kind.name for t in dense})}")
+    problem = native_problem(path, torch.device("cpu"), torch.float32)
+    if problem is not None:
+        lines.append(f"  natively: no, not on this machine: {problem}")
+    elif not blocks:
+        lines.append("  natively: no: none of its weights is in a kind the kernel reads")
+    else:
+        lines.append("  natively: yes" if not dense else
+                     "  natively: partly: the float32 copies above run dense (more memory a token, slower)")
+    return lines
