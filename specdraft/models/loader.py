@@ -15,6 +15,7 @@ frequencies (`_use_rope_freqs`). An int8 copy of a loaded model (`int8_copy`) is
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from pathlib import Path
 
@@ -32,6 +33,9 @@ from specdraft.models.gguf_cache import cache_gguf_config, convert_gguf, gguf_to
 from specdraft.models.gguf_check import ROPE_FREQS, check_gguf
 from specdraft.models.loaded import LoadedModel, model_device
 from specdraft.models.plan import Loading, plan_load
+from specdraft.models.verdict import dense_note
+
+log = logging.getLogger("specdraft")
 
 
 def _offline() -> bool:
@@ -120,6 +124,9 @@ def load(loading: Loading) -> LoadedModel:
 
     hf_logging.disable_progress_bar()
     native = loading.weights == "native"
+    note = dense_note(gguf, layout) if native else None
+    if note is not None:  # said before anything is read or compiled
+        log.warning(note)
     built = _native_from_gguf(gguf, layout) if native else None
     source = gguf if built is not None else convert_gguf(gguf) if gguf is not None else loading.source
     tokenizer, model = built or _dense_from_pretrained(loading.source, source, loading.dtype)

@@ -14,7 +14,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from specdraft.backend import native
 from specdraft.backend.family import ROPE_FREQS
-from specdraft.backend.native.layout import TensorInfo
+from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.errors import BadModelFileError
 from specdraft.models.gguf_check import check_gguf
 from specdraft.models.plan import native_problem
@@ -47,6 +47,16 @@ def _why_dense(kinds: set[str]) -> str:
     why = [f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not a kind the kernel reads "
            f"(it reads {', '.join(NATIVE_NAMES)})"] if others else []
     return "; ".join(why + (["F32 is float32 already"] if floats else []))
+
+
+def dense_note(path: Path, layout: GgufLayout) -> str | None:
+    """The one line a native load says where some of a file's weights load as float32 copies (None: none
+    do): how many, in which kinds, why, and what the kernel reads."""
+    dense = [t for t in weights_of(layout.tensors) if t.kind.name not in NATIVE_NAMES]
+    if not dense:
+        return None
+    return (f"{path.name}: {len(dense)} weights load as float32 copies, not native blocks: {_census(dense)}: "
+            f"{_why_dense({t.kind.name for t in dense})}")
 
 
 def print_verdicts(files: list[Path]) -> int:

@@ -44,3 +44,17 @@ def test_weights_in_other_kinds_are_named_with_why_and_what_is_read(files, capsy
 def test_a_path_that_is_no_file_is_one_line_and_nonzero(tmp_path, capsys):
     assert cli.main(["models", str(tmp_path / "missing.gguf")]) != 0
     assert f"{tmp_path / 'missing.gguf'} is not a file: give the path of a .gguf model file" in capsys.readouterr().err
+
+
+def test_a_native_load_says_in_one_line_which_weights_load_as_float32_copies(files, caplog):
+    from specdraft.models import load_model
+
+    with caplog.at_level("WARNING", logger="specdraft"):
+        load_model(str(files["F16"]), device="cpu", dtype="float32", weights="native")
+    notes = [r.getMessage() for r in caplog.records if "float32 copies" in r.getMessage()]
+    assert notes == [f"F16.gguf: 14 weights load as float32 copies, not native blocks: 14 in F16 (2.4 MB): F16 is not "
+                     f"a kind the kernel reads (it reads {', '.join(k.name for k in native.KINDS.values())})"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="specdraft"):
+        load_model(str(files["Q5_1"]), device="cpu", dtype="float32", weights="native")
+    assert not any("float32 copies" in r.getMessage() for r in caplog.records)
