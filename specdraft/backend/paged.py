@@ -119,6 +119,14 @@ class PagedKVCache(KVCache):
         self._tables[dst], self._tables[src] = self._tables[src], []
         self.lengths[dst], self.lengths[src] = self.lengths[src], 0
 
+    def truncate(self, slot: int, length: int) -> None:
+        """Roll the row back to its first `length` positions; the pages past them go back to the pool."""
+        super().truncate(slot, length)
+        table = self._tables[slot]
+        keep = -(-length // SPAN)
+        self._free.extend(reversed(table[keep:]))
+        del table[keep:]
+
     def swap_rows(self, a: int, b: int) -> None:
         self._tables[a], self._tables[b] = self._tables[b], self._tables[a]
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]

@@ -101,6 +101,18 @@ def test_a_long_row_beside_short_ones_costs_its_own_pages_and_gives_them_back():
         assert torch.equal(paged.read(slot, 0, 100), flat.read(slot, 0, 100))
 
 
+def test_a_row_rolled_back_gives_the_pages_past_its_length_back():
+    _, paged = both()
+    paged.push_row()
+    paged.write(0, 0, entries(5 * SPAN, 0))
+    assert paged.used_pages == 5
+    paged.truncate(0, 2 * SPAN + 1)  # three pages hold its first 2 SPAN + 1 positions
+    assert paged.used_pages == 3 and paged.lengths[0] == 2 * SPAN + 1
+    assert torch.equal(paged.read(0, 0, 2 * SPAN + 1), entries(5 * SPAN, 0)[..., : 2 * SPAN + 1, :])
+    paged.write(0, 2 * SPAN + 1, entries(SPAN, 1))  # grows again from the pool
+    assert paged.used_pages == 4
+
+
 def test_a_pass_points_spans_past_a_rows_pages_at_the_blank_page():
     """A short row in a pass beside a long one: its table's later spans are the blank page (zeros, never
     written), which the gathered read gives past its own pages."""
