@@ -123,6 +123,7 @@ class OwnForward:
         given `real`, [rows, vocab] at `ends`."""
         batch, steps = positions.shape
         assert real is None or logits_at is None, "a packed pass returns its tokens' logits, or at `ends`"
+        assert ends is None or real is not None, "`ends` index a packed pass's tokens"
         ids = input_ids.reshape(-1)  # [N]
         x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
         cos, sin = self.model.model.rotary_emb(x, positions)

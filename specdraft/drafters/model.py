@@ -301,6 +301,7 @@ class ModelDrafter:
             end = request.length if request_id in wanted else request.length - 1
             pieces.append(np.asarray(request.held(start, min(end, start + steps)), dtype=np.int64))
             feeds[b] = len(pieces[-1])
+        assert all(feeds[b] for b, r in enumerate(order) if r in wanted), "a drafting row feeds its first pass"
         logits = self.rows.packed_pass(window, np.concatenate(pieces), feeds, last=True).logits  # [rows fed, vocab]
         self.rows.commit(window, feeds)
         index = {order[b]: i for i, b in enumerate(np.flatnonzero(feeds))}  # each fed row's logits

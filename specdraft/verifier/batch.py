@@ -43,6 +43,9 @@ class Batch:
     @classmethod
     def of(cls, ids: Sequence[str], last_tokens: Sequence[int], drafts: Sequence[Draft | None]) -> Batch:
         """Rows `ids` with their last tokens and drafts (None or empty: the row takes one token)."""
+        if not len(ids) == len(last_tokens) == len(drafts):
+            raise ValueError(f"a batch needs a last token and a draft (or None) a row: {len(ids)} rows, "
+                             f"{len(last_tokens)} last tokens, {len(drafts)} drafts")
         counts = np.array([0 if d is None else len(d) for d in drafts], dtype=np.int64)
         parts = [np.array([t], dtype=np.int64) if d is None or not len(d)
                  else np.concatenate([[t], d.token_ids]).astype(np.int64) for t, d in zip(last_tokens, drafts)]

@@ -76,7 +76,7 @@ class Verifier:
     def store_prefix(self, row_id: str, salt: str | None, token_ids: Sequence[int]) -> None:
         """Store the row's committed entries for later rows with the same salt; token_ids: the row's
         tokens (its first min(committed, given) positions are stored: the last emitted token is never
-        committed, and a row whose grammar failed in a step committed tokens it never emitted)."""
+        committed)."""
         if self.prefixes is not None:
             length = self.rows.length(row_id)
             self.rows.store_prefix(row_id, self.prefixes, salt, token_ids[:length])
@@ -162,6 +162,7 @@ class Verifier:
         checks each, and fails the row of one the target cannot take)."""
         assert len(batch), "a pass needs a row"
         window = self.rows.active_window
+        assert window.start == 0, "the active rows fill the first slots"
         slots = np.array([self.rows.slot(row_id) for row_id in batch.ids], dtype=np.int64)
         assert slots[-1] < window.stop and (np.diff(slots) > 0).all(), "active rows, in the verifier's order"
         masks = self._masks(batch)
@@ -247,12 +248,15 @@ class Verifier:
         device = logits.device
         following = torch.as_tensor(batch.following, device=device)
         row_of, starts = (torch.as_tensor(a, device=device) for a in (batch.row_of, batch.offsets[:-1]))
-        tokens, accepted = greedy_accept(logits, following, row_of, starts)
-        if not greedy.all():
-            sampled, sampled_accepted = self._sample(batch, rows, logits, following, row_of, starts, first_position)
+        if greedy.all():
+            tokens, accepted = greedy_accept(logits, following, row_of, starts)
+        else:
+            tokens, accepted = self._sample(batch, rows, logits, following, row_of, starts, first_position)
+        if greedy.any() and not greedy.all():  # the greedy rows' own rule
+            greedy_tokens, greedy_accepted = greedy_accept(logits, following, row_of, starts)
             by_row = torch.as_tensor(greedy, device=device)
-            tokens = torch.where(by_row[row_of], tokens, sampled)
-            accepted = torch.where(by_row, accepted, sampled_accepted)
+            tokens = torch.where(by_row[row_of], greedy_tokens, tokens)
+            accepted = torch.where(by_row, greedy_accepted, accepted)
         parts = [tokens, accepted]  # int64 [N], [rows]
         if asking:
             spans = [np.arange(batch.offsets[r], batch.offsets[r + 1]) for r in asking]
@@ -290,11 +294,11 @@ class Verifier:
             q = torch.zeros_like(p)  # zeros at each row's last position: it tests no draft token
             for r in np.flatnonzero(with_q):
                 start = int(batch.offsets[r])
-                q[start : start + int(batch.counts[r])] = batch.probs[r].to(device=self.device, dtype=p.dtype)
-            probabilistic = torch.as_tensor(with_q[batch.row_of], device=self.device)
+                q[start : start + int(batch.counts[r])] = batch.probs[r].to(device=p.device, dtype=p.dtype)
+            probabilistic = torch.as_tensor(with_q[batch.row_of], device=p.device)
         # Each row's draws depend only on its seed and the positions they decide (never on the batch).
         seeds = np.array([row.seed for row in rows], dtype=np.uint64)[batch.row_of]  # [N]
         positions = first_position[batch.row_of] + np.arange(len(batch.tokens)) - batch.offsets[batch.row_of]  # [N]
         u = np.stack([keyed_uniforms(seeds, positions, s) for s in (SAMPLE, ACCEPT, RESIDUAL)], -1)  # [N, 3]
-        u = torch.as_tensor(u.astype(np.float32), device=self.device)
+        u = torch.as_tensor(u.astype(np.float32), device=p.device)
         return rejection_sample(p, following, u, row_of, starts, q, probabilistic)
