@@ -6,7 +6,8 @@ holds q and k rows in (`Family`).
 
 The families our forward runs are the rows of `FAMILIES`: Llama-architecture decoders (pre-norm
 RMS norms, rotary embedding, grouped-query attention, a SiLU-gated MLP) that differ only in what a
-`Family` holds; each row says what its config does not (where it keeps its biases, how llama.cpp
+`Family` holds (Qwen3's per-head q/k norms and a sliding window at the layers that have one among
+it); each row says what its config does not (where it keeps its biases, how llama.cpp
 writes its q and k). The row is chosen here, by the config's `model_type`, and nowhere else: the
 layers, kernels and loader take a `Family` and never read a family's name."""
 
@@ -23,7 +24,11 @@ class Family:
     (its cos/sin come from the model's own rotary module, which reads the same config); `norm_eps`:
     every RMS norm's epsilon; `gguf_interleaved_qk`: a GGUF holds each head's q and k rows with their
     rotary halves interleaved (llama.cpp's converter permutes them for Llama's rotary embedding, not
-    for Qwen2's, whose layout is transformers' own); `model_type`: the config's, for messages."""
+    for Qwen2's, whose layout is transformers' own); `qk_norm`: each head's q and k pass an RMS norm
+    over the head (a weight of `head_dim` per layer for q and one for k, the norms' epsilon) after their
+    projection, before the rotary embedding (Qwen3); `window`: the sliding window's tokens (a token
+    sees itself and the `window - 1` before it) at the layers `sliding` marks (by a layer's index;
+    None: full attention everywhere); `model_type`: the config's, for messages."""
 
     model_type: str
     heads: int
@@ -36,6 +41,13 @@ class Family:
     rope_theta: float
     norm_eps: float
     gguf_interleaved_qk: bool
+    qk_norm: bool = False
+    window: int | None = None
+    sliding: tuple[bool, ...] = ()
+
+    def slides(self, layer: int) -> bool:
+        """Whether the layer of this index attends over the sliding window only."""
+        return self.window is not None and self.sliding[layer]
 
     @property
     def group(self) -> int:
@@ -68,13 +80,15 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: a factor per pair of a head's dim
 class _Row:
     """What a family's config does not say: which projections add a bias (a config field's name that
     does, or a constant), whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`),
-    and what its GGUF files hold that the loader reads (`file`, which `models.gguf_check` holds a file to)."""
+    what its GGUF files hold that the loader reads (`file`, which `models.gguf_check` holds a file to),
+    and whether its heads' q and k are normed (`Family.qk_norm`)."""
 
     qkv: str | bool
     out: str | bool
     mlp: str | bool
     gguf_interleaved_qk: bool
     file: FileFamily
+    qk_norm: bool = False
 
     def read(self, config, which: str) -> bool:
         where = getattr(self, which)
@@ -89,9 +103,17 @@ FAMILIES = {
     # Llama 2/3.x, SmolLM2
     "llama": _Row(qkv="attention_bias", out="attention_bias", mlp="mlp_bias", gguf_interleaved_qk=True,
                   file=FileFamily(_TOP | {ROPE_FREQS}, _WEIGHTS, head_size_key="rope.dimension_count")),
+    # Mistral (a sliding window where its config has one; its GGUF files are llama.cpp's `llama`)
+    "mistral": _Row(qkv=False, out=False, mlp=False, gguf_interleaved_qk=True,
+                    file=FileFamily(_TOP, _WEIGHTS, head_size_key="rope.dimension_count")),
     # Qwen2, Qwen2.5 (-Coder)
     "qwen2": _Row(qkv=True, out=False, mlp=False, gguf_interleaved_qk=False,
                   file=FileFamily(_TOP, _WEIGHTS | {"attn_q.bias", "attn_k.bias", "attn_v.bias"}, head_size_key=None)),
+    # Qwen3 (dense): q/k norms, no biases unless its config asks; a head's size its own (128), which
+    # transformers' GGUF config does not read (`models.gguf_cache` sets it from attention.key_length)
+    "qwen3": _Row(qkv="attention_bias", out="attention_bias", mlp=False, gguf_interleaved_qk=False, qk_norm=True,
+                  file=FileFamily(_TOP, _WEIGHTS | {"attn_q_norm.weight", "attn_k_norm.weight"},
+                                  head_size_key="attention.key_length")),
 }
 
 
@@ -122,17 +144,29 @@ def attention_knee(config) -> float:
     return float("inf") if work is None else work / (2 * heads * head_dim)  # a key and a value a query head
 
 
+ATTENTION_KINDS = ("full_attention", "sliding_attention")  # the layer types (a config's `layer_types`) we run
+
+
+def _sliding(config) -> tuple[int | None, tuple[bool, ...]]:
+    """(the sliding window, whether each layer slides) of a config: its `layer_types` where it has
+    them (Qwen2 and Qwen3 with use_sliding_window, Gemma 3), else every layer where it gives a window
+    (Mistral); (None, ()) where no layer slides."""
+    window = getattr(config, "sliding_window", None)  # Qwen2, Qwen3: None unless use_sliding_window
+    types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * (
+        config.num_hidden_layers)
+    sliding = tuple(kind == "sliding_attention" for kind in types)
+    return (window, sliding) if window and any(sliding) else (None, ())
+
+
 def family_problem(config) -> str | None:
     """Why our forward does not run a model of this config (None: it does): a family not in
-    `FAMILIES`, or attention that is not full attention at every layer (a sliding window)."""
+    `FAMILIES`, or layers of attention other than full or over a sliding window."""
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         return f"{model_type!r} is not a family our forward runs ({', '.join(FAMILIES)})"
-    if getattr(config, "sliding_window", None) is not None:  # Qwen2: None unless use_sliding_window
-        return f"a sliding window of {config.sliding_window} tokens"
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        return f"layers of attention other than full: {sorted(kinds - {'full_attention'})}"
+    kinds = set(getattr(config, "layer_types", None) or ATTENTION_KINDS[:1])
+    if not kinds <= set(ATTENTION_KINDS):
+        return f"layers of attention other than full or sliding: {sorted(kinds - set(ATTENTION_KINDS))}"
     return None
 
 
@@ -143,7 +177,9 @@ def family_of(config) -> Family | None:
     row = FAMILIES[config.model_type]
     rope = getattr(config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    window, sliding = _sliding(config)
     return Family(config.model_type, *attention_shape(config), qkv_bias=row.read(config, "qkv"),
                   out_bias=row.read(config, "out"), mlp_bias=row.read(config, "mlp"),
                   tied_head=bool(getattr(config, "tie_word_embeddings", False)), rope_theta=float(theta),
-                  norm_eps=float(config.rms_norm_eps), gguf_interleaved_qk=row.gguf_interleaved_qk)
+                  norm_eps=float(config.rms_norm_eps), gguf_interleaved_qk=row.gguf_interleaved_qk,
+                  qk_norm=row.qk_norm, window=window, sliding=sliding)

@@ -1,5 +1,5 @@
 """Our own forward pass (`OwnForward`), for every family `family.FAMILIES` describes as data (Llama
-2/3.x, SmolLM2, Qwen2/2.5), over the transformers model's own modules and weights: embedding, rotary
+2/3.x, SmolLM2, Qwen2/2.5, Qwen3), over the transformers model's own modules and weights: embedding, rotary
 embedding, norms, projections and MLPs are called as they are; the layer loop, the KV writes and
 attention are ours.
 
@@ -39,8 +39,8 @@ KERNELS = ("auto", "triton", "torch")
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether `model` is a decoder this forward reproduces exactly: a family of `family.FAMILIES`
-    with full attention (no sliding window), the standard module layout, and biases where its
-    description says."""
+    with full attention (no sliding window), the standard module layout, and biases and q/k
+    norms where its description says."""
     family = family_of(model.config)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -52,6 +52,8 @@ def supports(model: torch.nn.Module) -> bool:
     parts.update({n: getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")})
     if any(m is None for m in parts.values()) or not all(
             hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")):
+        return False
+    if all(hasattr(attention, n) for n in ("q_norm", "k_norm")) != family.qk_norm:
         return False
     biased = {"q_proj": family.qkv_bias, "k_proj": family.qkv_bias, "v_proj": family.qkv_bias,
               "o_proj": family.out_bias, "gate_proj": family.mlp_bias, "up_proj": family.mlp_bias,
@@ -108,6 +110,16 @@ class OwnForward:
         """The longest pass the compiled layers run (0: none are; longer passes run the eager layers)."""
         return 0 if self.compiled is None else self.compiled.max_tokens
 
+    def _window_mask(self, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """`mask` [batch, 1, T, kv] where an entry also lies in the query's sliding window (its
+        position minus the entry's under the window: the query itself and the `window - 1` before
+        it); None where no layer slides."""
+        window = self.family.window
+        if window is None or mask is None:
+            return None
+        entries = torch.arange(mask.shape[-1], device=mask.device)
+        return mask & (positions[:, None, :, None] - entries < window)
+
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
                  logits_at: torch.Tensor | None = None, real: torch.Tensor | None = None,
                  ends: torch.Tensor | None = None) -> torch.Tensor:
@@ -134,7 +146,8 @@ class OwnForward:
             layers = self.compiled
         else:
             layers = self.eager
-        x = layers.stack(Pass(x, cos, sin, positions, mask, cache, real, batch, steps))
+        windowed = self._window_mask(positions, mask)
+        x = layers.stack(Pass(x, cos, sin, positions, mask, cache, real, batch, steps, windowed))
         if logits_at is not None:
             x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)
             return layers.head(x).view(batch, 1, -1)

@@ -71,14 +71,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 # outputs they are stored once, where inductor would otherwise recompute them inside every weight
 # row's reduction (several times slower at a few tokens). The callers keep only the first outputs.
 
-def _before_attention(x, cos, sin, norm, eps: float, qkv: tuple, head_dim: int, heads: int, kv_heads: int):
-    """x [N, hidden] -> q [N, heads * head_dim], k, v [N, kv_heads * head_dim] (q, k rotated), normed x."""
+def _before_attention(x, cos, sin, norm, eps: float, qkv: tuple, head_norms: tuple | None, head_dim: int, heads: int,
+                      kv_heads: int):
+    """x [N, hidden] -> q [N, heads * head_dim], k, v [N, kv_heads * head_dim] (q, k normed per head
+    where `head_norms` gives their weights, then rotated), normed x."""
     h = _rms_norm(x, norm, eps)
     n = x.shape[0]
     q, k, v = _linear(h, qkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q = _rotate(q.reshape(n, heads, head_dim), cos, sin).reshape(n, -1)
-    k = _rotate(k.reshape(n, kv_heads, head_dim), cos, sin).reshape(n, -1)
-    return q, k, v, h
+    q, k = q.reshape(n, heads, head_dim), k.reshape(n, kv_heads, head_dim)
+    if head_norms is not None:
+        q, k = _rms_norm(q, head_norms[0], eps), _rms_norm(k, head_norms[1], eps)
+    return _rotate(q, cos, sin).reshape(n, -1), _rotate(k, cos, sin).reshape(n, -1), v, h
 
 
 def _after_attention(x, attended, o: tuple, norm, eps: float, gate_up: tuple, down: tuple):
@@ -122,11 +125,12 @@ class InductorLayers:
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             self._layers.append((
-                (layer.input_layernorm.weight, eps, joined_projection([a.q_proj, a.k_proj, a.v_proj]), head_dim, heads,
-                 kv_heads),
+                (layer.input_layernorm.weight, eps, joined_projection([a.q_proj, a.k_proj, a.v_proj]),
+                 (a.q_norm.weight, a.k_norm.weight) if family.qk_norm else None, head_dim, heads, kv_heads),
                 (projection(a.o_proj), layer.post_attention_layernorm.weight, eps,
                  joined_projection([mlp.gate_proj, mlp.up_proj]), projection(mlp.down_proj))))
         self._head = (model.model.norm.weight, eps, projection(model.lm_head))
+        self._slides = [family.slides(layer.self_attn.layer_idx) for layer in layers]
         # One graph per token count (1 .. MAX_TOKENS), all compiled by `_warm_up`.
         self._eager = [_before_attention, _after_attention, _head, _between]
         self._compiled = [torch.compile(f, dynamic=False) for f in self._eager]
@@ -171,7 +175,7 @@ class InductorLayers:
         x, qkv = p.x, self.before_attention(0, p.x, cos, sin)  # then one call between attentions
         for i in range(len(self._layers)):
             q, k, v = (p.heads(y, n, head_dim, self.dtype) for y, n in zip(qkv, (heads, kv_heads, kv_heads)))
-            out = attend_by_sdpa(p, i, q, k, v, self.dtype, kv_heads != heads)
+            out = attend_by_sdpa(p, i, q, k, v, self.dtype, kv_heads != heads, self._slides[i])
             if i + 1 < len(self._layers):
                 x, *qkv = self.between(i, x, out, cos, sin)
             else:

@@ -27,7 +27,8 @@ class Pass:
     """One forward pass as the layers see it: x [N, hidden], the stream of the N tokens it computes
     (given `real`, their flat indices into the padded [batch, T] input; None: all of it); cos, sin
     [batch, T, head_dim], the rotary embedding; positions [batch, T]; mask [batch, 1, T, kv] bool,
-    True where a query may look; cache, a `KVCache` prepared for the pass."""
+    True where a query may look; cache, a `KVCache` prepared for the pass; window_mask: `mask` over a
+    sliding window only, for the layers that slide (None where none does)."""
 
     x: torch.Tensor
     cos: torch.Tensor
@@ -38,6 +39,11 @@ class Pass:
     real: torch.Tensor | None
     batch: int
     steps: int
+    window_mask: torch.Tensor | None = None
+
+    def mask_of(self, slides: bool) -> torch.Tensor:
+        """The mask a layer attends by: over its sliding window where it `slides`."""
+        return self.window_mask if slides else self.mask
 
     def flat(self, t: torch.Tensor) -> torch.Tensor:
         """[batch, T, ...] -> the computed tokens' rows [N, ...]."""
@@ -52,19 +58,21 @@ class Pass:
 
 
 def attend_by_sdpa(p: Pass, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
-           gqa: bool) -> torch.Tensor:
+                   gqa: bool, slides: bool) -> torch.Tensor:
     """Write the layer's new keys and values ([batch, kv_heads, T, head_dim]) into the cache, then
-    attention of q [batch, heads, T, head_dim] over the rows' entries by torch's SDPA: [N, heads *
-    head_dim]. (`numba_layers.attend` is the CPU step's, by spans.)"""
+    attention of q [batch, heads, T, head_dim] over the rows' entries (those of its sliding window
+    where it `slides`) by torch's SDPA: [N, heads * head_dim]. (`numba_layers.attend` is the CPU
+    step's, by spans.)"""
     keys, values = p.cache.update(k, v, layer)  # [batch, kv_heads, kv, head_dim]
-    out = F.scaled_dot_product_attention(q, keys.to(dtype), values.to(dtype), attn_mask=p.mask, enable_gqa=gqa)
+    out = F.scaled_dot_product_attention(q, keys.to(dtype), values.to(dtype), attn_mask=p.mask_of(slides),
+                                         enable_gqa=gqa)
     out = out.transpose(1, 2).reshape(p.batch * p.steps, -1)  # [batch * T, heads * head_dim]
     return out if p.real is None else out[p.real]
 
 
 class EagerLayers:
-    """The model's decoder layers and head as its own modules (their biases included), activations in
-    `dtype`; `family` gives the head counts and size."""
+    """The model's decoder layers and head as its own modules (their biases and q/k norms included),
+    activations in `dtype`; `family` gives the head counts and size."""
 
     max_tokens = None
 
@@ -72,6 +80,8 @@ class EagerLayers:
                  family: Family) -> None:
         self.model, self.layers, self.dtype = model, list(layers), dtype
         self.num_heads, self.num_kv_heads, self.head_dim = family.shape
+        self.qk_norm = family.qk_norm
+        self.slides = [family.slides(layer.self_attn.layer_idx) for layer in self.layers]
 
     def takes(self, tokens: int, width: int) -> bool:
         return True
@@ -84,8 +94,10 @@ class EagerLayers:
             q = p.heads(attention.q_proj(h), self.num_heads, self.head_dim, self.dtype)
             k = p.heads(attention.k_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
             v = p.heads(attention.v_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
+            if self.qk_norm:  # each head's own, before the rotary embedding
+                q, k = attention.q_norm(q).to(self.dtype), attention.k_norm(k).to(self.dtype)
             q, k = apply_rotary_pos_emb(q, k, p.cos, p.sin)  # [batch, heads, T, head_dim]
-            out = attend_by_sdpa(p, i, q, k, v, self.dtype, self.num_kv_heads != self.num_heads)
+            out = attend_by_sdpa(p, i, q, k, v, self.dtype, self.num_kv_heads != self.num_heads, self.slides[i])
             x = x + attention.o_proj(out).to(self.dtype)
             x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
         return x

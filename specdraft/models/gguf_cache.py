@@ -79,10 +79,10 @@ def cache_gguf_config(gguf: Path) -> Path:
     target = gguf_config_path(gguf)
     if (target / "config.json").is_file():
         return target
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
     def write(into: Path) -> None:
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = gguf_config(gguf)
         if hasattr(config, "quantization_config"):  # the weights load as float32; no GGUF quantizer
             del config.quantization_config
         config.save_pretrained(into)
@@ -91,6 +91,20 @@ def cache_gguf_config(gguf: Path) -> Path:
 
     print(f"Reading {gguf.name}'s config and tokenizer once into {target}", file=sys.stderr)
     return _write_once(target, write)
+
+
+def gguf_config(gguf: Path):
+    """A GGUF's config as transformers reads its metadata, with a head's size set from the file's
+    `attention.key_length` where the config has a field for it that transformers leaves at its
+    default (Qwen3's: 128 whatever the file says)."""
+    from gguf import GGUFReader
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    field = GGUFReader(str(gguf)).get_field(f"{config.model_type}.attention.key_length")
+    if field is not None and hasattr(config, "head_dim"):
+        config.head_dim = int(field.contents())
+    return config
 
 
 def convert_gguf(gguf: Path) -> Path:
@@ -108,7 +122,8 @@ def convert_gguf(gguf: Path) -> Path:
             AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
             bar.update()
             bar.set_postfix_str("weights")
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                         config=gguf_config(gguf))
             bar.update()
             bar.set_postfix_str("save")
             # The weights are dequantised already; drop the GGUF quantizer so the config reloads as plain fp32.

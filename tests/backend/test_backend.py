@@ -82,18 +82,18 @@ def test_a_packed_pass_computes_only_real_tokens_and_equals_the_stock_model(dtyp
 
 
 def test_stock_path_for_other_architectures_matches_too():
-    from transformers import MistralConfig, MistralForCausalLM
+    from transformers import GemmaConfig, GemmaForCausalLM
 
     torch.manual_seed(0)
-    config = MistralConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, sliding_window=None)
-    model = MistralForCausalLM(config).double().eval()
+    config = GemmaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    model = GemmaForCausalLM(config).double().eval()
     rows = RowModel(model, prefill_chunk=3)
     assert not rows.own_forward  # not a model our forward claims to reproduce
     ids = [5, 9, 33, 2, 71, 8, 8, 40]
     rows.add("r", active=True)
     torch.testing.assert_close(rows.prefill("r", ids), stock_logits(model, ids)[-1], rtol=0, atol=1e-10)
-    with pytest.raises(ValueError, match=r"needs a model of a family our forward runs \(llama, qwen2\), not 'mistral'"):
+    with pytest.raises(ValueError, match=r"needs a model of a family our forward runs \(llama, mistral, qwen2, qwen3\), not 'gemma'"):
         RowModel(model, layers=[0])
 
 

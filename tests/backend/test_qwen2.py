@@ -22,30 +22,24 @@ import numpy as np
 import pytest
 import torch
 
-from specdraft import LLM, SamplingParams, SpeculationParams
 from specdraft.backend import RowModel, forward
 from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of, family_problem
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS, NumbaLayers
-from tests.helpers.tiny import TINY_VOCAB, feed, hf_greedy, loaded, make_tiny_model, row_passes
-from tests.helpers.passes import pass_logits
+from tests.helpers.tiny import TINY_VOCAB, feed, hf_greedy, make_tiny_model, row_passes
+from tests.helpers.passes import PROMPTS, pass_logits, speculative_and_plain, stock_logits
 from tests.helpers.qwen2 import make_tiny_qwen2
 
 SHAPES = [(7, 1, 64), (6, 2, 128)]  # (heads, kv heads, head_dim): the 0.5B's 7 per kv head, the 1.5B's 6 of 128
 IDS = ["7x64", "6x128"]
 
 
-def stock_logits(model, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()  # [T, vocab]
-
-
 # -- the description ---------------------------------------------------------------------------------
 
 
 def test_each_config_gives_its_familys_description_and_other_models_are_refused_by_name():
-    from transformers import MistralConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, Qwen2Config
 
     qwen = family_of(make_tiny_qwen2(6, 2, 128).config)
     assert (qwen.model_type, qwen.shape, qwen.group) == ("qwen2", (6, 2, 128), 3)
@@ -55,10 +49,11 @@ def test_each_config_gives_its_familys_description_and_other_models_are_refused_
     assert (plain.model_type, plain.shape, plain.qkv_bias, plain.gguf_interleaved_qk) == ("llama", (4, 2, 16), False, True)
     biased = family_of(make_tiny_model(layers=1, attention_bias=True, mlp_bias=True).config)
     assert (biased.qkv_bias, biased.out_bias, biased.mlp_bias) == (True, True, True)
-    window = Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=16, max_window_layers=1)
-    assert family_of(window) is None and family_problem(window) == "a sliding window of 16 tokens"
-    assert family_problem(Qwen2Config(num_hidden_layers=2, sliding_window=16)) is None  # no window unless used
-    assert "'mistral' is not a family our forward runs (llama, qwen2)" in family_problem(MistralConfig(sliding_window=None))
+    window = family_of(Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=16, max_window_layers=1))
+    assert (window.window, window.sliding) == (16, (False, True))  # tests/backend/test_sliding_window.py
+    assert family_of(Qwen2Config(num_hidden_layers=2, sliding_window=16)).window is None  # no window unless used
+    assert "'gemma3_text' is not a family our forward runs (llama, mistral, qwen2, qwen3)" in family_problem(
+        Gemma3TextConfig(num_hidden_layers=1))
 
 
 def test_our_forward_takes_a_qwen2_only_where_its_modules_match_the_description():
@@ -130,19 +125,6 @@ def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise(heads, k
         logits, cache = feed(model, prompt, extra, len(prompt), widths)
         assert torch.equal(cache, reference[1]), f"keys/values differ: passes {widths}"
         assert torch.equal(logits, reference[0]), f"logits differ: passes {widths}"
-
-
-def speculative_and_plain(model, prompts: list[list[int]], max_tokens: int) -> tuple[list, list, int]:
-    """Greedy outputs through `LLM`: ngram (a fixed policy) and none; and the tokens ngram's drafts had accepted."""
-    llm = LLM(loaded(model), drafters=["none", "ngram"], k=4, max_batch=4, calibrate=False)
-    sampling = SamplingParams(max_tokens=max_tokens)
-    speculative = llm.generate(prompts, sampling, SpeculationParams("ngram", policy="fixed"))
-    plain = llm.generate(prompts, sampling, SpeculationParams("none"))
-    return ([c.token_ids for c in speculative], [c.token_ids for c in plain],
-            sum(c.metrics.accepted_tokens for c in speculative))
-
-
-PROMPTS = [[33, 34, 35, 36] * 5, [5, 17, 42, 9, 9, 13], list(range(1, 30))]
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)

@@ -75,6 +75,9 @@ def _write_norms(writer, model) -> None:
     norms = {"output_norm.weight": model.model.norm}
     for i, layer in enumerate(model.model.layers):
         norms |= {f"blk.{i}.attn_norm.weight": layer.input_layernorm, f"blk.{i}.ffn_norm.weight": layer.post_attention_layernorm}
+        if hasattr(layer.self_attn, "q_norm"):  # Qwen3's, as llama.cpp's converter writes them
+            norms |= {f"blk.{i}.attn_q_norm.weight": layer.self_attn.q_norm,
+                      f"blk.{i}.attn_k_norm.weight": layer.self_attn.k_norm}
     for name, norm in norms.items():
         writer.add_tensor(name, norm.weight.detach().float().numpy().copy())
 
@@ -128,6 +131,8 @@ def _config(writer: gguf.GGUFWriter, config) -> None:
     writer.add_head_count_kv(family.kv_heads)
     writer.add_rope_freq_base(family.rope_theta)
     writer.add_rope_dimension_count(family.head_dim)
+    writer.add_key_length(family.head_dim)
+    writer.add_value_length(family.head_dim)
     writer.add_layer_norm_rms_eps(family.norm_eps)
     writer.add_vocab_size(config.vocab_size)
 

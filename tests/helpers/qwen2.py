@@ -1,5 +1,6 @@
-"""A tiny random Qwen2 built in-process: the family's biases, explicit head size and untied output
-layer, at the tiny Llama's vocabulary."""
+"""Tiny random Qwen models built in-process, at the tiny Llama's vocabulary: a Qwen2 (the family's
+biases, explicit head size and untied output layer) and a Qwen3 (q/k norms, heads wider than
+hidden / heads)."""
 
 from __future__ import annotations
 
@@ -23,5 +24,25 @@ def make_tiny_qwen2(heads: int = 7, kv_heads: int = 1, head_dim: int = 64, seed:
         for layer in model.model.layers:
             for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 m.bias.normal_(0, 0.5)
+        model.lm_head.weight.mul_(sharpen)  # varied greedy continuations, not ties
+    return model
+
+
+def make_tiny_qwen3(heads: int = 4, kv_heads: int = 2, head_dim: int = 64, seed: int = 0,
+                    dtype: torch.dtype = torch.float32, layers: int = 2, sharpen: float = 40.0, **overrides):
+    """A random Qwen3 (hidden 128; heads of `head_dim`, wider than hidden / heads by default, as the
+    real ones are) with q/k norms of varied weights and an untied output layer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                         max_position_embeddings=512, tie_word_embeddings=False, rope_parameters={
+                             "rope_type": "default", "rope_theta": 1e6}, **overrides)
+    model = Qwen3ForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.normal_(1.0, 0.3)
+            layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
         model.lm_head.weight.mul_(sharpen)  # varied greedy continuations, not ties
     return model

@@ -185,7 +185,7 @@ def test_a_tensor_named_twice(tiny, tmp_path):
 
 
 def test_an_unknown_family(tmp_path):
-    refused(write_tiny(tmp_path / "gpt2.gguf", "gpt2"), "general.architecture is 'gpt2'", "llama, qwen2")
+    refused(write_tiny(tmp_path / "gpt2.gguf", "gpt2"), "general.architecture is 'gpt2'", "llama, mistral, qwen2, qwen3")
 
 
 def test_no_architecture(tiny, tmp_path):

@@ -1,5 +1,5 @@
 """Element math of a layer on its calling thread, as numba kernels over float32 rows: an exponential
-that vectorises (`exp`, the attention's and SiLU's), SiLU's gate, the RMS norm and the rotary
+that vectorises (`exp`, the attention's and SiLU's), SiLU's gate, the RMS norm (of a row, of each head) and the rotary
 embedding; and `SUM`, the one liberty every summing kernel here takes."""
 
 from __future__ import annotations
@@ -59,6 +59,21 @@ def rms_norm(x, weight, eps, out):  # pragma: no cover - compiled
         scale = np.float32(1.0) / np.sqrt(s / np.float32(width) + np.float32(eps))
         for i in range(width):
             out[t, i] = weight[i] * (x[t, i] * scale)
+
+
+@njit(fastmath=SUM, cache=True)
+def head_norm(y, start, heads, head_dim, weight, eps):  # pragma: no cover - compiled
+    """`rms_norm` of each head in place on y[:, start : start + heads * head_dim], weight [head_dim]
+    (Qwen3's q/k norms: the same arithmetic per head as a row's)."""
+    for t in range(y.shape[0]):
+        for head in range(heads):
+            o = start + head * head_dim
+            s = np.float32(0.0)
+            for i in range(head_dim):
+                s += y[t, o + i] * y[t, o + i]
+            scale = np.float32(1.0) / np.sqrt(s / np.float32(head_dim) + np.float32(eps))
+            for i in range(head_dim):
+                y[t, o + i] = weight[i] * (y[t, o + i] * scale)
 
 
 @njit(cache=True)

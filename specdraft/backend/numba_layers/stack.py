@@ -19,7 +19,7 @@ from specdraft.backend.paged import PagedKVCache
 from specdraft.backend.family import Family
 from specdraft.backend.layers import Pass
 from specdraft.backend.numba_layers.attention import attend, attention_kernel
-from specdraft.backend.numba_layers.elementwise import rms_norm, rotate, silu_gate
+from specdraft.backend.numba_layers.elementwise import head_norm, rms_norm, rotate, silu_gate
 from specdraft.backend.numba_layers.grouping import host_array, native_kernel, step_weights
 from specdraft.backend.numba_layers.huge_pages import on_huge_pages
 from specdraft.backend.numba_layers.projection import NO_KERNEL, NO_RESIDUAL, project
@@ -39,8 +39,10 @@ SHORT_PASS = 128
 
 
 @njit(cache=True)
-def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim, kernel):  # pragma: no cover
-    """x [N, hidden] -> the joined q/k/v rows [N, (heads + 2 kv_heads) * head_dim], q and k rotated.
+def _before_attention(x, cos, sin, norm, eps, qkv_weights, head_norms, heads, kv_heads, head_dim,
+                      kernel):  # pragma: no cover - compiled
+    """x [N, hidden] -> the joined q/k/v rows [N, (heads + 2 kv_heads) * head_dim], q and k normed per
+    head where `head_norms` (q's weight, k's: [head_dim] each, or empty) holds weights, then rotated.
     qkv_weights: two parts (`grouping._parts`), whose outputs lie side by side."""
     h = np.empty_like(x)
     rms_norm(x, norm, eps, h)
@@ -50,6 +52,10 @@ def _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head
     project(first, h, qkv[:, :split], NO_RESIDUAL, kernel)
     if second[2].shape[0]:
         project(second, h, qkv[:, split:], NO_RESIDUAL, kernel)
+    q_norm, k_norm = head_norms
+    if q_norm.shape[0]:
+        head_norm(qkv, 0, heads, head_dim, q_norm, eps)
+        head_norm(qkv, heads * head_dim, kv_heads, head_dim, k_norm, eps)
     rotate(qkv, 0, heads, head_dim, cos, sin)
     rotate(qkv, heads * head_dim, kv_heads, head_dim, cos, sin)
     return qkv
@@ -105,21 +111,29 @@ BLOCK_ROWS = 16  # rows a block of `_head_rows` holds (the int8 arithmetic's who
 
 
 @njit(cache=True)
-def _stack(x, cos, sin, rows, positions, visible, keys, values, table, before, after, eps, heads, kv_heads,
-           head_dim, kernel, attention, threads):  # pragma: no cover - compiled
+def _stack(x, cos, sin, rows, positions, visible, windowed, slides, keys, values, table, before, after, eps, heads,
+           kv_heads, head_dim, kernel, attention, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
-    before[i]: (norm, q/k/v weights); after[i]: `_after_attention`'s weights but the norm's eps;
-    eps: every norm's; kernel: `project`'s; attention, threads: `attend`'s kernel and threads. Returns
-    the stream after the last layer."""
+    before[i]: (norm, q/k/v weights, q/k head norms); after[i]: `_after_attention`'s weights but the norm's eps;
+    eps: every norm's; kernel: `project`'s; attention, threads: `attend`'s kernel and threads;
+    visible [N, kv]: the entries each token sees, `windowed` those of its sliding window, which layer
+    i attends over where slides[i]. Returns the stream after the last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
     for i in range(len(before)):
-        norm, qkv_weights = before[i]
-        qkv = _before_attention(x, cos, sin, norm, eps, qkv_weights, heads, kv_heads, head_dim, kernel)
-        attend(qkv, rows, positions, visible, keys[i], values[i], table, heads, kv_heads, head_dim, attended, attention,
-               threads)
+        norm, qkv_weights, head_norms = before[i]
+        qkv = _before_attention(x, cos, sin, norm, eps, qkv_weights, head_norms, heads, kv_heads, head_dim, kernel)
+        attend(qkv, rows, positions, windowed if slides[i] else visible, keys[i], values[i], table, heads, kv_heads,
+               head_dim, attended, attention, threads)
         out_weights, norm2, gate_up_weights, down_weights = after[i]
         x = _after_attention(x, attended, out_weights, norm2, eps, gate_up_weights, down_weights, kernel)
     return x
+
+
+def _head_norms(layer: torch.nn.Module, family: Family) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's q and k head norms' weights ([head_dim] each; empty where the family has none)."""
+    if not family.qk_norm:
+        return np.empty(0, np.float32), np.empty(0, np.float32)
+    return host_array(layer.self_attn.q_norm.weight), host_array(layer.self_attn.k_norm.weight)
 
 
 @njit(cache=True)
@@ -159,9 +173,10 @@ class NumbaLayers:
         before, after = [], []
         for i, layer in enumerate(layers):
             qkv, out, gate_up, down = weights[4 * i : 4 * i + 4]
-            before.append((host_array(layer.input_layernorm.weight), qkv))
+            before.append((host_array(layer.input_layernorm.weight), qkv, _head_norms(layer, family)))
             after.append((out, host_array(layer.post_attention_layernorm.weight), gate_up, down))
         self._before, self._after, self._eps = _as_list(tuple(before)), _as_list(tuple(after)), family.norm_eps
+        self._slides = np.array([family.slides(layer.self_attn.layer_idx) for layer in layers], np.bool_)
         self._head = (host_array(model.model.norm.weight), family.norm_eps, weights[-1], self._kernel)
         self._vocabulary = weights[-1][0].shape[0]  # the output layer's rows: the logits `head` computes
         self._kept: tuple[int, np.ndarray] | None = None  # `keep_vocabulary`'s rows, and its other blocks (`also_rows`)
@@ -216,9 +231,11 @@ class NumbaLayers:
         flat = torch.arange(p.batch * p.steps) if p.real is None else p.real  # [N] into [batch * T]
         x, cos, sin = p.x, p.flat(p.cos), p.flat(p.sin)
         rows, positions = flat // p.steps, p.positions.reshape(-1)[flat]
-        visible = p.mask[:, 0].reshape(p.batch * p.steps, -1)[flat]  # [N, kv]
+        visible, windowed = ((m[:, 0].reshape(p.batch * p.steps, -1)[flat] if m is not None else None)  # [N, kv]
+                             for m in (p.mask, p.window_mask))
         parts = [self._run(x[i : i + MAX_TOKENS], cos[i : i + MAX_TOKENS], sin[i : i + MAX_TOKENS],
-                           rows[i : i + MAX_TOKENS], positions[i : i + MAX_TOKENS], visible[i : i + MAX_TOKENS], p.cache)
+                           rows[i : i + MAX_TOKENS], positions[i : i + MAX_TOKENS], visible[i : i + MAX_TOKENS], p.cache,
+                           None if windowed is None else windowed[i : i + MAX_TOKENS])
                  for i in range(0, len(flat), MAX_TOKENS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -240,18 +257,21 @@ class NumbaLayers:
         return cache.derived(("numba",), typed)
 
     def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-             visible: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
+             visible: torch.Tensor, cache: PagedKVCache, windowed: torch.Tensor | None = None) -> torch.Tensor:
         """Every layer on the tokens x [N, hidden]: cos, sin [N, head_dim]; rows, positions [N] (each
         token's row in the cache's prepared window, its position); visible [N, kv] bool (which cache
-        entries each token sees). Writes the tokens' keys and values; returns the stream [N, hidden]."""
+        entries each token sees; `windowed`, those in its sliding window, for the layers that slide).
+        Writes the tokens' keys and values; returns the stream [N, hidden]."""
         assert isinstance(cache, PagedKVCache), "the step's attention reads a paged cache (`RowModel` makes one)"
         assert cache.dtype == torch.float32 and cache.num_layers == len(self._before)
         self.use_torch_threads()
         keys, values = self._cache(cache)
         with _named("specdraft::numba_stack"):
+            visible = host_array(visible)
+            windowed = visible if windowed is None else host_array(windowed)
             x = _stack(host_array(x), host_array(cos), host_array(sin), host_array(rows), host_array(positions),
-                       host_array(visible), keys, values, cache.table, self._before, self._after, self._eps,
-                       *self._shape, self._kernel, self.attention_address, numba.get_num_threads())
+                       visible, windowed, self._slides, keys, values, cache.table, self._before, self._after,
+                       self._eps, *self._shape, self._kernel, self.attention_address, numba.get_num_threads())
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

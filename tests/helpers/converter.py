@@ -1,0 +1,95 @@
+"""llama.cpp's own converter (`convert_hf_to_gguf.py`, with its `conversion` package and `gguf-py`),
+taken once from the `llama-cpp-python` sdist's vendor tree into the cache dir (`converter_tree`; a
+test skips, saying why, where PyPI cannot be reached), run on a folder (`convert`), and tiny random
+Hugging Face models of each family, at a real tokenizer whose pre-tokenizer the converter knows
+(`tiny_family_dir`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.params import cache_dir
+
+SDIST = "llama-cpp-python==0.3.36"  # the llama.cpp the benchmarks build (`benchmarks/results/int8/README.md`)
+_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # under vendor/llama.cpp/
+
+
+def converter_tree() -> Path:
+    """The converter's files, fetched and unpacked once (the sdist is 77 MB; only these are kept)."""
+    tree = cache_dir() / "tools" / SDIST.replace("==", "-")
+    if (tree / "convert_hf_to_gguf.py").is_file():
+        return tree
+    with tempfile.TemporaryDirectory() as scratch:
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", SDIST, "--no-binary", ":all:",
+                                  "--no-deps", "-d", scratch], capture_output=True, text=True)
+        if fetched.returncode != 0:
+            pytest.skip(f"llama.cpp's converter could not be fetched ({SDIST} from PyPI): {fetched.stderr[-300:]}")
+        (sdist,) = Path(scratch).glob("*.tar.gz")
+        partial = tree.with_name(f"{tree.name}.partial-{os.getpid()}")
+        with tarfile.open(sdist) as archive:
+            for member in archive.getmembers():
+                inner = member.name.partition("/vendor/llama.cpp/")[2]
+                if inner.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
+                    member.name = inner
+                    archive.extract(member, partial, filter="data")
+    try:
+        os.replace(partial, tree)
+    except OSError:  # another process unpacked it first
+        shutil.rmtree(partial)
+    return tree
+
+
+def convert(model_dir: Path, out: Path, outtype: str = "q8_0") -> Path:
+    """`model_dir` (a Hugging Face directory) as llama.cpp's converter writes it, at `outtype`."""
+    tree = converter_tree()
+    env = dict(os.environ, PYTHONPATH=f"{tree / 'gguf-py'}{os.pathsep}{tree}")
+    done = subprocess.run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(model_dir), "--outtype", outtype,
+                           "--outfile", str(out)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def tiny_family_dir(family: str, path: Path, seed: int = 0) -> Path:
+    """A random 2-layer model of `family` (llama: tied head; qwen2: q/k/v biases; qwen3: q/k norms,
+    heads wider than hidden / heads) at a real tokenizer's vocabulary (`_tokenizer_source`), with it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source(family))
+    shape = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    own = {"llama": dict(tie_word_embeddings=True), "qwen2": dict(tie_word_embeddings=False),
+           "qwen3": dict(tie_word_embeddings=False, head_dim=32)}[family]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **shape, **own)).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight", "layernorm.weight")):
+                tensor.normal_(1.0, 0.3)  # norms that matter
+            elif name.endswith(".bias"):
+                tensor.normal_(0.0, 0.5)
+        model.get_input_embeddings().weight.mul_(8.0)  # varied greedy continuations, not ties
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _tokenizer_source(family: str) -> Path:
+    """A folder of the tokenizer a tiny model of `family` gets, one whose pre-tokenizer the converter
+    knows: the embedded SmolLM2's for Llama (read through `llama_hf`), Qwen2.5's for the Qwen families
+    (the converter checks its hash; the catalogue's 0.5B, fetched by name where it is not cached)."""
+    from specdraft.models import embedded_gguf
+    from specdraft.models.find import fetch
+    from specdraft.models.gguf_cache import cache_gguf_config
+
+    return cache_gguf_config(embedded_gguf() if family == "llama" else fetch("qwen2.5-coder-0.5b-instruct",
+                                                                              progress=False))
