@@ -8,7 +8,8 @@
   every token after a window's first scored; both arithmetics through the compiled CPU step in
   passes of 32 tokens (the passes a verify step runs);
 - per domain (code, JSON, prose: `benchmarks.domains.datasets`, a seed the other benchmarks do not use),
-  the share of prompts whose first 64 greedy tokens equal float32's, and where they part.
+  the share of prompts whose first 64 greedy tokens equal float32's, and where they part (a model
+  without a chat template, such as `gemma-3-270m`, is given the messages' text).
 
     python -m benchmarks.cpu.int8_quality [--model NAME] [--tokens 24576] [--prompts 10] [--out benchmarks/results/cpu/int8]
 """
@@ -64,6 +65,11 @@ def perplexity(model: torch.nn.Module, ids: list[int], window: int) -> dict:
     return {"perplexity": math.exp(total / scored), "scored_tokens": scored, "seconds": time.perf_counter() - start}
 
 
+def _as_prompt(tokenizer, messages: list[dict]) -> list[dict] | str:
+    """The messages, or their text joined where the model has no chat template (a base model: Gemma 3 270M)."""
+    return messages if getattr(tokenizer, "chat_template", None) else "\n\n".join(m["content"] for m in messages)
+
+
 def main() -> None:
     parser = cli(__doc__, RESULTS / "cpu" / "int8")
     parser.add_argument("--tokens", type=int, default=24576, help="tokens of the corpus scored (at least 20k)")
@@ -89,7 +95,7 @@ def main() -> None:
         prompts = load_domain(domain, args.prompts, seed=HELD_OUT_SEED)
         rows = []
         for prompt in prompts:
-            prompt_ids = encode_prompt(tokenizer, prompt.messages)
+            prompt_ids = encode_prompt(tokenizer, _as_prompt(tokenizer, prompt.messages))
             out = {a: llm.generate(prompt_ids, params)[0].token_ids for a, llm in llms.items()}
             parted = next((i for i, (x, y) in enumerate(zip(out["float32"], out["int8"])) if x != y), None)
             if parted is None and len(out["float32"]) != len(out["int8"]):

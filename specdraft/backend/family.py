@@ -28,7 +28,13 @@ class Family:
     over the head (a weight of `head_dim` per layer for q and one for k, the norms' epsilon) after their
     projection, before the rotary embedding (Qwen3); `window`: the sliding window's tokens (a token
     sees itself and the `window - 1` before it) at the layers `sliding` marks (by a layer's index;
-    None: full attention everywhere); `model_type`: the config's, for messages."""
+    None: full attention everywhere); `local_rope`: the sliding layers' rotary embedding has a base
+    of its own (the model's rotary module gives each layer type's); `norm_offset`: every RMS norm
+    scales by (offset + weight), computed in float32 (Gemma's 1; its GGUF files hold weight + 1);
+    `sandwich_norms`: the attention's and the MLP's outputs are normed before each joins the stream
+    (`post_attention_layernorm`, `post_feedforward_layernorm`; the MLP's input norm is then
+    `pre_feedforward_layernorm`); `activation`: the MLP gate's, "silu" or "gelu_tanh"; `model_type`:
+    the config's, for messages."""
 
     model_type: str
     heads: int
@@ -44,6 +50,10 @@ class Family:
     qk_norm: bool = False
     window: int | None = None
     sliding: tuple[bool, ...] = ()
+    local_rope: bool = False
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    activation: str = "silu"
 
     def slides(self, layer: int) -> bool:
         """Whether the layer of this index attends over the sliding window only."""
@@ -63,12 +73,18 @@ class Family:
 @dataclass(frozen=True)
 class FileFamily:
     """What specdraft's loader reads of a family's GGUF: the tensors it maps (`top`, and `layer` after
-    `blk.N.`; any other would be left out, and the model decoded wrong without it), and the metadata
-    key transformers takes a head's size from (`head_size_key`; None: embedding_length / head_count)."""
+    `blk.N.`; any other would be left out, and the model decoded wrong without it), the metadata
+    key transformers takes a head's size from (`head_size_key`; None: embedding_length / head_count),
+    the file's `general.architecture` (None: the config's model_type), the modules some of a layer's
+    tensors go to where they differ from Llama's (`modules`: Gemma's `ffn_norm` is its MLP's input
+    norm), and the metadata keys it implements that others' files must not set (`reads`)."""
 
     top: frozenset[str]
     layer: frozenset[str]
     head_size_key: str | None
+    architecture: str | None = None
+    modules: tuple[tuple[str, str], ...] = ()
+    reads: frozenset[str] = frozenset()
 
 
 _WEIGHTS = frozenset(f"{part}.weight" for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -89,6 +105,8 @@ class _Row:
     gguf_interleaved_qk: bool
     file: FileFamily
     qk_norm: bool = False
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
 
     def read(self, config, which: str) -> bool:
         where = getattr(self, which)
@@ -114,7 +132,20 @@ FAMILIES = {
     "qwen3": _Row(qkv="attention_bias", out="attention_bias", mlp=False, gguf_interleaved_qk=False, qk_norm=True,
                   file=FileFamily(_TOP, _WEIGHTS | {"attn_q_norm.weight", "attn_k_norm.weight"},
                                   head_size_key="attention.key_length")),
+    # Gemma 3 (text): a scaled embedding (its module's), (1 + w) norms, q/k norms, norms after attention
+    # and the MLP, a GELU-tanh gate, sliding layers with a rotary base of their own, a tied head
+    "gemma3_text": _Row(qkv="attention_bias", out="attention_bias", mlp=False, gguf_interleaved_qk=False,
+                        qk_norm=True, norm_offset=1.0, sandwich_norms=True,
+                        file=FileFamily(_TOP, _WEIGHTS | {"attn_q_norm.weight", "attn_k_norm.weight",
+                                                          "post_attention_norm.weight", "post_ffw_norm.weight"},
+                                        head_size_key="attention.key_length", architecture="gemma3",
+                                        modules=(("ffn_norm", "pre_feedforward_layernorm"),
+                                                 ("post_attention_norm", "post_attention_layernorm"),
+                                                 ("post_ffw_norm", "post_feedforward_layernorm")),
+                                        reads=frozenset({"attention.sliding_window"}))),
 }
+# general.architecture -> what the loader reads of its files
+FILE_FAMILIES = {row.file.architecture or model_type: row.file for model_type, row in FAMILIES.items()}
 
 
 def attention_shape(config) -> tuple[int, int, int]:
@@ -167,7 +198,27 @@ def family_problem(config) -> str | None:
     kinds = set(getattr(config, "layer_types", None) or ATTENTION_KINDS[:1])
     if not kinds <= set(ATTENTION_KINDS):
         return f"layers of attention other than full or sliding: {sorted(kinds - set(ATTENTION_KINDS))}"
+    for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, field, None):
+            return f"{field} {getattr(config, field)}"
+    scalar, (_, _, head_dim) = getattr(config, "query_pre_attn_scalar", None), attention_shape(config)
+    if scalar is not None and scalar != head_dim:
+        return f"attention scaled by query_pre_attn_scalar {scalar}, not the head size {head_dim}"
+    if _activation(config) is None:
+        return f"an MLP gate of {_gate(config)!r} (silu or gelu_pytorch_tanh)"
     return None
+
+
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _gate(config) -> str | None:
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+
+
+def _activation(config) -> str | None:
+    """The MLP gate's activation as `Family.activation` names it, None where we have no kernel for it."""
+    return _ACTIVATIONS.get(_gate(config))
 
 
 def family_of(config) -> Family | None:
@@ -175,11 +226,13 @@ def family_of(config) -> Family | None:
     if family_problem(config) is not None:
         return None
     row = FAMILIES[config.model_type]
-    rope = getattr(config, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     window, sliding = _sliding(config)
+    rope = getattr(config, "rope_parameters", None) or {}
+    local = "sliding_attention" in rope  # a base per layer type (Gemma 3): the full layers' is the model's
+    theta = (rope.get("full_attention", rope) if local else rope).get("rope_theta", getattr(config, "rope_theta", 1e4))
     return Family(config.model_type, *attention_shape(config), qkv_bias=row.read(config, "qkv"),
                   out_bias=row.read(config, "out"), mlp_bias=row.read(config, "mlp"),
                   tied_head=bool(getattr(config, "tie_word_embeddings", False)), rope_theta=float(theta),
                   norm_eps=float(config.rms_norm_eps), gguf_interleaved_qk=row.gguf_interleaved_qk,
-                  qk_norm=row.qk_norm, window=window, sliding=sliding)
+                  qk_norm=row.qk_norm, window=window, sliding=sliding, local_rope=local,
+                  norm_offset=row.norm_offset, sandwich_norms=row.sandwich_norms, activation=_activation(config))

@@ -39,8 +39,8 @@ KERNELS = ("auto", "triton", "torch")
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether `model` is a decoder this forward reproduces exactly: a family of `family.FAMILIES`
-    with full attention (no sliding window), the standard module layout, and biases and q/k
-    norms where its description says."""
+    whose attention is full or over a sliding window, the standard module layout, and biases, q/k
+    norms and sandwich norms where its description says."""
     family = family_of(model.config)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -54,6 +54,9 @@ def supports(model: torch.nn.Module) -> bool:
             hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")):
         return False
     if all(hasattr(attention, n) for n in ("q_norm", "k_norm")) != family.qk_norm:
+        return False
+    sandwich = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+    if all(hasattr(layer, n) for n in sandwich) != family.sandwich_norms:
         return False
     biased = {"q_proj": family.qkv_bias, "k_proj": family.qkv_bias, "v_proj": family.qkv_bias,
               "o_proj": family.out_bias, "gate_proj": family.mlp_bias, "up_proj": family.mlp_bias,
@@ -110,6 +113,15 @@ class OwnForward:
         """The longest pass the compiled layers run (0: none are; longer passes run the eager layers)."""
         return 0 if self.compiled is None else self.compiled.max_tokens
 
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple:
+        """(cos, sin) [batch, T, head_dim] of the model's rotary module, in the activations' dtype (the
+        full layers' where each layer type has its own), and the sliding layers' own (cos, sin) or None."""
+        rotary = self.model.model.rotary_emb
+        if not self.family.local_rope:
+            return *(t.to(self.dtype) for t in rotary(x, positions)), None
+        local = tuple(t.to(self.dtype) for t in rotary(x, positions, "sliding_attention"))
+        return *(t.to(self.dtype) for t in rotary(x, positions, "full_attention")), local
+
     def _window_mask(self, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
         """`mask` [batch, 1, T, kv] where an entry also lies in the query's sliding window (its
         position minus the entry's under the window: the query itself and the `window - 1` before
@@ -138,8 +150,7 @@ class OwnForward:
         assert ends is None or real is not None, "`ends` index a packed pass's tokens"
         ids = input_ids.reshape(-1)  # [N]
         x = self.model.model.embed_tokens(ids).to(self.dtype)  # [N, hidden]
-        cos, sin = self.model.model.rotary_emb(x, positions)
-        cos, sin = cos.to(self.dtype), sin.to(self.dtype)  # [batch, T, head_dim]
+        cos, sin, local = self._rotary(x, positions)  # [batch, T, head_dim]
         if self.invariant is not None:
             layers = self.invariant
         elif self.compiled is not None and self.compiled.takes(len(ids), steps):
@@ -147,7 +158,7 @@ class OwnForward:
         else:
             layers = self.eager
         windowed = self._window_mask(positions, mask)
-        x = layers.stack(Pass(x, cos, sin, positions, mask, cache, real, batch, steps, windowed))
+        x = layers.stack(Pass(x, cos, sin, positions, mask, cache, real, batch, steps, windowed, local))
         if logits_at is not None:
             x = x.view(batch, steps, -1).gather(1, logits_at[:, None, None].expand(batch, 1, x.shape[-1])).view(batch, -1)
             return layers.head(x).view(batch, 1, -1)

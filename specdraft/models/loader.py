@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from specdraft.backend import native as blocks
-from specdraft.backend.family import Family, family_of
+from specdraft.backend.family import FAMILIES, Family, family_of
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.native.gguf_file import GgufTensor, dense_tensor, gguf_blocks, read_gguf, use_blocks
 from specdraft.backend.native.layout import GgufLayout
@@ -64,7 +64,7 @@ def _native_from_gguf(gguf: Path, layout: GgufLayout):
     family = family_of(config)
     if family is None:
         return None
-    tensors = read_gguf(gguf, layout)
+    tensors = read_gguf(gguf, layout, FAMILIES[config.model_type].file.modules)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.tie_weights()  # as loading would: a tied output layer is the embedding, and follows its blocks

@@ -15,7 +15,6 @@ holds q and k in transformers' order (slow: it reads the cached file and its con
 from __future__ import annotations
 
 import copy
-import random
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +25,12 @@ from specdraft.backend import RowModel, forward
 from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of, family_problem
 from specdraft.backend.linear import use_few_rows_linears
-from specdraft.backend.numba_layers import MAX_TOKENS, NumbaLayers
-from tests.helpers.tiny import TINY_VOCAB, feed, hf_greedy, make_tiny_model, row_passes
+from specdraft.backend.numba_layers import MAX_TOKENS
+from tests.helpers.tiny import hf_greedy, make_tiny_model
 from tests.helpers.passes import PROMPTS, pass_logits, speculative_and_plain, stock_logits
-from tests.helpers.qwen2 import make_tiny_qwen2
+from tests.helpers.families import make_tiny_qwen2
+from tests.helpers.family_checks import (greedy_equals_plain_and_hugging_face, numba_equals_eager,
+                                         own_forward_equals_stock, verify_passes_equal_plain_steps)
 
 SHAPES = [(7, 1, 64), (6, 2, 128)]  # (heads, kv heads, head_dim): the 0.5B's 7 per kv head, the 1.5B's 6 of 128
 IDS = ["7x64", "6x128"]
@@ -39,7 +40,7 @@ IDS = ["7x64", "6x128"]
 
 
 def test_each_config_gives_its_familys_description_and_other_models_are_refused_by_name():
-    from transformers import Gemma3TextConfig, Qwen2Config
+    from transformers import GemmaConfig, Qwen2Config
 
     qwen = family_of(make_tiny_qwen2(6, 2, 128).config)
     assert (qwen.model_type, qwen.shape, qwen.group) == ("qwen2", (6, 2, 128), 3)
@@ -52,8 +53,8 @@ def test_each_config_gives_its_familys_description_and_other_models_are_refused_
     window = family_of(Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=16, max_window_layers=1))
     assert (window.window, window.sliding) == (16, (False, True))  # tests/backend/test_sliding_window.py
     assert family_of(Qwen2Config(num_hidden_layers=2, sliding_window=16)).window is None  # no window unless used
-    assert "'gemma3_text' is not a family our forward runs (llama, mistral, qwen2, qwen3)" in family_problem(
-        Gemma3TextConfig(num_hidden_layers=1))
+    assert "'gemma' is not a family our forward runs (llama, mistral, qwen2, qwen3, gemma3_text)" in family_problem(
+        GemmaConfig(num_hidden_layers=1))
 
 
 def test_our_forward_takes_a_qwen2_only_where_its_modules_match_the_description():
@@ -70,35 +71,13 @@ def test_our_forward_takes_a_qwen2_only_where_its_modules_match_the_description(
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 def test_own_forward_equals_stock_across_rows_and_a_packed_pass(heads, kv_heads, head_dim, dtype, atol):
     model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=3, dtype=dtype)
-    rows = RowModel(model, prefill_chunk=7)
-    assert rows.own_forward and rows.family.shape == (heads, kv_heads, head_dim)
-    rng = random.Random(0)
-    contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 40))] for i in range(4)}
-    for row_id, ids in contexts.items():
-        rows.add(row_id, active=True)
-        logits = rows.prefill(row_id, ids)  # several chunks of 7
-        torch.testing.assert_close(logits, stock_logits(model, ids)[-1], rtol=0, atol=atol)
-    counts = [1, 4, 2, 3]  # rows of one pass feeding different numbers of real tokens
-    inputs = np.array([[rng.randrange(TINY_VOCAB) for _ in range(4)] for _ in counts], dtype=np.int64)
-    flat = np.concatenate([inputs[b, :n] for b, n in enumerate(counts)])
-    logits = rows.packed_pass(rows.active_window, flat, np.array(counts)).logits  # [10, vocab]: fed tokens only
-    starts = np.cumsum([0] + counts)
-    for b, ids in enumerate(contexts.values()):
-        real = inputs[b, : counts[b]].tolist()
-        torch.testing.assert_close(logits[starts[b] : starts[b + 1]], stock_logits(model, ids + real)[len(ids):],
-                                   rtol=0, atol=atol)
+    assert RowModel(model).family.shape == (heads, kv_heads, head_dim)
+    own_forward_equals_stock(model, atol)
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
 def test_numba_passes_equal_the_eager_layers_for_every_token_count(heads, kv_heads, head_dim):
-    model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=11)
-    counts = [1, 2, 3, 6, 7, 1, MAX_TOKENS, MAX_TOKENS + 3, 1, 5]  # past the cache's first 64 and 128 positions
-    compiled = RowModel(model, compiled=True)
-    assert isinstance(compiled.compiled_layers, NumbaLayers)
-    reference = row_passes(RowModel(model), list(range(1, 61)), counts)
-    for n, got, want in zip(counts, row_passes(compiled, list(range(1, 61)), counts), reference):
-        torch.testing.assert_close(got, want, rtol=0, atol=2e-5, msg=f"a pass of {n} tokens")
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    numba_equals_eager(make_tiny_qwen2(heads, kv_heads, head_dim, seed=11), atol=2e-5)
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
@@ -115,24 +94,14 @@ def test_the_triton_kernels_give_the_stock_logits(heads, kv_heads, head_dim):
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
 def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise(heads, kv_heads, head_dim):
-    """After the same prefill, passes of 2..6 tokens give the logits and entries one-token steps
-    give, past 128 keys (attention in spans), by the compiled kernel's attention where it compiles."""
-    model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=21)
-    rng = np.random.default_rng(1)
-    prompt, extra = rng.integers(0, TINY_VOCAB, size=140), rng.integers(0, TINY_VOCAB, size=18)
-    reference = feed(model, prompt, extra, len(prompt), [1] * len(extra))
-    for widths in ([3, 5, 4, 6], [6, 6, 6], [2] * 9):
-        logits, cache = feed(model, prompt, extra, len(prompt), widths)
-        assert torch.equal(cache, reference[1]), f"keys/values differ: passes {widths}"
-        assert torch.equal(logits, reference[0]), f"logits differ: passes {widths}"
+    """Past 128 keys (attention in spans), by the compiled kernel's attention where it compiles."""
+    verify_passes_equal_plain_steps(make_tiny_qwen2(heads, kv_heads, head_dim, seed=21))
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
 def test_greedy_speculative_output_equals_plain_greedy_and_hugging_face(heads, kv_heads, head_dim):
-    model = make_tiny_qwen2(heads, kv_heads, head_dim, seed=5, dtype=torch.float64)
-    speculative, plain, accepted = speculative_and_plain(model, PROMPTS, 40)
-    assert speculative == plain and accepted > 0
-    assert plain == [hf_greedy(model, p, 40) for p in PROMPTS]
+    greedy_equals_plain_and_hugging_face(make_tiny_qwen2(heads, kv_heads, head_dim, seed=5, dtype=torch.float64),
+                                         PROMPTS)
 
 
 # -- a tiny Qwen2 GGUF -----------------------------------------------------------------------------

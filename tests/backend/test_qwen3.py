@@ -12,20 +12,20 @@ gives the dense logits bitwise in the float32 arithmetic, and speculative == pla
 from __future__ import annotations
 
 import copy
-import random
 
-import numpy as np
 import pytest
 import torch
 
-from specdraft.backend import RowModel, forward
+from specdraft.backend import forward
 from specdraft.backend.family import family_of
-from specdraft.backend.inductor import InductorLayers
-from specdraft.backend.numba_layers import MAX_TOKENS, NumbaLayers
+from specdraft.backend.numba_layers import MAX_TOKENS
 from specdraft.backend.triton_layers import unavailable
-from tests.helpers.passes import PROMPTS, pass_logits, speculative_and_plain, stock_logits
-from tests.helpers.qwen2 import make_tiny_qwen3
-from tests.helpers.tiny import TINY_VOCAB, feed, hf_greedy, row_passes
+from tests.helpers.passes import PROMPTS, pass_logits, speculative_and_plain
+from tests.helpers.families import make_tiny_qwen3
+from tests.helpers.family_checks import (greedy_equals_plain_and_hugging_face, inductor_equals_eager,
+                                         numba_equals_eager, own_forward_equals_stock,
+                                         verify_passes_equal_plain_steps)
+from tests.helpers.tiny import hf_greedy
 
 SHAPES = [(4, 2, 64), (8, 1, 32)]  # (heads, kv heads, head_dim): 256 and 256 wide at hidden 128
 IDS = ["4x64", "8x32"]
@@ -50,49 +50,16 @@ def test_our_forward_takes_a_qwen3_only_with_its_q_k_norms():
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-5), (torch.float32, 1e-4)])
 def test_own_forward_equals_stock_across_rows_and_a_packed_pass(heads, kv_heads, head_dim, dtype, atol):
     """(float64 to 1e-5 only: Qwen3's norms compute in float32 whatever the model's dtype.)"""
-    model = make_tiny_qwen3(heads, kv_heads, head_dim, seed=3, dtype=dtype)
-    rows = RowModel(model, prefill_chunk=7)
-    assert rows.own_forward and rows.family.qk_norm
-    rng = random.Random(0)
-    contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 40))] for i in range(3)}
-    for row_id, ids in contexts.items():
-        rows.add(row_id, active=True)
-        torch.testing.assert_close(rows.prefill(row_id, ids), stock_logits(model, ids)[-1], rtol=0, atol=atol)
-    counts = [1, 4, 3]
-    inputs = np.array([[rng.randrange(TINY_VOCAB) for _ in range(4)] for _ in counts], dtype=np.int64)
-    flat = np.concatenate([inputs[b, :n] for b, n in enumerate(counts)])
-    logits = rows.packed_pass(rows.active_window, flat, np.array(counts)).logits
-    starts = np.cumsum([0] + counts)
-    for b, ids in enumerate(contexts.values()):
-        real = inputs[b, : counts[b]].tolist()
-        torch.testing.assert_close(logits[starts[b] : starts[b + 1]], stock_logits(model, ids + real)[len(ids):],
-                                   rtol=0, atol=atol)
+    own_forward_equals_stock(make_tiny_qwen3(heads, kv_heads, head_dim, seed=3, dtype=dtype), atol, rows=3)
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
 def test_numba_passes_equal_the_eager_layers_for_every_token_count(heads, kv_heads, head_dim):
-    model = make_tiny_qwen3(heads, kv_heads, head_dim, seed=11)
-    counts = [1, 2, 3, 6, 7, 1, MAX_TOKENS, MAX_TOKENS + 3, 1, 5]
-    compiled = RowModel(model, compiled=True)
-    assert isinstance(compiled.compiled_layers, NumbaLayers)
-    reference = row_passes(RowModel(model), list(range(1, 61)), counts)
-    for n, got, want in zip(counts, row_passes(compiled, list(range(1, 61)), counts), reference):
-        torch.testing.assert_close(got, want, rtol=0, atol=5e-5, msg=f"a pass of {n} tokens")
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    numba_equals_eager(make_tiny_qwen3(heads, kv_heads, head_dim, seed=11), atol=5e-5)
 
 
 def test_inductors_parts_equal_the_eager_layers(monkeypatch):
-    """Float32 layers take inductor's parts here (numba's kept off), as int8 and bf16 ones do."""
-    monkeypatch.setattr(NumbaLayers, "applies", staticmethod(lambda *args: False))
-    model = make_tiny_qwen3(seed=13)
-    compiled = RowModel(model, compiled=True)
-    assert isinstance(compiled.compiled_layers, InductorLayers)
-    counts = [1, 3, 8, 2]
-    reference = row_passes(RowModel(model), list(range(1, 21)), counts)
-    for n, got, want in zip(counts, row_passes(compiled, list(range(1, 21)), counts), reference):
-        torch.testing.assert_close(got, want, rtol=0, atol=5e-5, msg=f"a pass of {n} tokens")
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
-    assert compiled.compiled_layers.failed is None
+    inductor_equals_eager(make_tiny_qwen3(seed=13), list(range(1, 21)), monkeypatch)
 
 
 def test_the_triton_kernels_refuse_q_k_norms_by_name():
@@ -105,22 +72,12 @@ def test_the_triton_kernels_refuse_q_k_norms_by_name():
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
 def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise(heads, kv_heads, head_dim):
-    model = make_tiny_qwen3(heads, kv_heads, head_dim, seed=21)
-    rng = np.random.default_rng(1)
-    prompt, extra = rng.integers(0, TINY_VOCAB, size=140), rng.integers(0, TINY_VOCAB, size=18)
-    reference = feed(model, prompt, extra, len(prompt), [1] * len(extra))
-    for widths in ([3, 5, 4, 6], [6, 6, 6], [2] * 9):
-        logits, cache = feed(model, prompt, extra, len(prompt), widths)
-        assert torch.equal(cache, reference[1]), f"keys/values differ: passes {widths}"
-        assert torch.equal(logits, reference[0]), f"logits differ: passes {widths}"
+    verify_passes_equal_plain_steps(make_tiny_qwen3(heads, kv_heads, head_dim, seed=21))
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES, ids=IDS)
 def test_greedy_speculative_output_equals_plain_greedy_and_hugging_face(heads, kv_heads, head_dim):
-    model = make_tiny_qwen3(heads, kv_heads, head_dim, seed=5)
-    speculative, plain, accepted = speculative_and_plain(model, PROMPTS, 40)
-    assert speculative == plain and accepted > 0
-    assert plain == [hf_greedy(model, p, 40) for p in PROMPTS]
+    greedy_equals_plain_and_hugging_face(make_tiny_qwen3(heads, kv_heads, head_dim, seed=5), PROMPTS)
 
 
 # -- a tiny Qwen3 GGUF, loaded by path -----------------------------------------------------------------

@@ -11,20 +11,17 @@ kernels refuse a window by name."""
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
 
-from specdraft.backend import RowModel
 from specdraft.backend.family import family_of, family_problem
-from specdraft.backend.inductor import InductorLayers
-from specdraft.backend.numba_layers import MAX_TOKENS, NumbaLayers
 from specdraft.backend.triton_layers import unavailable
-from tests.helpers.passes import speculative_and_plain, stock_logits
-from tests.helpers.qwen2 import make_tiny_qwen2
-from tests.helpers.tiny import TINY_VOCAB, feed, hf_greedy, row_passes
+from tests.helpers.family_checks import (greedy_equals_plain_and_hugging_face, inductor_equals_eager,
+                                         numba_equals_eager, own_forward_equals_stock,
+                                         verify_passes_equal_plain_steps)
+from tests.helpers.families import make_tiny_qwen2
+from tests.helpers.tiny import TINY_VOCAB, hf_greedy
 
 WINDOW = 16
 
@@ -68,69 +65,27 @@ def test_each_config_says_which_layers_slide():
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-5), (torch.float32, 1e-4)])
 def test_own_forward_equals_stock_across_rows_and_a_packed_pass(name, dtype, atol):
     """(float64 to 1e-5 only: the norms compute in float32 whatever the model's dtype.)"""
-    model = MODELS[name](seed=3, dtype=dtype)
-    rows = RowModel(model, prefill_chunk=7)
-    assert rows.own_forward
-    rng = random.Random(0)
-    contexts = {f"r{i}": [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 60))] for i in range(4)}
-    for row_id, ids in contexts.items():
-        rows.add(row_id, active=True)
-        torch.testing.assert_close(rows.prefill(row_id, ids), stock_logits(model, ids)[-1], rtol=0, atol=atol)
-    counts = [1, 4, 2, 3]
-    inputs = np.array([[rng.randrange(TINY_VOCAB) for _ in range(4)] for _ in counts], dtype=np.int64)
-    flat = np.concatenate([inputs[b, :n] for b, n in enumerate(counts)])
-    logits = rows.packed_pass(rows.active_window, flat, np.array(counts)).logits
-    starts = np.cumsum([0] + counts)
-    for b, ids in enumerate(contexts.values()):
-        real = inputs[b, : counts[b]].tolist()
-        torch.testing.assert_close(logits[starts[b] : starts[b + 1]], stock_logits(model, ids + real)[len(ids):],
-                                   rtol=0, atol=atol)
+    own_forward_equals_stock(MODELS[name](seed=3, dtype=dtype), atol, longest=60)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_numba_passes_equal_the_eager_layers_for_every_token_count(name):
-    model = MODELS[name](seed=11)
-    counts = [1, 2, 3, 6, 7, 1, MAX_TOKENS, MAX_TOKENS + 3, 1, 5]
-    compiled = RowModel(model, compiled=True)
-    assert isinstance(compiled.compiled_layers, NumbaLayers)
-    reference = row_passes(RowModel(model), list(range(1, 61)), counts)
-    for n, got, want in zip(counts, row_passes(compiled, list(range(1, 61)), counts), reference):
-        torch.testing.assert_close(got, want, rtol=0, atol=5e-5, msg=f"a pass of {n} tokens")
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    numba_equals_eager(MODELS[name](seed=11), atol=5e-5)
 
 
 def test_inductors_parts_equal_the_eager_layers(monkeypatch):
-    """Float32 layers take inductor's parts here (numba's kept off), as int8 and bf16 ones do."""
-    monkeypatch.setattr(NumbaLayers, "applies", staticmethod(lambda *args: False))
-    model = make_windowed_qwen2(seed=13)
-    compiled = RowModel(model, compiled=True)
-    assert isinstance(compiled.compiled_layers, InductorLayers)
-    counts = [1, 3, 8, 2]
-    reference = row_passes(RowModel(model), list(range(1, 41)), counts)
-    for n, got, want in zip(counts, row_passes(compiled, list(range(1, 41)), counts), reference):
-        torch.testing.assert_close(got, want, rtol=0, atol=5e-5, msg=f"a pass of {n} tokens")
-    assert compiled.compiled_layers.failed is None
+    inductor_equals_eager(make_windowed_qwen2(seed=13), list(range(1, 41)), monkeypatch)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise(name):
-    model = MODELS[name](seed=21)
-    rng = np.random.default_rng(1)
-    prompt, extra = rng.integers(0, TINY_VOCAB, size=140), rng.integers(0, TINY_VOCAB, size=18)
-    reference = feed(model, prompt, extra, len(prompt), [1] * len(extra))
-    for widths in ([3, 5, 4, 6], [6, 6, 6], [2] * 9):
-        logits, cache = feed(model, prompt, extra, len(prompt), widths)
-        assert torch.equal(cache, reference[1]), f"keys/values differ: passes {widths}"
-        assert torch.equal(logits, reference[0]), f"logits differ: passes {widths}"
+    verify_passes_equal_plain_steps(MODELS[name](seed=21))
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_greedy_speculative_output_equals_plain_greedy_and_hugging_face(name):
-    model = MODELS[name](seed=5)
     prompts = [[33, 34, 35, 36] * 10, list(range(1, 50)), [5, 17, 42, 9, 9, 13]]  # past the window
-    speculative, plain, accepted = speculative_and_plain(model, prompts, 40)
-    assert speculative == plain and accepted > 0
-    assert plain == [hf_greedy(model, p, 40) for p in prompts]
+    greedy_equals_plain_and_hugging_face(MODELS[name](seed=5), prompts)
 
 
 def test_the_triton_kernels_refuse_a_window_by_name():
@@ -139,3 +94,27 @@ def test_the_triton_kernels_refuse_a_window_by_name():
     model = make_tiny_mistral(layers=1)
     why = unavailable(model, list(model.model.layers), torch.float32, family_of(model.config))
     assert why == f"the kernels have no sliding window ({WINDOW} tokens) yet"
+
+
+def test_a_conversation_hits_the_prefix_cache_and_decodes_as_without_it():
+    """Each turn's prompt is the last one, its reply and new tokens, well past the window: a hit reuses
+    the history's entries (all kept, each layer masking its own window) and decodes as a cold run."""
+    from specdraft.params import SamplingParams, SpeculationParams
+    from specdraft.runtime import build_runtime
+    from specdraft.settings import Settings
+    from tests.helpers.tiny import loaded
+
+    model = make_windowed_qwen2(seed=7)
+    engines = {mb: build_runtime(loaded(model), Settings(drafters=["ngram"], k=4, policy="fixed", calibrate=False,
+                                                          prefix_cache_mb=mb)).engine for mb in (0, 16)}
+    turns = {}
+    for mb, engine in engines.items():
+        rng, prompt, turns[mb] = np.random.default_rng(0), list(range(3, 27)), []
+        for _ in range(3):
+            [done] = engine.run([(prompt, SamplingParams(max_tokens=16), SpeculationParams("ngram"))])
+            turns[mb].append((prompt, done.token_ids, done.metrics.cached_tokens))
+            prompt = prompt + done.token_ids + rng.integers(3, 90, 7).tolist()
+    assert [o for _, o, _ in turns[0]] == [o for _, o, _ in turns[16]]
+    assert [c for _, _, c in turns[0]] == [0, 0, 0] and all(c > WINDOW for _, _, c in turns[16][1:])
+    for prompt, output, _ in turns[16]:
+        assert output == hf_greedy(model, prompt, 16)

@@ -103,10 +103,10 @@ def test_a_static_cache_never_grows():
 
 
 def test_static_shapes_need_our_own_forward():
-    from transformers import MistralConfig, MistralForCausalLM
+    from transformers import GemmaConfig, GemmaForCausalLM
 
-    model = MistralForCausalLM(MistralConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128,
-                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    model = GemmaForCausalLM(GemmaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, head_dim=16,
+                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(ValueError, match="static shapes need a model of a family our forward runs"):
         RowModel(model, static=STATIC)
 

@@ -59,8 +59,9 @@ def convert(model_dir: Path, out: Path, outtype: str = "q8_0") -> Path:
 
 
 def tiny_family_dir(family: str, path: Path, seed: int = 0) -> Path:
-    """A random 2-layer model of `family` (llama: tied head; qwen2: q/k/v biases; qwen3: q/k norms,
-    heads wider than hidden / heads) at a real tokenizer's vocabulary (`_tokenizer_source`), with it."""
+    """A random model of `family` (llama: 2 layers, a tied head; qwen2: q/k/v biases; qwen3: q/k norms,
+    heads wider than hidden / heads; gemma3_text: 6 layers, 5 sliding over 8 tokens, heads of 256) at a real
+    tokenizer's vocabulary (`_tokenizer_source`), with it."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source(family))
@@ -68,9 +69,12 @@ def tiny_family_dir(family: str, path: Path, seed: int = 0) -> Path:
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     own = {"llama": dict(tie_word_embeddings=True), "qwen2": dict(tie_word_embeddings=False),
-           "qwen3": dict(tie_word_embeddings=False, head_dim=32)}[family]
+           "qwen3": dict(tie_word_embeddings=False, head_dim=32),
+           # Gemma 3's files hold no layer pattern (llama.cpp and transformers take 5 sliding layers, then a
+           # full one), nor query_pre_attn_scalar (transformers takes 256; llama.cpp, the head size)
+           "gemma3_text": dict(head_dim=256, query_pre_attn_scalar=256, sliding_window=8, num_hidden_layers=6)}[family]
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **shape, **own)).eval()
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **{**shape, **own})).eval()
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight", "layernorm.weight")):

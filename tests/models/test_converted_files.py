@@ -1,8 +1,9 @@
 """Files as llama.cpp's own converter writes them (`convert_hf_to_gguf.py` from the llama-cpp-python
 sdist's vendor tree: `tests/helpers/converter.py`), of a tiny random model of each family our
 forward runs (Llama: q/k rows interleaved, a tied head; Qwen2: q/k/v biases; Qwen3: q/k norms, heads
-wider than hidden / heads, a head size transformers' GGUF config does not read), at Q8_0 with float32
-norms: specdraft loads each by path natively, its float32 arithmetic gives the logits of
+wider than hidden / heads, a head size transformers' GGUF config does not read; Gemma 3: sliding and
+full layers with rotary bases of their own, sandwich norms stored as 1 + w, a scaled embedding, a
+GELU-tanh gate), at Q8_0 with float32 norms: specdraft loads each by path natively, its float32 arithmetic gives the logits of
 transformers' own model of the file bitwise (prefill and passes of 1-32 tokens), its greedy output
 is transformers' `generate`'s, and in the int8 arithmetic speculative output equals plain."""
 
@@ -23,7 +24,7 @@ from tests.helpers.passes import pass_logits
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ["llama", "qwen2", "qwen3"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text"]
 PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return", "The capital of France is"]
 
 
@@ -47,10 +48,11 @@ def test_the_converters_file_reads_its_blocks_natively(converted):
 
     family, path, dense = converted
     model = load_model(str(path), weights="native", arithmetic="float32").model
-    assert model.config.model_type == family
+    assert model.config.model_type == family == dense.config.model_type
     attention = model.model.layers[0].self_attn
     assert isinstance(attention.q_proj, blocks.BlockLinear) and attention.q_proj.kind == blocks.Q8_0
-    assert family_of(model.config).shape == family_of(dense.config).shape == (4, 2, 32 if family == "qwen3" else 16)
+    head = {"qwen3": 32, "gemma3_text": 256}.get(family, 16)
+    assert family_of(model.config).shape == family_of(dense.config).shape == (4, 2, head)
 
 
 def test_the_float32_arithmetic_gives_transformers_logits_bitwise_and_its_greedy_output(converted):

@@ -17,7 +17,8 @@ import torch
 from specdraft import LLM
 from specdraft.backend import RowModel
 from specdraft.errors import BadModelFileError
-from specdraft.models.gguf_check import FAMILIES, ROPE_FREQS, UNIMPLEMENTED, check_gguf
+from specdraft.backend.family import FAMILIES
+from specdraft.models.gguf_check import ROPE_FREQS, UNIMPLEMENTED, check_gguf
 from specdraft.params import SamplingParams, SpeculationParams
 from tests.helpers.tiny import hf_greedy, make_tiny_model
 from tests.helpers.gguf_files import SMALL_HEADS, SMALL_WIDTH, write_model_gguf, write_small
@@ -229,12 +230,22 @@ def test_every_tensor_a_family_reads_is_one_transformers_maps_or_llama3s_factors
 
     for family in FAMILIES.values():
         names = {*family.file.top, *(f"blk.7.{part}" for part in family.file.layer)} - {ROPE_FREQS}
-        assert names and all(transformers_name(name) is not None for name in names), names
+        assert names and all(transformers_name(name, family.file.modules) is not None for name in names), names
     assert ROPE_FREQS in FAMILIES["llama"].file.top
+    gemma = FAMILIES["gemma3_text"].file.modules  # its ffn_norm is its MLP's input norm, not Llama's post-attention one
+    assert transformers_name("blk.2.ffn_norm.weight", gemma) == "model.layers.2.pre_feedforward_layernorm.weight"
+    assert transformers_name("blk.2.ffn_norm.weight") == "model.layers.2.post_attention_layernorm.weight"
+
+
+def test_a_sliding_window_is_read_where_the_family_implements_it(tmp_path):
+    """Gemma 3's files set attention.sliding_window, which its family reads; a Llama file's is refused
+    (`test_a_key_asking_for_unimplemented_arithmetic_is_refused_by_name`)."""
+    path = write_small(tmp_path / "gemma3.gguf", "gemma3", keys={"attention.sliding_window": 512})
+    assert check_gguf(path).architecture == "gemma3"
 
 
 def test_a_tiny_qwen2_model_file_passes(tmp_path):
-    from tests.helpers.qwen2 import make_tiny_qwen2
+    from tests.helpers.families import make_tiny_qwen2
 
     path = write_model_gguf(make_tiny_qwen2(4, 2, 32, seed=1), tmp_path / "qwen2.gguf")
     assert check_gguf(path).architecture == "qwen2"

@@ -21,7 +21,7 @@ from specdraft.models.gguf_cache import gguf_config_path
 from specdraft.models.gguf_check import check_gguf
 from specdraft.params import cache_dir
 from tests.helpers.tiny import make_tiny_model
-from tests.helpers.qwen2 import make_tiny_qwen2
+from tests.helpers.families import make_tiny_qwen2
 
 gguf = pytest.importorskip("gguf")
 from tests.helpers.gguf_files import write_gguf  # noqa: E402 (needs gguf)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from specdraft.backend.family import Family, family_of
+from specdraft.backend.family import FAMILIES, Family, family_of
 from specdraft.backend.native.formats import KINDS
 from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.backend.native.modules import BlockEmbedding, BlockLinear
@@ -44,29 +44,33 @@ class GgufTensor:
         return dequantize(self.data, self.kind)
 
 
-def transformers_name(name: str) -> str | None:
+def transformers_name(name: str, modules: tuple[tuple[str, str], ...] = ()) -> str | None:
     """A GGUF tensor's name in a Llama-architecture transformers model (`blk.3.attn_q.bias` ->
-    `model.layers.3.self_attn.q_proj.bias`), as transformers' GGUF loader maps it; None for others."""
+    `model.layers.3.self_attn.q_proj.bias`), as transformers' GGUF loader maps it; None for others.
+    modules: a family's own (`FileFamily.modules`: part -> module), where they differ from Llama's."""
     stem, _, what = name.rpartition(".")
     if stem.startswith("blk."):
         _, layer, part = stem.split(".", 2)
-        module = _LAYER.get(part)
+        module = dict(modules).get(part) or _LAYER.get(part)
         return None if module is None else f"model.layers.{layer}.{module}.{what}"
     module = _TOP.get(stem)
     return None if module is None else f"{module}.{what}"
 
 
-def read_gguf(gguf: Path, layout: GgufLayout | None = None) -> dict[str, GgufTensor]:
-    """A GGUF's tensors by their transformers names (`transformers_name`; others left out), memory-mapped
-    where `layout` (`check_gguf`'s: the header and tensor infos parsed once) says they lie; without
-    one, as gguf's reader finds them (the same arrays, slower: it parses every metadata value)."""
+def read_gguf(gguf: Path, layout: GgufLayout | None = None,
+              modules: tuple[tuple[str, str], ...] = ()) -> dict[str, GgufTensor]:
+    """A GGUF's tensors by their transformers names (`transformers_name`, with the family's `modules`;
+    others left out), memory-mapped where `layout` (`check_gguf`'s: the header and tensor infos parsed
+    once) says they lie; without one, as gguf's reader finds them (the same arrays, slower: it parses
+    every metadata value)."""
     if layout is None:
         from gguf import GGUFReader
 
         found = [(t.name, t.tensor_type, np.asarray(t.data)) for t in GGUFReader(str(gguf)).tensors]
     else:
         found = [(info.name, info.kind, _bytes(gguf, layout.data_start, info)) for info in layout.tensors]
-    return {name: GgufTensor(kind, data) for raw, kind, data in found if (name := transformers_name(raw)) is not None}
+    return {name: GgufTensor(kind, data) for raw, kind, data in found
+            if (name := transformers_name(raw, modules)) is not None}
 
 
 def _bytes(gguf: Path, data_start: int, info: TensorInfo) -> np.ndarray:
@@ -96,8 +100,12 @@ def _in_model_order(name: str, rows: np.ndarray, family: Family) -> np.ndarray:
 
 def dense_tensor(tensors: dict[str, GgufTensor], name: str, family: Family) -> torch.Tensor:
     """The float32 tensor transformers' GGUF loader gives the weight `name` (`read_gguf`'s), bitwise:
-    dequantised by gguf, in transformers' row order, a copy."""
-    return torch.from_numpy(np.array(_in_model_order(name, tensors[name].values(), family), np.float32))
+    dequantised by gguf, in transformers' row order, a norm's less the family's offset (Gemma's
+    files hold weight + 1), a copy."""
+    values = _in_model_order(name, tensors[name].values(), family)
+    if family.norm_offset and name.endswith("norm.weight"):
+        values = values - np.float32(family.norm_offset)
+    return torch.from_numpy(np.array(values, np.float32))
 
 
 def gguf_blocks(tensors: dict[str, GgufTensor], family: Family) -> dict[str, tuple[np.ndarray, int]]:
@@ -118,7 +126,10 @@ def use_gguf_blocks(model: torch.nn.Module, gguf: Path) -> int:
     are of a kind in `KINDS` for modules over the file's blocks (`use_blocks`); none where the model
     is not of a family our forward runs (`family_of`: it stays dense)."""
     family = family_of(model.config)
-    return 0 if family is None else use_blocks(model, gguf_blocks(read_gguf(gguf), family), family)
+    if family is None:
+        return 0
+    return use_blocks(model, gguf_blocks(read_gguf(gguf, modules=FAMILIES[family.model_type].file.modules), family),
+                      family)
 
 
 def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]], family: Family) -> int:
@@ -136,7 +147,8 @@ def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]],
     if "model.embed_tokens.weight" in found:
         blocks, kind = found["model.embed_tokens.weight"]
         assert blocks.shape[0] == embedding.num_embeddings
-        model.model.embed_tokens = BlockEmbedding(_tensor(blocks), kind, embedding.embedding_dim)
+        model.model.embed_tokens = BlockEmbedding(_tensor(blocks), kind, embedding.embedding_dim,
+                                                  scale=getattr(embedding, "embed_scale", None))
         swapped += 1
         if tied and "lm_head.weight" not in found:
             model.lm_head = BlockLinear(model.model.embed_tokens.blocks, kind, embedding.embedding_dim)

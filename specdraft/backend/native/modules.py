@@ -80,13 +80,15 @@ _NONE, _NO_ROWS = np.zeros(0, np.float32), np.zeros((0, 0), np.float32)  # no sc
 
 class BlockEmbedding(torch.nn.Module):
     """A token embedding read from GGUF blocks (shared with a tied `BlockLinear` output layer; held as
-    its tiles where that layer computes in int8: `tiled`)."""
+    its tiles where that layer computes in int8: `tiled`); `scale`: what the rows are multiplied by,
+    where the embedding it replaces scaled them (Gemma's: sqrt(hidden), in the weights' dtype)."""
 
-    def __init__(self, blocks: torch.Tensor, kind: int, embedding_dim: int) -> None:
+    def __init__(self, blocks: torch.Tensor, kind: int, embedding_dim: int, scale: torch.Tensor | None = None) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.kind = blocks.shape[0], embedding_dim, kind
         self.tiled = False
         self.register_buffer("blocks", blocks)
+        self.scale = None if scale is None else scale.detach().to(torch.float32)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tiled:
@@ -94,6 +96,8 @@ class BlockEmbedding(torch.nn.Module):
                                                          ids.reshape(-1).numpy()))
         else:
             rows = dense_values(self.blocks[ids.reshape(-1)], self.kind, self.embedding_dim)
+        if self.scale is not None:
+            rows = rows * self.scale
         return rows.reshape(*ids.shape, self.embedding_dim)
 
 

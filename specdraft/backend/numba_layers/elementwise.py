@@ -1,6 +1,7 @@
 """Element math of a layer on its calling thread, as numba kernels over float32 rows: an exponential
-that vectorises (`exp`, the attention's and SiLU's), SiLU's gate, the RMS norm (of a row, of each head) and the rotary
-embedding; and `SUM`, the one liberty every summing kernel here takes."""
+that vectorises (`exp`, the attention's and the gates'), SiLU's and GELU-tanh's gates, the RMS norm
+(of a row, of each head) and the rotary embedding; and `SUM`, the one liberty every summing kernel
+here takes."""
 
 from __future__ import annotations
 
@@ -46,6 +47,28 @@ def silu_gate(gate_up, act):  # pragma: no cover - compiled
         exp(negated, e, scale)
         for j in range(inter):
             out[j] = gate[j] / (np.float32(1.0) + e[j]) * up[j]
+
+
+_GELU_BETA = np.float32(0.7978845608028654)  # sqrt(2 / pi)
+_GELU_KAPPA = np.float32(0.044715)
+
+
+@njit(cache=True, error_model="numpy")
+def gelu_tanh_gate(gate_up, act):  # pragma: no cover - compiled
+    """act[t, j] = gelu_tanh(gate[t, j]) * up[t, j] (torch's "tanh" GELU: 0.5 g (1 + tanh(sqrt(2 / pi)
+    (g + 0.044715 g^3)))), tanh(u) as 1 - 2 / (1 + exp(2u)) by `exp`, which vectorises; gate_up [N,
+    2 * inter]: gate, then up."""
+    inter = act.shape[1]
+    doubled, e, scale = np.empty(inter, np.float32), np.empty(inter, np.float32), np.empty(inter, np.int32)
+    for t in range(act.shape[0]):
+        gate, up, out = gate_up[t, :inter], gate_up[t, inter:], act[t]
+        for j in range(inter):
+            g = gate[j]
+            doubled[j] = np.float32(2.0) * _GELU_BETA * (g + _GELU_KAPPA * g * g * g)
+        exp(doubled, e, scale)
+        for j in range(inter):
+            tanh = np.float32(1.0) - np.float32(2.0) / (np.float32(1.0) + e[j])
+            out[j] = np.float32(0.5) * gate[j] * (np.float32(1.0) + tanh) * up[j]
 
 
 @njit(fastmath=SUM, cache=True)

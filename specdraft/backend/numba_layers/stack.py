@@ -19,11 +19,11 @@ from specdraft.backend.paged import PagedKVCache
 from specdraft.backend.family import Family
 from specdraft.backend.layers import Pass
 from specdraft.backend.numba_layers.attention import attend, attention_kernel
-from specdraft.backend.numba_layers.elementwise import head_norm, rms_norm, rotate, silu_gate
+from specdraft.backend.numba_layers.elementwise import gelu_tanh_gate, head_norm, rms_norm, rotate, silu_gate
 from specdraft.backend.numba_layers.grouping import host_array, native_kernel, step_weights
 from specdraft.backend.numba_layers.huge_pages import on_huge_pages
 from specdraft.backend.numba_layers.projection import NO_KERNEL, NO_RESIDUAL, project
-from specdraft.backend.weights import linears_arithmetic, linears_reader, model_device, projections, silu_mlp
+from specdraft.backend.weights import linears_arithmetic, linears_reader, mlp_gate, model_device, projections
 
 MAX_TOKENS = 32  # tokens a call of the layer stack computes
 # With SPECDRAFT_INVARIANT_PREFILL=1, passes longer than MAX_TOKENS (prefill chunks) run here too, in
@@ -36,6 +36,7 @@ LONG_PASSES = os.environ.get("SPECDRAFT_INVARIANT_PREFILL") == "1"
 # faster there (`cpu_prefill.md`: 1.15x BLAS at 128 tokens), and the eager layers' linears compute
 # each of up to 64 rows on its own (`backend/linear.py`), which a prefill need not pay.
 SHORT_PASS = 128
+GATES = ("silu", "swish", "gelu_pytorch_tanh")  # the MLP gates the stack computes (`_after_attention`)
 
 
 @njit(cache=True)
@@ -62,19 +63,38 @@ def _before_attention(x, cos, sin, norm, eps, qkv_weights, head_norms, heads, kv
 
 
 @njit(cache=True)
-def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_weights, kernel):  # pragma: no cover
-    """The residual stream x [N, hidden] after the attention output [N, heads * head_dim] and the MLP."""
-    y = np.empty_like(x)
-    project(out_weights, attended, y, x, kernel)
+def _joined(x, weights, inputs, post_norm, eps, kernel):  # pragma: no cover - compiled
+    """x plus a projection of `inputs`, normed first where `post_norm` holds a weight (else empty)."""
+    out = np.empty_like(x)
+    if not post_norm.shape[0]:
+        project(weights, inputs, out, x, kernel)  # the residual added by the projection
+        return out
+    y, normed = np.empty_like(x), np.empty_like(x)
+    project(weights, inputs, y, NO_RESIDUAL, kernel)
+    rms_norm(y, post_norm, eps, normed)
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            out[t, i] = x[t, i] + normed[t, i]
+    return out
+
+
+@njit(cache=True)
+def _after_attention(x, attended, out_weights, norm, eps, gate_up_weights, down_weights, post_norms, gelu,
+                     kernel):  # pragma: no cover - compiled
+    """The residual stream x [N, hidden] after the attention output [N, heads * head_dim] and the MLP
+    (`norm`, its input's), each normed before it joins where `post_norms` (the attention's, the
+    MLP's) holds weights; the MLP's gate GELU-tanh where `gelu`, else SiLU."""
+    y = _joined(x, out_weights, attended, post_norms[0], eps, kernel)
     h = np.empty_like(x)
     rms_norm(y, norm, eps, h)
     gate_up = np.empty((x.shape[0], gate_up_weights[0].shape[0]), np.float32)
     project(gate_up_weights, h, gate_up, NO_RESIDUAL, kernel)
     act = np.empty((x.shape[0], gate_up.shape[1] // 2), np.float32)
-    silu_gate(gate_up, act)
-    out = np.empty_like(x)
-    project(down_weights, act, out, y, kernel)
-    return out
+    if gelu:
+        gelu_tanh_gate(gate_up, act)
+    else:
+        silu_gate(gate_up, act)
+    return _joined(y, down_weights, act, post_norms[1], eps, kernel)
 
 
 @njit(cache=True)
@@ -111,29 +131,53 @@ BLOCK_ROWS = 16  # rows a block of `_head_rows` holds (the int8 arithmetic's who
 
 
 @njit(cache=True)
-def _stack(x, cos, sin, rows, positions, visible, windowed, slides, keys, values, table, before, after, eps, heads,
-           kv_heads, head_dim, kernel, attention, threads):  # pragma: no cover - compiled
+def _stack(x, rotary, rows, positions, visible, windowed, slides, keys, values, table, before, after, eps, gelu,
+           heads, kv_heads, head_dim, kernel, attention, threads):  # pragma: no cover - compiled
     """Every layer on x [N, hidden]: q/k/v, cache writes, attention, output projection and MLP.
-    before[i]: (norm, q/k/v weights, q/k head norms); after[i]: `_after_attention`'s weights but the norm's eps;
-    eps: every norm's; kernel: `project`'s; attention, threads: `attend`'s kernel and threads;
-    visible [N, kv]: the entries each token sees, `windowed` those of its sliding window, which layer
-    i attends over where slides[i]. Returns the stream after the last layer."""
+    before[i]: (norm, q/k/v weights, q/k head norms); after[i]: `_after_attention`'s weights but the
+    norm's eps and `gelu`; eps: every norm's; kernel: `project`'s; attention, threads: `attend`'s kernel
+    and threads; visible [N, kv]: the entries each token sees, `windowed` those of its sliding window;
+    rotary: (cos, sin, the sliding layers' cos, sin) [N, head_dim] each; layer i attends over its
+    window, rotated by the sliding layers' cos and sin, where slides[i]. Returns the stream after the
+    last layer."""
     attended = np.empty((x.shape[0], heads * head_dim), np.float32)
+    cos, sin, local_cos, local_sin = rotary
     for i in range(len(before)):
         norm, qkv_weights, head_norms = before[i]
-        qkv = _before_attention(x, cos, sin, norm, eps, qkv_weights, head_norms, heads, kv_heads, head_dim, kernel)
+        c, s = (local_cos, local_sin) if slides[i] else (cos, sin)
+        qkv = _before_attention(x, c, s, norm, eps, qkv_weights, head_norms, heads, kv_heads, head_dim, kernel)
         attend(qkv, rows, positions, windowed if slides[i] else visible, keys[i], values[i], table, heads, kv_heads,
                head_dim, attended, attention, threads)
-        out_weights, norm2, gate_up_weights, down_weights = after[i]
-        x = _after_attention(x, attended, out_weights, norm2, eps, gate_up_weights, down_weights, kernel)
+        out_weights, norm2, gate_up_weights, down_weights, post_norms = after[i]
+        x = _after_attention(x, attended, out_weights, norm2, eps, gate_up_weights, down_weights, post_norms, gelu,
+                             kernel)
     return x
 
 
+_NONE = np.empty(0, np.float32)  # a norm a family does not have
+
+
+def _norm(module: torch.nn.Module, family: Family) -> np.ndarray:
+    """What an RMS norm scales by: its weight, or (offset + weight) in float32 as transformers' Gemma
+    norm computes it, where the family's norms are offset."""
+    weight = module.weight.detach().float()
+    return host_array(weight + family.norm_offset if family.norm_offset else weight)
+
+
 def _head_norms(layer: torch.nn.Module, family: Family) -> tuple[np.ndarray, np.ndarray]:
-    """A layer's q and k head norms' weights ([head_dim] each; empty where the family has none)."""
+    """A layer's q and k head norms ([head_dim] each; empty where the family has none)."""
     if not family.qk_norm:
-        return np.empty(0, np.float32), np.empty(0, np.float32)
-    return host_array(layer.self_attn.q_norm.weight), host_array(layer.self_attn.k_norm.weight)
+        return _NONE, _NONE
+    return _norm(layer.self_attn.q_norm, family), _norm(layer.self_attn.k_norm, family)
+
+
+def _mlp_norms(layer: torch.nn.Module, family: Family) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """A layer's MLP input norm, and its norms of the attention's and the MLP's outputs (empty where the
+    family has no sandwich norms)."""
+    if not family.sandwich_norms:
+        return _norm(layer.post_attention_layernorm, family), (_NONE, _NONE)
+    outputs = (_norm(layer.post_attention_layernorm, family), _norm(layer.post_feedforward_layernorm, family))
+    return _norm(layer.pre_feedforward_layernorm, family), outputs
 
 
 @njit(cache=True)
@@ -173,11 +217,13 @@ class NumbaLayers:
         before, after = [], []
         for i, layer in enumerate(layers):
             qkv, out, gate_up, down = weights[4 * i : 4 * i + 4]
-            before.append((host_array(layer.input_layernorm.weight), qkv, _head_norms(layer, family)))
-            after.append((out, host_array(layer.post_attention_layernorm.weight), gate_up, down))
+            before.append((_norm(layer.input_layernorm, family), qkv, _head_norms(layer, family)))
+            mlp_norm, post_norms = _mlp_norms(layer, family)
+            after.append((out, mlp_norm, gate_up, down, post_norms))
         self._before, self._after, self._eps = _as_list(tuple(before)), _as_list(tuple(after)), family.norm_eps
         self._slides = np.array([family.slides(layer.self_attn.layer_idx) for layer in layers], np.bool_)
-        self._head = (host_array(model.model.norm.weight), family.norm_eps, weights[-1], self._kernel)
+        self._gelu = family.activation == "gelu_tanh"
+        self._head = (_norm(model.model.norm, family), family.norm_eps, weights[-1], self._kernel)
         self._vocabulary = weights[-1][0].shape[0]  # the output layer's rows: the logits `head` computes
         self._kept: tuple[int, np.ndarray] | None = None  # `keep_vocabulary`'s rows, and its other blocks (`also_rows`)
         self._warm_up(model.config.hidden_size, len(layers))
@@ -189,8 +235,8 @@ class NumbaLayers:
         cache.push_row()
         cache.prepare(slice(0, 1), torch.zeros(1, 1, dtype=torch.int64), 1)
         x = torch.zeros(1, hidden)
-        rotary = torch.zeros(1, head_dim)
-        self.head(self._run(x, rotary, rotary, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+        rotary = (torch.zeros(1, head_dim),) * 4
+        self.head(self._run(x, rotary, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
                             torch.ones(1, 1, dtype=torch.bool), cache))
 
     def use_kernel_build(self, path: str) -> None:
@@ -205,13 +251,13 @@ class NumbaLayers:
 
     @staticmethod
     def applies(model: torch.nn.Module, layers: list[torch.nn.Module], dtype: torch.dtype) -> bool:
-        """Whether the layers are plain (SiLU MLP, RMS norms) on CPU, with float32 activations, and
+        """Whether the layers are plain (a SiLU or GELU-tanh gated MLP, RMS norms) on CPU, with float32 activations, and
         their linears read by the compiled kernel or numba's loops (`native.reader`: all float32 or
         GGUF blocks where the kernel compiles, else all float32 or all int8 `WeightOnlyInt8Linear`s)."""
         if model_device(model).type != "cpu" or dtype != torch.float32:
             return False
         read = linears_reader(model, layers) in (native.Reader.KERNEL, native.Reader.NUMBA)
-        return all(silu_mlp(layer.mlp) for layer in layers) and read
+        return all(mlp_gate(layer.mlp) in GATES for layer in layers) and read
 
     def takes(self, tokens: int, width: int) -> bool:
         """Whether a pass of `tokens` tokens, `width` a row, runs here (a pass of more than `MAX_TOKENS`
@@ -229,11 +275,11 @@ class NumbaLayers:
         that each of its tokens is computed exactly as a decode or verify step computes it (each
         call writes its tokens' keys and values before attending: later calls see them)."""
         flat = torch.arange(p.batch * p.steps) if p.real is None else p.real  # [N] into [batch * T]
-        x, cos, sin = p.x, p.flat(p.cos), p.flat(p.sin)
+        rotary = [p.flat(t) for t in (*p.rotary_of(False), *p.rotary_of(True))]  # [N, head_dim] each
         rows, positions = flat // p.steps, p.positions.reshape(-1)[flat]
         visible, windowed = ((m[:, 0].reshape(p.batch * p.steps, -1)[flat] if m is not None else None)  # [N, kv]
                              for m in (p.mask, p.window_mask))
-        parts = [self._run(x[i : i + MAX_TOKENS], cos[i : i + MAX_TOKENS], sin[i : i + MAX_TOKENS],
+        parts = [self._run(p.x[i : i + MAX_TOKENS], tuple(t[i : i + MAX_TOKENS] for t in rotary),
                            rows[i : i + MAX_TOKENS], positions[i : i + MAX_TOKENS], visible[i : i + MAX_TOKENS], p.cache,
                            None if windowed is None else windowed[i : i + MAX_TOKENS])
                  for i in range(0, len(flat), MAX_TOKENS)]
@@ -256,12 +302,13 @@ class NumbaLayers:
 
         return cache.derived(("numba",), typed)
 
-    def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-             visible: torch.Tensor, cache: PagedKVCache, windowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Every layer on the tokens x [N, hidden]: cos, sin [N, head_dim]; rows, positions [N] (each
-        token's row in the cache's prepared window, its position); visible [N, kv] bool (which cache
-        entries each token sees; `windowed`, those in its sliding window, for the layers that slide).
-        Writes the tokens' keys and values; returns the stream [N, hidden]."""
+    def _run(self, x: torch.Tensor, rotary: tuple, rows: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+             cache: PagedKVCache, windowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Every layer on the tokens x [N, hidden]: rotary, (cos, sin, the sliding layers' cos, sin)
+        [N, head_dim] each; rows, positions [N] (each token's row in the cache's prepared window, its
+        position); visible [N, kv] bool (which cache entries each token sees; `windowed`, those in its
+        sliding window, for the layers that slide). Writes the tokens' keys and values; returns the
+        stream [N, hidden]."""
         assert isinstance(cache, PagedKVCache), "the step's attention reads a paged cache (`RowModel` makes one)"
         assert cache.dtype == torch.float32 and cache.num_layers == len(self._before)
         self.use_torch_threads()
@@ -269,9 +316,10 @@ class NumbaLayers:
         with _named("specdraft::numba_stack"):
             visible = host_array(visible)
             windowed = visible if windowed is None else host_array(windowed)
-            x = _stack(host_array(x), host_array(cos), host_array(sin), host_array(rows), host_array(positions),
+            x = _stack(host_array(x), tuple(host_array(t) for t in rotary), host_array(rows), host_array(positions),
                        visible, windowed, self._slides, keys, values, cache.table, self._before, self._after,
-                       self._eps, *self._shape, self._kernel, self.attention_address, numba.get_num_threads())
+                       self._eps, self._gelu, *self._shape, self._kernel, self.attention_address,
+                       numba.get_num_threads())
         return torch.from_numpy(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

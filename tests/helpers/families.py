@@ -1,6 +1,7 @@
-"""Tiny random Qwen models built in-process, at the tiny Llama's vocabulary: a Qwen2 (the family's
-biases, explicit head size and untied output layer) and a Qwen3 (q/k norms, heads wider than
-hidden / heads)."""
+"""Tiny random models of the families beside Llama, built in-process at the tiny Llama's vocabulary:
+a Qwen2 (the family's biases, explicit head size and untied output layer), a Qwen3 (q/k norms,
+heads wider than hidden / heads) and a Gemma 3 (sliding and full layers, sandwich and (1 + w)
+norms, a GELU gate)."""
 
 from __future__ import annotations
 
@@ -45,4 +46,24 @@ def make_tiny_qwen3(heads: int = 4, kv_heads: int = 2, head_dim: int = 64, seed:
             layer.self_attn.q_norm.weight.normal_(1.0, 0.3)
             layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
         model.lm_head.weight.mul_(sharpen)  # varied greedy continuations, not ties
+    return model
+
+
+def make_tiny_gemma3(seed: int = 0, dtype: torch.dtype = torch.float32, window: int = 8, sharpen: float = 4.0):
+    """A random Gemma 3 (text) of three layers, the first and last sliding over `window` tokens (the
+    sliding layers' rotary base 10,000, the full one's 1,000,000), 4 query heads over 2 of 16, every
+    norm (the sandwich norms, q/k norms) of varied (1 + w) weights, a tied head."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                              sliding_window=window, max_position_embeddings=512,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    model = Gemma3ForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("norm.weight"):
+                tensor.normal_(0.0, 0.3)
+        model.model.embed_tokens.weight.mul_(sharpen)  # varied greedy continuations, not ties
     return model
