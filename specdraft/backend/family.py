@@ -97,7 +97,9 @@ class _Row:
     """What a family's config does not say: which projections add a bias (a config field's name that
     does, or a constant), whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`),
     what its GGUF files hold that the loader reads (`file`, which `models.gguf_check` holds a file to),
-    and whether its heads' q and k are normed (`Family.qk_norm`)."""
+    whether its heads' q and k are normed (`Family.qk_norm`), its norms' offset and sandwich norms, and
+    whether its model reads a config's `layer_types` (Mistral's does not: every layer slides where its
+    config gives a window)."""
 
     qkv: str | bool
     out: str | bool
@@ -107,6 +109,7 @@ class _Row:
     qk_norm: bool = False
     norm_offset: float = 0.0
     sandwich_norms: bool = False
+    layer_types: bool = True
 
     def read(self, config, which: str) -> bool:
         where = getattr(self, which)
@@ -122,7 +125,7 @@ FAMILIES = {
     "llama": _Row(qkv="attention_bias", out="attention_bias", mlp="mlp_bias", gguf_interleaved_qk=True,
                   file=FileFamily(_TOP | {ROPE_FREQS}, _WEIGHTS, head_size_key="rope.dimension_count")),
     # Mistral (a sliding window where its config has one; its GGUF files are llama.cpp's `llama`)
-    "mistral": _Row(qkv=False, out=False, mlp=False, gguf_interleaved_qk=True,
+    "mistral": _Row(qkv=False, out=False, mlp=False, gguf_interleaved_qk=True, layer_types=False,
                     file=FileFamily(_TOP, _WEIGHTS, head_size_key="rope.dimension_count")),
     # Qwen2, Qwen2.5 (-Coder)
     "qwen2": _Row(qkv=True, out=False, mlp=False, gguf_interleaved_qk=False,
@@ -178,15 +181,20 @@ def attention_knee(config) -> float:
 ATTENTION_KINDS = ("full_attention", "sliding_attention")  # the layer types (a config's `layer_types`) we run
 
 
-def _sliding(config) -> tuple[int | None, tuple[bool, ...]]:
-    """(the sliding window, whether each layer slides) of a config: its `layer_types` where it has
-    them (Qwen2 and Qwen3 with use_sliding_window, Gemma 3), else every layer where it gives a window
-    (Mistral); (None, ()) where no layer slides."""
+def _layer_types(config) -> list[str]:
+    """Each layer's attention as the family's model reads it: the config's `layer_types` where its
+    row reads them (Qwen2 and Qwen3 with use_sliding_window, Gemma 3), else every layer sliding where
+    the config gives a window (Mistral), full where not."""
+    given = getattr(config, "layer_types", None) if FAMILIES[config.model_type].layer_types else None
     window = getattr(config, "sliding_window", None)  # Qwen2, Qwen3: None unless use_sliding_window
-    types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * (
-        config.num_hidden_layers)
-    sliding = tuple(kind == "sliding_attention" for kind in types)
-    return (window, sliding) if window and any(sliding) else (None, ())
+    return list(given or [ATTENTION_KINDS[1] if window else ATTENTION_KINDS[0]] * config.num_hidden_layers)
+
+
+def _sliding(config) -> tuple[int | None, tuple[bool, ...]]:
+    """(the sliding window, whether each layer slides) of a config (`_layer_types`); (None, ()) where no
+    layer slides."""
+    sliding = tuple(kind == ATTENTION_KINDS[1] for kind in _layer_types(config))
+    return (config.sliding_window, sliding) if any(sliding) else (None, ())
 
 
 def family_problem(config) -> str | None:
@@ -195,9 +203,13 @@ def family_problem(config) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         return f"{model_type!r} is not a family our forward runs ({', '.join(FAMILIES)})"
-    kinds = set(getattr(config, "layer_types", None) or ATTENTION_KINDS[:1])
+    kinds = set(_layer_types(config))
     if not kinds <= set(ATTENTION_KINDS):
         return f"layers of attention other than full or sliding: {sorted(kinds - set(ATTENTION_KINDS))}"
+    if ATTENTION_KINDS[1] in kinds and not getattr(config, "sliding_window", None):
+        return "sliding layers without a window"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention (an embedding model)"
     for field in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(config, field, None):
             return f"{field} {getattr(config, field)}"

@@ -47,12 +47,14 @@ def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype
     head_dim = family.head_dim
     if head_dim < 16 or head_dim & (head_dim - 1):
         return f"the head dimension must be a power of two >= 16, got {head_dim}"
-    if not all(silu_mlp(layer.mlp) for layer in layers):
-        return "the MLPs must be SiLU-gated"
+    if family.norm_offset or family.sandwich_norms or family.local_rope:
+        return "the kernels have no (1 + w) or sandwich norms, nor a rotary base per layer type (Gemma's), yet"
     if family.qk_norm:
         return "the kernels have no per-head q/k norms (Qwen3's) yet"
     if family.window is not None:
         return f"the kernels have no sliding window ({family.window} tokens) yet"
+    if not all(silu_mlp(layer.mlp) for layer in layers):
+        return "the MLPs must be SiLU-gated"
     linears = [m for m in layer_linears(model, layers) if m is not None]
     if any(not plain_linear(m) or m.weight.dtype not in (dtype, torch.int8) for m in linears):
         return f"every projection must be a linear layer with {dtype} or int8 weights"

@@ -36,6 +36,12 @@ def test_a_gemma3_config_is_described_by_its_row():
     scaled = make_tiny_gemma3().config
     scaled.query_pre_attn_scalar = 256
     assert family_problem(scaled) == "attention scaled by query_pre_attn_scalar 256, not the head size 16"
+    embedding = make_tiny_gemma3().config
+    embedding.use_bidirectional_attention = True
+    assert family_problem(embedding) == "bidirectional attention (an embedding model)"
+    windowless = make_tiny_gemma3().config
+    windowless.sliding_window = None
+    assert family_problem(windowless) == "sliding layers without a window"
 
 
 def test_our_forward_takes_a_gemma3_only_with_its_sandwich_norms():
@@ -65,13 +71,14 @@ def test_greedy_speculative_output_equals_plain_greedy_and_hugging_face():
 
 
 def test_inductor_and_triton_do_not_take_it():
-    """Gemma's layers run numba's stack or the eager layers (under Triton's interpreter on CPU, the
-    Triton check reaches the MLP)."""
-    pytest.importorskip("triton")
+    """Gemma's layers run numba's stack or the eager layers (the Triton check under Triton's
+    interpreter, as the suite runs on CPU: every check before the family's passes)."""
     model = make_tiny_gemma3()
     layers = list(model.model.layers)
     assert not InductorLayers.applies(model, layers, torch.float32)
-    assert unavailable(model, layers, torch.float32, family_of(model.config)) == "the MLPs must be SiLU-gated"
+    pytest.importorskip("triton")
+    assert unavailable(model, layers, torch.float32, family_of(model.config)) == (
+        "the kernels have no (1 + w) or sandwich norms, nor a rotary base per layer type (Gemma's), yet")
 
 
 # -- the real Gemma 3 270M ----------------------------------------------------------------------------

@@ -56,7 +56,10 @@ def test_each_config_says_which_layers_slide():
     assert (qwen.window, qwen.sliding, qwen.slides(0), qwen.slides(1)) == (WINDOW, (False, True), False, True)
     plain = family_of(make_tiny_qwen2(layers=1).config)
     assert (plain.window, plain.sliding, plain.slides(0)) == (None, (), False)
-    chunked = make_tiny_mistral(layers=1).config
+    listed = make_tiny_mistral(layers=2).config
+    listed.layer_types = ["full_attention", "sliding_attention"]  # Mistral's model reads no layer types
+    assert family_of(listed).sliding == (True, True)
+    chunked = make_windowed_qwen2().config
     chunked.layer_types = ["chunked_attention"]
     assert family_problem(chunked) == "layers of attention other than full or sliding: ['chunked_attention']"
 

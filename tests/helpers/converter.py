@@ -91,9 +91,14 @@ def _tokenizer_source(family: str) -> Path:
     """A folder of the tokenizer a tiny model of `family` gets, one whose pre-tokenizer the converter
     knows: the embedded SmolLM2's for Llama (read through `llama_hf`), Qwen2.5's for the Qwen families
     (the converter checks its hash; the catalogue's 0.5B, fetched by name where it is not cached)."""
+    from specdraft.errors import ModelFetchError
     from specdraft.models import embedded_gguf
     from specdraft.models.find import fetch
     from specdraft.models.gguf_cache import cache_gguf_config
 
-    return cache_gguf_config(embedded_gguf() if family == "llama" else fetch("qwen2.5-coder-0.5b-instruct",
-                                                                              progress=False))
+    if family == "llama":
+        return cache_gguf_config(embedded_gguf())
+    try:
+        return cache_gguf_config(fetch("qwen2.5-coder-0.5b-instruct", progress=False))
+    except ModelFetchError as error:
+        pytest.skip(f"Qwen2.5's tokenizer could not be fetched (the catalogue's 0.5B): {error}")

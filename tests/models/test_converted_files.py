@@ -73,7 +73,9 @@ def test_the_float32_arithmetic_gives_transformers_logits_bitwise_and_its_greedy
         for prompt, got in zip(PROMPTS, ours):
             ids = loaded.tokenizer(prompt, return_tensors="pt").input_ids
             want = dense.generate(ids, max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(ids))
-            assert got == want[0, ids.shape[1]:].tolist()[: len(got)] and len(got) > 0, prompt
+            want = want[0, ids.shape[1]:].tolist()
+            # ours leaves out a stop token that ends the reply early; transformers' keeps it
+            assert got == want[: len(got)] and len(want) - len(got) in (0, 1) and len(got) > 0, prompt
 
 
 def test_the_int8_arithmetic_speculates_as_it_decodes(converted):
