@@ -1,7 +1,8 @@
 """A Llama-shaped GGUF of random weights with its projections in one block kind, for timing a kind beside
 llama.cpp on the same file (`benchmarks.cpu.int8_speed --model FILE --llama-bench PATH`).
 
-One layer's projections are random normals quantised by gguf (`gguf.quants.quantize`), written for
+One layer's projections are random normals quantised by gguf (`quantize`: `gguf.quants.quantize`, or
+for IQ4_NL, which gguf does not quantise, each weight's nearest point of its grid), written for
 every layer: a step reads as many bytes of them as of distinct layers, and quantising once keeps making
 a 1B-class file to seconds. The embedding and output layer are Q8_0 (distinct tensors), the norms float32
 ones, the config is metadata, and the tokenizer is byte-level (`byte_tokenizer`: a character per id, one
@@ -43,6 +44,25 @@ def byte_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
     writer.add_bos_token_id(vocab_size - 1)
 
 
+def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
+    """float32 [rows, width] as blocks [rows, row bytes] of the GGUF type named: gguf's quantisation, or
+    IQ4_NL's (not gguf's): per block of 32, d = -(the weight of largest magnitude) / 127, so that it lies
+    on the grid's -127, and each weight the nearest of d times the grid's 16 values (llama.cpp then
+    refines d; any d gives valid blocks)."""
+    if type_name != "IQ4_NL":
+        return gguf.quants.quantize(values, getattr(gguf.GGMLQuantizationType, type_name))
+    from specdraft.backend.native.formats import IQ4_NL_VALUES
+
+    grid = np.asarray(IQ4_NL_VALUES, np.float32)
+    blocks = values.reshape(values.shape[0], -1, 32)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)  # [rows, blocks, 1]
+    d = (extreme / -127).astype(np.float16)
+    scaled = blocks / np.where(d == 0, 1, d).astype(np.float32)
+    q = np.abs(scaled[..., None] - grid).argmin(-1).astype(np.uint8)  # [rows, blocks, 32]
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return np.concatenate([d.view(np.uint8), packed], axis=-1).reshape(values.shape[0], -1)
+
+
 def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
     """A random Llama of `shape` (`SHAPES`'s keys) with its projections in `kind` (a GGUF type name)."""
     rng = np.random.default_rng(seed)
@@ -63,7 +83,7 @@ def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
 
     def quantized(rows: int, width: int, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
         qtype = getattr(gguf.GGMLQuantizationType, type_name)
-        return gguf.quants.quantize((rng.standard_normal((rows, width)) * 0.02).astype(np.float32), qtype), qtype
+        return quantize((rng.standard_normal((rows, width)) * 0.02).astype(np.float32), type_name), qtype
 
     parts = {"attn_q": (hidden, hidden), "attn_k": (kv_heads * head_dim, hidden), "attn_v": (kv_heads * head_dim, hidden),
              "attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),

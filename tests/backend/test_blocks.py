@@ -37,7 +37,7 @@ gguf = pytest.importorskip("gguf")
 from tests.helpers.gguf_files import random_blocks, write_gguf  # noqa: E402 (needs gguf)
 
 KINDS = {"Q4_0": blocks.Q4_0, "Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0, "Q5_0": blocks.Q5_0,
-         "Q5_1": blocks.Q5_1}  # the kinds gguf quantises (every kind: test_block_kinds)
+         "Q5_1": blocks.Q5_1, "IQ4_NL": blocks.IQ4_NL}  # the kinds of 32 weights (every kind: test_block_kinds)
 COUNTS = [1, 2, 3, 5, 6, 7, 13, MAX_TOKENS]
 
 
@@ -151,7 +151,7 @@ def test_dequantising_by_torch_by_the_kernel_and_by_gguf_gives_the_same_values(n
 # -- a tiny random model written as a GGUF --------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["Q4_1", "Q4_0", "Q5_1"])
+@pytest.fixture(scope="module", params=["Q4_1", "Q4_0", "Q5_1", "IQ4_NL"])
 def tiny_pair(request, tmp_path_factory):
     """(dense, native): a tiny float32 Llama holding the values of a GGUF of projections of one kind (the
     param) and a Q8_0 embedding and output layer, and a copy reading the file's blocks."""
@@ -168,7 +168,7 @@ def test_a_tiny_gguf_model_reads_its_blocks_and_gives_the_dense_logits_bitwise(t
     dense, native = tiny_pair
     assert isinstance(native.model.layers[0].self_attn.q_proj, blocks.BlockLinear)
     kind = native.model.layers[0].mlp.down_proj.kind
-    assert blocks.NAMES[kind] in ("Q4_1", "Q4_0", "Q5_1") and native.lm_head.kind == blocks.Q8_0
+    assert blocks.NAMES[kind] in ("Q4_1", "Q4_0", "Q5_1", "IQ4_NL") and native.lm_head.kind == blocks.Q8_0
     assert isinstance(native.model.embed_tokens, blocks.BlockEmbedding)
     for name, module in native.named_modules():
         if isinstance(module, blocks.BlockLinear):

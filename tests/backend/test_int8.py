@@ -37,7 +37,7 @@ from tests.helpers.tiny import TINY_VOCAB, ToyTokenizer, loaded, make_tiny_model
 gguf = pytest.importorskip("gguf")
 from tests.helpers.gguf_files import random_blocks, write_gguf  # noqa: E402 (needs gguf)
 
-KINDS = {"Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0, "Q5_0": blocks.Q5_0}  # the kinds gguf quantises (all: test_block_kinds)
+KINDS = {"Q4_1": blocks.Q4_1, "Q8_0": blocks.Q8_0, "Q5_0": blocks.Q5_0, "IQ4_NL": blocks.IQ4_NL}  # (all: test_block_kinds)
 COUNTS = [*range(1, 18), MAX_TOKENS, 40]  # every count a whole tile computes in registers (1 .. 16), and more
 
 

@@ -13,16 +13,14 @@ import gguf
 import numpy as np
 import torch
 
-from benchmarks.cpu.kind_files import byte_tokenizer
+from benchmarks.cpu.kind_files import byte_tokenizer, quantize
 from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of
 
 
 def random_blocks(rng, kind: int, rows: int, width: int) -> np.ndarray:
-    """Blocks as gguf quantises random weights: [rows, row bytes] uint8."""
-    weights = rng.standard_normal((rows, width)).astype(np.float32) * 0.1
-    qtype = getattr(gguf.GGMLQuantizationType, blocks.NAMES[kind])
-    return gguf.quants.quantize(weights, qtype)
+    """Random weights quantised (as gguf does, where it does: `kind_files.quantize`): [rows, row bytes] uint8."""
+    return quantize(rng.standard_normal((rows, width)).astype(np.float32) * 0.1, blocks.NAMES[kind])
 
 
 def _llama_cpp_order(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -54,7 +52,7 @@ def write_gguf(model, path, projection_type: str = "Q4_1", head_type: str = "Q8_
             heads = {"attn_q": family.heads, "attn_k": family.kv_heads}.get(name.split(".")[-2])
             heads = heads if family.gguf_interleaved_qk else None
             stored = _llama_cpp_order(weight, heads) if heads else weight
-            quantized = gguf.quants.quantize(stored, qtype)
+            quantized = quantize(stored, type_name)
             writer.add_tensor(name, quantized, raw_shape=quantized.shape, raw_dtype=qtype)
             values = gguf.quants.dequantize(quantized, qtype)
             if heads:  # undo the order as transformers does

@@ -3,7 +3,8 @@
 block's weights and bytes, where its float16 fields lie, and its dequantisation by torch (the float32
 values the dense copy holds).
 
-Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the K kinds' super-blocks of 256 (Q4_K, Q6_K: sub-blocks
+Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL, whose nibbles index a table of 16 int8
+weights) and the K kinds' super-blocks of 256 (Q4_K, Q6_K: sub-blocks
 with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
@@ -24,7 +25,7 @@ from typing import Callable
 import torch
 
 # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
-F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1 = 0, 1, 2, 3, 4, 5, 6, 7
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL = 0, 1, 2, 3, 4, 5, 6, 7, 8
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,14 @@ def _q4_1_values(b: torch.Tensor) -> torch.Tensor:
 def _q4_0_values(b: torch.Tensor) -> torch.Tensor:
     """Q4_0: float16 d, then 16 bytes as Q4_1's: w = d * (q - 8) (exact)."""
     return _half(b, 0) * (_nibbles(b[..., 2:]).float() - 8)
+
+
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # llama.cpp's kvalues_iq4nl
+
+
+def _iq4_nl_values(b: torch.Tensor) -> torch.Tensor:
+    """IQ4_NL: float16 d, then 16 bytes as Q4_1's: w = d * IQ4_NL_VALUES[q] (exact)."""
+    return _half(b, 0) * torch.tensor(IQ4_NL_VALUES, dtype=torch.float32)[_nibbles(b[..., 2:]).long()]
 
 
 def _q8_0_values(b: torch.Tensor) -> torch.Tensor:
@@ -136,6 +145,7 @@ KINDS = {
     Q8_0: BlockKind(Q8_0, "Q8_0", weights=32, bytes=34, float16_at=(0,), values=_q8_0_values),
     Q5_0: BlockKind(Q5_0, "Q5_0", weights=32, bytes=22, float16_at=(0,), values=_q5_0_values),
     Q5_1: BlockKind(Q5_1, "Q5_1", weights=32, bytes=24, float16_at=(0, 2), values=_q5_1_values),
+    IQ4_NL: BlockKind(IQ4_NL, "IQ4_NL", weights=32, bytes=18, float16_at=(0,), values=_iq4_nl_values),
     Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
     Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }

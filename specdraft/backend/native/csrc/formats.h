@@ -3,7 +3,7 @@
 // `specdraft_kind` states it back for a test to compare), name, block (weights and bytes), the facts
 // its tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a
 // dequantised float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds
-// (Q4_K, Q6_K: a super-block of sub-blocks with their own scales). Both arithmetics read a row in
+// (Q4_K, Q6_K: a super-block of sub-blocks with their own scales); IQ4_NL's integers index a table. Both arithmetics read a row in
 // pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift, as its sub-block
 // b & (pieces - 1). `with_kind` is the one place a kind's number becomes the code compiled for it:
 // every entry point calls it once, and below it the kind is a template argument. A new kind is its
@@ -18,7 +18,7 @@
 
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7 };  // as `native.formats` numbers them
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8 };  // as `native.formats` numbers them
 constexpr int64_t kBlock = 32;     // weights the arithmetics read together: a block, or a K kind's sub-block (a piece)
 constexpr int64_t kSuper = 256;    // weights in a K kind's block (its super-block)
 
@@ -66,6 +66,18 @@ inline void q4_0_piece(const uint8_t* p, float* o) {
     for (int j = 0; j < 16; ++j) {
         o[j] = d * float((p[2 + j] & 15) - 8);
         o[j + 16] = d * float((p[2 + j] >> 4) - 8);
+    }
+}
+
+// IQ4_NL's 16 weights, a nibble's (llama.cpp's kvalues_iq4nl): a non-linear grid, as int8.
+constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// IQ4_NL (18 bytes): float16 d at 0, qs at 2 as Q4_1's: w = d * kIq4nlValues[q] (exact).
+inline void iq4_nl_piece(const uint8_t* p, float* o) {
+    const float d = half_to_float(load_u16(p));
+    for (int j = 0; j < 16; ++j) {
+        o[j] = d * float(kIq4nlValues[p[2 + j] & 15]);
+        o[j + 16] = d * float(kIq4nlValues[p[2 + j] >> 4]);
     }
 }
 
@@ -144,7 +156,9 @@ struct Traits;
 // float16 fields per row before a tile's integers (d; Q4_1's m, Q4_K's dmin beside it); for a kind of
 // 32 weights, `qs`, where its block's integers begin, and `offset`, what the bytes of its int8 tiles
 // exceed its weights by; `ahead`, whether a decode token asks for its tiles ahead (tiles.h's
-// `asks_ahead`); `halves16`, whether its tokens' sums are kept per 16 (Q6_K's scales).
+// `asks_ahead`); `halves16`, whether its tokens' sums are kept per 16 (Q6_K's scales); `lookup`, whether
+// its integers index a table of int8 weights (IQ4_NL's `table`: then `offset` is what the bytes looked up
+// for vpdpbusd exceed them by, and the weights are signed 8-bit ones wherever they are multiplied).
 template <int64_t WEIGHTS, int64_t BYTES, int BITS, int SCALES, int QS = 0, int32_t OFFSET = 0, bool AHEAD = true,
           bool HALVES16 = false>
 struct Facts {
@@ -153,7 +167,7 @@ struct Facts {
     static constexpr int pieces = int(WEIGHTS / kBlock), piece_shift = super ? 3 : 0;
     static constexpr int bits = BITS, scales = SCALES, qs = QS;
     static constexpr int32_t offset = OFFSET;
-    static constexpr bool ahead = AHEAD, halves16 = HALVES16;
+    static constexpr bool ahead = AHEAD, halves16 = HALVES16, lookup = false;
 };
 
 template <>
@@ -194,6 +208,14 @@ struct Traits<Q5_1> : Facts<kBlock, 24, 5, 2, 8> {
 };
 
 template <>
+struct Traits<IQ4_NL> : Facts<kBlock, 18, 4, 1, 2, 128, false> {
+    static constexpr const char* name = "IQ4_NL";
+    static constexpr bool lookup = true;
+    static constexpr const int8_t* table = kIq4nlValues;
+    static void piece(const uint8_t* p, int, float* o) { iq4_nl_piece(p, o); }
+};
+
+template <>
 struct Traits<Q4_K> : Facts<kSuper, 144, 4, 2> {
     static constexpr const char* name = "Q4_K";
     static void piece(const uint8_t* p, int sub, float* o) { q4_k_piece(p, sub, o); }
@@ -207,7 +229,7 @@ struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
 
 template <int64_t... K>
 struct KindList {};
-using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1>;  // every kind with an entry above
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL>;  // every kind with an entry above
 
 template <int64_t KIND>
 using KindOf = std::integral_constant<int64_t, KIND>;

@@ -48,7 +48,8 @@
 namespace {
 
 // Row r's (0..7) integer weight j (0..31) of a half tile's block of KIND (`at` bytes on from block 0):
-// Q4_1's 0..15, Q8_0's -128..127, Q4_0's q - 8, Q5_0's q - 16 (the tile's byte less the kind's offset).
+// Q4_1's 0..15, Q8_0's -128..127, Q4_0's q - 8, Q5_0's q - 16 (the tile's byte less the kind's offset),
+// IQ4_NL's table entry q.
 template <int64_t KIND>
 inline int32_t tile_weight(const Half& half, int64_t at, int r, int j) {
     using K = Traits<KIND>;
@@ -59,6 +60,7 @@ inline int32_t tile_weight(const Half& half, int64_t at, int r, int j) {
         const uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
         int32_t q = group < 4 ? byte & 15 : byte >> 4;
         if constexpr (K::bits == 5) q |= ((half.q[at + half.vector * 4 + 4 * r + e] >> group) & 1) << 4;
+        if constexpr (K::lookup) return K::table[q];
         return q - K::offset;
     }
 }
@@ -75,8 +77,22 @@ inline void tile_block_sums(const Half& half, int64_t at, const int32_t i[kTileR
 
 #ifdef SPECDRAFT_AVX2
 
+// A lookup kind's table (formats.h's `Traits::table`) in each 128-bit lane, as the bytes its products
+// take: w + 128 (its offset) for VNNI's unsigned bytes, w itself for the sign trick.
+template <int64_t KIND>
+inline __m256i lookup_table() {
+    static_assert(Traits<KIND>::offset == 128, "a lookup kind's looked-up bytes exceed its weights by 128");
+    const __m256i w = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)Traits<KIND>::table));
+#ifdef SPECDRAFT_VNNI
+    return _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));  // w + 128
+#else
+    return w;
+#endif
+}
+
 // Group G (0..7) of a half tile's block at q (`vector` bytes apart): its 8 rows' 4 weights each, as
-// bytes the instructions below take (Q4_1's 0..15; Q5_0's q, 0..31; Q8_0's w + 128 for VNNI, w without it).
+// bytes the instructions below take (Q4_1's 0..15; Q5_0's q, 0..31; Q8_0's w + 128 for VNNI, w without it;
+// IQ4_NL's nibbles looked up in its table as Q8_0's are).
 // The bytes exceed the weights by `Traits::offset` (their dot product less offset * sum of x): Q4_1's
 // none, Q5_0's 16, Q8_0's 128 with VNNI (without, the weights themselves come back).
 template <int64_t KIND>
@@ -84,6 +100,7 @@ inline __m256i group_weights(const uint8_t* q, int64_t vector, int G) {
     if constexpr (Traits<KIND>::bits < 8) {
         const __m256i raw = _mm256_loadu_si256((const __m256i*)(q + vector * (G % 4))), nibble = _mm256_set1_epi8(15);
         const __m256i low = _mm256_and_si256(G < 4 ? raw : _mm256_srli_epi16(raw, 4), nibble);
+        if constexpr (Traits<KIND>::lookup) return _mm256_shuffle_epi8(lookup_table<KIND>(), low);
         if constexpr (Traits<KIND>::bits == 4) return low;
         // bit G of each byte of the fifth vector to bit 4 (16-bit shifts: the bit stays in its byte)
         const __m256i bit = _mm256_and_si256(_mm256_loadu_si256((const __m256i*)(q + vector * 4)), _mm256_set1_epi8(char(1 << G)));
@@ -164,7 +181,7 @@ template <int64_t KIND, int H, int T>
     }
 }
 
-// Signed weights (Q8_0's) times x by the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127).
+// Signed weights (Q8_0's, IQ4_NL's) times x by the sign trick: |w| times x with w's sign (|pair| <= 2 * 128 * 127).
 template <int64_t KIND, int H, int T>
 [[gnu::always_inline]] inline void signed_sums(const Block& k, __m256i (&sums)[H][T]) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -183,7 +200,7 @@ template <int64_t KIND, int H, int T>
 
 template <int64_t KIND, int H, int T>
 [[gnu::always_inline]] inline void block_sums(const Block& k, __m256i (&sums)[H][T]) {
-    if constexpr (Traits<KIND>::bits < 8)
+    if constexpr (Traits<KIND>::bits < 8 && !Traits<KIND>::lookup)
         unsigned_sums<KIND>(k, sums);
     else
         signed_sums<KIND>(k, sums);
@@ -281,6 +298,10 @@ template <int64_t KIND, int T>
                 __m512i raw = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * v));
                 w[v] = _mm512_and_si512(raw, nibble);
                 w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+            }
+            if constexpr (K::lookup) {  // the nibbles looked up, as `group_weights` does
+                const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(lookup_table<KIND>()));
+                for (int G = 0; G < 8; ++G) w[G] = _mm512_shuffle_epi8(table, w[G]);
             }
             if constexpr (K::bits == 5) {  // bit G of the fifth vector's bytes to bit 4 of group G's
                 const __m512i fifth = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * 4));
