@@ -1,8 +1,8 @@
 """A Llama-shaped GGUF of random weights with its projections in one block kind, for timing a kind beside
 llama.cpp on the same file (`benchmarks.cpu.int8_speed --model FILE --llama-bench PATH`).
 
-One layer's projections are random normals quantised by gguf (`quantize`: `gguf.quants.quantize`, or
-for IQ4_NL, which gguf does not quantise, each weight's nearest point of its grid), written for
+One layer's projections are random normals quantised by gguf (`quantize`: `gguf.quants.quantize`; for
+the kinds gguf does not quantise, IQ4_NL, Q4_K and Q5_K, a plain quantiser of our own), written for
 every layer: a step reads as many bytes of them as of distinct layers, and quantising once keeps making
 a 1B-class file to seconds. The embedding and output layer are Q8_0 (distinct tensors), the norms float32
 ones, the config is metadata, and the tokenizer is byte-level (`byte_tokenizer`: a character per id, one
@@ -46,11 +46,18 @@ def byte_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
 
 def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
     """float32 [rows, width] as blocks [rows, row bytes] of the GGUF type named: gguf's quantisation, or
-    IQ4_NL's (not gguf's): per block of 32, d = -(the weight of largest magnitude) / 127, so that it lies
-    on the grid's -127, and each weight the nearest of d times the grid's 16 values (llama.cpp then
-    refines d; any d gives valid blocks)."""
-    if type_name != "IQ4_NL":
-        return gguf.quants.quantize(values, getattr(gguf.GGMLQuantizationType, type_name))
+    where gguf has none ours (`_iq4_nl`, `_k_blocks`: valid blocks near the values, not llama.cpp's
+    search for the best scales)."""
+    if type_name == "IQ4_NL":
+        return _iq4_nl(values)
+    if type_name in ("Q4_K", "Q5_K"):
+        return _k_blocks(values, int(type_name[1]))
+    return gguf.quants.quantize(values, getattr(gguf.GGMLQuantizationType, type_name))
+
+
+def _iq4_nl(values: np.ndarray) -> np.ndarray:
+    """IQ4_NL: per block of 32, d = -(the weight of largest magnitude) / 127, so that it lies on the
+    grid's -127, and each weight the nearest of d times the grid's 16 values."""
     from specdraft.backend.native.formats import IQ4_NL_VALUES
 
     grid = np.asarray(IQ4_NL_VALUES, np.float32)
@@ -61,6 +68,30 @@ def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
     q = np.abs(scaled[..., None] - grid).argmin(-1).astype(np.uint8)  # [rows, blocks, 32]
     packed = q[..., :16] | (q[..., 16:] << 4)
     return np.concatenate([d.view(np.uint8), packed], axis=-1).reshape(values.shape[0], -1)
+
+
+def _k_blocks(values: np.ndarray, bits: int) -> np.ndarray:
+    """Q4_K (bits 4) or Q5_K (5): per sub-block of 32, its min (at most 0) and a scale spanning it to its
+    max in 2^bits - 1 steps; per super-block of 256, d and dmin the largest of them / 63, each sub-block's
+    as 6 bits of those; each weight the nearest step, clipped (formats.py's layouts: 12 bytes of 6-bit
+    scales and mins, Q5_K's 32 bytes of 5th bits, 128 of nibbles)."""
+    top, rows = (1 << bits) - 1, values.shape[0]
+    w = values.reshape(rows, -1, 8, 32)  # [rows, super-blocks, sub-blocks, weights]
+    low = np.minimum(w.min(-1), 0)
+    scale, least = (w.max(-1) - low) / top, -low  # [rows, super-blocks, 8]
+    d, dmin = (scale.max(-1) / 63).astype(np.float16), (least.max(-1) / 63).astype(np.float16)
+    sc = np.clip(np.round(scale / np.where(d == 0, 1, d).astype(np.float32)[..., None]), 0, 63).astype(np.uint8)
+    m = np.clip(np.round(least / np.where(dmin == 0, 1, dmin).astype(np.float32)[..., None]), 0, 63).astype(np.uint8)
+    step = d.astype(np.float32)[..., None] * sc
+    q = np.round((w + (dmin.astype(np.float32)[..., None] * m)[..., None]) / np.where(step == 0, 1, step)[..., None])
+    q = np.clip(q, 0, top).astype(np.uint8)
+    scales = np.concatenate([sc[..., :4] | (sc[..., 4:] >> 4) << 6, m[..., :4] | (m[..., 4:] >> 4) << 6,
+                             (sc[..., 4:] & 15) | (m[..., 4:] & 15) << 4], axis=-1)
+    parts = [d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), scales]
+    if bits == 5:  # qh byte e: bit s the 5th bit of sub-block s's element e
+        parts.append(((q >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(-2, dtype=np.uint8))
+    parts.append(((q[..., 0::2, :] & 15) | (q[..., 1::2, :] & 15) << 4).reshape(*q.shape[:2], 128))
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
 def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
@@ -107,7 +138,7 @@ def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q4_K ...")
+    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q4_K, Q5_K, IQ4_NL ...")
     parser.add_argument("--shape", default="1b", choices=sorted(SHAPES))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

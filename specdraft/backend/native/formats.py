@@ -4,7 +4,7 @@ block's weights and bytes, where its float16 fields lie, and its dequantisation 
 values the dense copy holds).
 
 Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL, whose nibbles index a table of 16 int8
-weights) and the K kinds' super-blocks of 256 (Q4_K, Q6_K: sub-blocks
+weights) and the K kinds' super-blocks of 256 (Q4_K, Q5_K, Q6_K: sub-blocks
 with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
-F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL = 0, 1, 2, 3, 4, 5, 6, 7, 8
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,19 @@ def _q4_k_values(b: torch.Tensor) -> torch.Tensor:
     return (d * q - dm).flatten(-2)
 
 
+def _q5_k_values(b: torch.Tensor) -> torch.Tensor:
+    """Q5_K: Q4_K's d, dmin and scales, 32 bytes qh, then qs as Q4_K's: sub-block j's element e has its low
+    4 bits as Q4_K's, its 5th qh byte e's bit j: w = (d * sc) * q - dmin * m (as Q4_K's)."""
+    sc, m = _q4_k_scales(b[..., 4:16])
+    qs = b[..., 48:].unflatten(-1, (4, 32))  # [..., 4, 32]
+    low = torch.stack([qs & 15, qs >> 4], dim=-2).flatten(-3, -2)  # [..., 8, 32]
+    high = (b[..., 16:48].unsqueeze(-2) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1  # [..., 8, 32]
+    q = (low | (high << 4)).float()
+    d = (_half(b, 0) * sc.float()).unsqueeze(-1)  # [..., 8, 1]
+    dm = (_half(b, 2) * m.float()).unsqueeze(-1)
+    return (d * q - dm).flatten(-2)
+
+
 def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
     """Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, float16 d. Element 128h + 32k + i (k < 4, i < 32):
     its low 4 bits in ql byte 64h + 32(k % 2) + i (the low nibble for k < 2), its top 2 in qh byte 32h + i
@@ -147,6 +160,7 @@ KINDS = {
     Q5_1: BlockKind(Q5_1, "Q5_1", weights=32, bytes=24, float16_at=(0, 2), values=_q5_1_values),
     IQ4_NL: BlockKind(IQ4_NL, "IQ4_NL", weights=32, bytes=18, float16_at=(0,), values=_iq4_nl_values),
     Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
+    Q5_K: BlockKind(Q5_K, "Q5_K", weights=256, bytes=176, float16_at=(0, 2), values=_q5_k_values),
     Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }
 NAMES = {F32: "F32", **{number: kind.name for number, kind in KINDS.items()}}  # GGUF's names for them

@@ -3,9 +3,9 @@
 // the pass has 1 token or 32:
 //   - a row's weights are float32 values: a float32 row as it is, a block's as formats.h's
 //     `Traits<KIND>::piece` gives them (Q4_1's and Q5_1's d * q + m, Q8_0's d * q, Q4_0's d * (q - 8),
-//     Q5_0's d * (q - 16), IQ4_NL's d * table[q], Q4_K's (d * scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32): each
-//     product is exact in float32, so
-//     the value is exact or the one rounding of the sum, the value a dequantised float32 copy holds);
+//     Q5_0's d * (q - 16), IQ4_NL's d * table[q], Q4_K's and Q5_K's (d * scale) * q - dmin * min,
+//     Q6_K's (d * scale) * (q - 32): each product is exact in float32, so the value is exact or the
+//     one rounding of the sum, the value a dequantised float32 copy holds);
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
 //     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
 //   - the 8 lanes are then added in one fixed tree: j + (j + 4), then + 2, then + 1.
@@ -159,6 +159,22 @@ inline void block_values<Q4_K>(const uint8_t* p, int sub, Lanes v[4]) {
     const int shift = 4 * (sub % 2);
     for (int i = 0; i < 4; ++i)
         v[i] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(low_nibbles(_mm256_srli_epi32(widen_u8(q + 8 * i), shift))), dm);
+}
+
+// Q5_K's sub-block `sub`: Q4_K's nibbles (qs at 48), and element e's 5th bit qh byte 16 + e's bit sub.
+template <>
+inline void block_values<Q5_K>(const uint8_t* p, int sub, Lanes v[4]) {
+    int scale, min;
+    q4_k_scale(p + 4, sub, scale, min);
+    const __m256 ds = _mm256_set1_ps(_cvtsh_ss(load_u16(p)) * float(scale));
+    const __m256 dm = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2)) * float(min));
+    const uint8_t* q = p + 48 + 32 * (sub / 2);
+    const int shift = 4 * (sub % 2);
+    for (int i = 0; i < 4; ++i) {
+        const __m256i low = low_nibbles(_mm256_srli_epi32(widen_u8(q + 8 * i), shift));
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi32(widen_u8(p + 16 + 8 * i), sub), _mm256_set1_epi32(1));
+        v[i] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(_mm256_or_si256(low, _mm256_slli_epi32(high, 4))), dm);
+    }
 }
 
 // Q6_K's sub-block `sub` = 4h + k: low 4 bits from ql (64h + 32 (k % 2)), top 2 from qh (128 + 32h),

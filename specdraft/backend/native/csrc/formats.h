@@ -3,8 +3,8 @@
 // `specdraft_kind` states it back for a test to compare), name, block (weights and bytes), the facts
 // its tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a
 // dequantised float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds
-// (Q4_K, Q6_K: a super-block of sub-blocks with their own scales); IQ4_NL's integers index a table. Both arithmetics read a row in
-// pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift, as its sub-block
+// (Q4_K, Q5_K, Q6_K: a super-block of sub-blocks with their own scales); IQ4_NL's integers index a
+// table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift, as its sub-block
 // b & (pieces - 1). `with_kind` is the one place a kind's number becomes the code compiled for it:
 // every entry point calls it once, and below it the kind is a template argument. A new kind is its
 // number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
@@ -18,7 +18,7 @@
 
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8 };  // as `native.formats` numbers them
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9 };  // as `native.formats` numbers them
 constexpr int64_t kBlock = 32;     // weights the arithmetics read together: a block, or a K kind's sub-block (a piece)
 constexpr int64_t kSuper = 256;    // weights in a K kind's block (its super-block)
 
@@ -125,13 +125,25 @@ inline void q4_k_scale(const uint8_t* s, int j, int& scale, int& min) {
 // Q4_K (144 bytes, 256 weights): float16 d at 0, dmin at 2, 12 bytes of scales and mins at 4
 // (`q4_k_scale`), qs at 16: sub-block j's element e in byte 16 + 32 (j / 2) + e, the low nibble for even
 // j, the high one for odd: w = (d * scale) * q - dmin * min (the products exact, one rounding).
+inline int q4_k_weight(const uint8_t* p, int sub, int e) { return (p[16 + 32 * (sub / 2) + e] >> (4 * (sub % 2))) & 15; }
 inline void q4_k_piece(const uint8_t* p, int sub, float* o) {
     int scale, min;
     q4_k_scale(p + 4, sub, scale, min);
     const float ds = half_to_float(load_u16(p)) * float(scale), dm = half_to_float(load_u16(p + 2)) * float(min);
-    const uint8_t* q = p + 16 + 32 * (sub / 2);
-    const int shift = 4 * (sub % 2);
-    for (int e = 0; e < 32; ++e) o[e] = std::fmaf(ds, float((q[e] >> shift) & 15), -dm);
+    for (int e = 0; e < 32; ++e) o[e] = std::fmaf(ds, float(q4_k_weight(p, sub, e)), -dm);
+}
+
+// Q5_K (176 bytes, 256 weights): Q4_K's d, dmin and scales (at 0, 2, 4), qh (32 bytes) at 16, qs (128)
+// at 48 as Q4_K's: sub-block j's element e has its low 4 bits as Q4_K's, its 5th qh byte e's bit j:
+// w = (d * scale) * q - dmin * min (the products exact, one rounding).
+inline int q5_k_weight(const uint8_t* p, int sub, int e) {
+    return ((p[48 + 32 * (sub / 2) + e] >> (4 * (sub % 2))) & 15) | ((p[16 + e] >> sub) & 1) << 4;
+}
+inline void q5_k_piece(const uint8_t* p, int sub, float* o) {
+    int scale, min;
+    q4_k_scale(p + 4, sub, scale, min);
+    const float ds = half_to_float(load_u16(p)) * float(scale), dm = half_to_float(load_u16(p + 2)) * float(min);
+    for (int e = 0; e < 32; ++e) o[e] = std::fmaf(ds, float(q5_k_weight(p, sub, e)), -dm);
 }
 
 // Q6_K (210 bytes, 256 weights): ql (128 bytes) at 0, qh (64) at 128, 16 int8 scales at 192, float16 d
@@ -222,6 +234,12 @@ struct Traits<Q4_K> : Facts<kSuper, 144, 4, 2> {
 };
 
 template <>
+struct Traits<Q5_K> : Facts<kSuper, 176, 5, 2> {
+    static constexpr const char* name = "Q5_K";
+    static void piece(const uint8_t* p, int sub, float* o) { q5_k_piece(p, sub, o); }
+};
+
+template <>
 struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
     static constexpr const char* name = "Q6_K";
     static void piece(const uint8_t* p, int sub, float* o) { q6_k_piece(p, sub, o); }
@@ -229,7 +247,7 @@ struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
 
 template <int64_t... K>
 struct KindList {};
-using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL>;  // every kind with an entry above
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K>;  // every kind with an entry above
 
 template <int64_t KIND>
 using KindOf = std::integral_constant<int64_t, KIND>;

@@ -11,9 +11,10 @@
 // every float operation is the one above, per row and token, so every path and pass width gives
 // bitwise the same sums.
 //
-// (Q4_0's i = sum_j (q_j - 8) x_j, Q5_0's sum_j (q_j - 16) x_j: their w is q less the offset.) A K kind's tokens are quantised per super-block
+// (Q4_0's i = sum_j (q_j - 8) x_j, Q5_0's sum_j (q_j - 16) x_j: their w is q less the offset; IQ4_NL's
+// sum_j table[q_j] x_j.) A K kind's tokens are quantised per super-block
 // of 256 instead (one d over the 256, each 32 of it quantised with that d as above: `quantize_super`),
-// and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K per super-block
+// and its blocks meet them as llama.cpp's q8_K dot products do: Q4_K (and Q5_K) per super-block
 //   i = sum_s scale_s (sum_j q_sj x_sj), n = sum_s min_s (sum_j x_sj)        (s: 8 sub-blocks of 32)
 //   acc = fma(d * d_x, float(i), acc), then acc = fma(-(dmin * d_x), float(n), acc)
 // (int8_k.cpp's `rows_dot` for Q4_K), and Q6_K per super-block
@@ -28,7 +29,7 @@
 //   r's element 4G + e of a group G of 4 elements: Q4_1 (Q4_0) 4 vectors, vector v holding group v in its
 //   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128; Q5_0 (Q5_1)
 //   Q4_1's 4 vectors of its q's low 4 bits, then a fifth whose byte 4r + e holds in bit G the 5th bit
-//   of element 4G + e; Q4_K and Q6_K (a block a super-block of 256) as their
+//   of element 4G + e; IQ4_NL Q4_0's; Q4_K, Q5_K and Q6_K (a block a super-block of 256) as their
 //   `tile_pieces` say (int8_k.cpp): their bytes in 4-byte groups, vectors of 4R bytes likewise.
 // A group's 4 activations, broadcast, then meet a vector's rows in one instruction that sums them per
 // row. A tile's half h (rows 8h .. 8h + 7) is 16 bytes of d and of m and 32 of each vector, at fixed

@@ -1,4 +1,4 @@
-// The int8 arithmetic of the K kinds (Q4_K, Q6_K) over their tiles: their layouts (`tile_pieces`) and
+// The int8 arithmetic of the K kinds (Q4_K, Q5_K, Q6_K) over their tiles: their layouts (`tile_pieces`) and
 // their dot products (`rows_dot`; `half_dot`, the portable loops'), each an overload a kind (its
 // `KindOf` the first argument), against tokens quantised per super-block of 256, in 512-bit
 // registers (whole tiles), 256-bit ones (half tiles; a pass of more than kFewTokens tokens in
@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "for_count.h"
 #include "formats.h"
@@ -30,6 +31,21 @@ void tile_pieces(KindOf<Q4_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy
     for (int c = 0; c < 4; ++c)
         for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, 16 + 32 * c + 4 * G, 4);
 }
+
+// Q5_K's tiles: Q4_K's, then 8 vectors of qh (35 + G: row r's qh bytes 4G .. 4G + 3 at 4r).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<Q5_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 0, 2);
+    copy(half.m + at + 2 * r, 2, 2);
+    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
+    for (int c = 0; c < 4; ++c)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, 48 + 32 * c + 4 * G, 4);
+    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (35 + G) + 4 * r, 16 + 4 * G, 4);
+}
+
+// The kinds of Q4_K's scales and mins (Q4_K, Q5_K), whose dot products share one template.
+template <int64_t KIND>
+using MinsKind = std::enable_if_t<KIND == Q4_K || KIND == Q5_K, int>;
 
 // Q6_K's tiles: a super-block of R rows at stride 210R holds d[R] (float16), then vectors of 4R bytes:
 // 4 of scales (vector v: each row's scale bytes 4v .. 4v + 3 at 4r), 32 of ql (4 + 8u + G: row r's ql
@@ -66,17 +82,17 @@ inline void put_rows(const typename V::F acc[T], int64_t row0, int64_t t0, const
     }
 }
 
-// The V::kRows rows of Q4_K tiles at `rows` (from row0) against tokens [t0, t0 + T): per super-block,
-// each row's scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`, lane by
-// lane), then per sub-block the rows' integer sums (V::dot) times their scales into i, and the mins
-// times the token's sums into n (16-bit products: a min is below 64, a sum of 32 activations below
+// The V::kRows rows of Q4_K (Q5_K) tiles at `rows` (from row0) against tokens [t0, t0 + T): per
+// super-block, each row's scales and mins unpacked from its 3 words at once (formats.h's `q4_k_scale`,
+// lane by lane), then per sub-block the rows' integer sums (V::dot) times their scales into i, and the
+// mins times the token's sums into n (16-bit products: a min is below 64, a sum of 32 activations below
 // 2^12 in magnitude): per sub-block for one token, two sub-blocks an instruction after the sub-blocks
 // for several (the same integers); then int8.cpp's float operations.
-template <typename V, int64_t VECTOR, int T>
-[[gnu::noinline]] void rows_dot(KindOf<Q4_K>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
+template <typename V, int64_t VECTOR, int T, int64_t KIND, MinsKind<KIND> = 0>
+[[gnu::noinline]] void rows_dot(KindOf<KIND>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
     using I = typename V::I;
+    constexpr int run = groups16<Traits<KIND>::bits>();  // kSums16: groups summed in int16 before a widening
     const int64_t blocks = p.width / kBlock;
-    const I low4 = V::bytes(0x0f);
     typename V::F acc[T];
     for (int t = 0; t < T; ++t) acc[t] = V::zeros();
     for (int64_t b = 0; b < p.width / kSuper; ++b) {
@@ -94,24 +110,24 @@ template <typename V, int64_t VECTOR, int T>
                 const I min = q4_k_byte<V>(words, 8 + s);
                 one = V::add(one, V::times16(min, V::words(p.xtotal[t0 * blocks + 8 * b + s])));
             }
-            I dot[T];
+            I dot[T], pair = scale;
+            if constexpr (V::kSums16) pair = V::pair(scale);
             for (int t = 0; t < T; ++t) dot[t] = V::zero();
             for (int G = 0; G < 8; ++G) {
-                const I w = V::all(V::down16(V::load(q + VECTOR * (3 + 8 * (s / 2) + G)), 4 * (s % 2)), low4);
+                const I w = q4_k_group<KIND, V, VECTOR>(q, s, G);
                 for (int t = 0; t < T; ++t) {
                     const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G;
-                    if constexpr (V::kSums16)  // 8 pairs of 4-bit weights and int8s: below 8 x 2 x 15 x 128 < 2^15
-                        dot[t] = V::dot16(dot[t], w, x);
+                    if constexpr (V::kSums16)  // `run` groups' pairs of weights and int8s: below 2^15
+                        dot[t] = V::dot16(G % run ? dot[t] : V::zero(), w, x);
                     else
                         dot[t] = V::dot(dot[t], w, x);
                 }
+                if constexpr (V::kSums16)
+                    if (G % run == run - 1)
+                        for (int t = 0; t < T; ++t) i[t] = V::scaled(i[t], dot[t], pair);
             }
-            if constexpr (V::kSums16) {
-                const I pair = V::pair(scale);
-                for (int t = 0; t < T; ++t) i[t] = V::scaled(i[t], dot[t], pair);
-            } else {
+            if constexpr (!V::kSums16)
                 for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
-            }
         }
         I mins[4];  // several tokens: the mins term after the sub-blocks (`q4_k_min_pairs`)
         if constexpr (T > 1) q4_k_min_pairs<V>(words, mins);
@@ -203,16 +219,17 @@ void k_rows(const Projection& p, const Half& rows, int64_t row0, const Out& out)
 
 #else  // portable loops
 
-// Rows 8g .. 8g + 7 of Q4_K tiles against tokens [t0, t0 + T): each row's GGUF block back from the tile,
-// then its integers and int8.cpp's float operations, one product at a time.
-void half_dot(KindOf<Q4_K>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+// Rows 8g .. 8g + 7 of Q4_K (Q5_K) tiles against tokens [t0, t0 + T): each row's GGUF block back from
+// the tile, then its integers and int8.cpp's float operations, one product at a time.
+template <int64_t KIND, MinsKind<KIND> = 0>
+void half_dot(KindOf<KIND>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
     const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile<Q4_K>(p.w, p.rows, p.row_bytes, g);
+    const Half half = half_tile<KIND>(p.w, p.rows, p.row_bytes, g);
     for (int r = 0; r < kTileRows; ++r) {
         float acc[kInt8Tokens] = {};
         for (int64_t b = 0; b < p.width / kSuper; ++b) {
-            uint8_t block[144];
-            k_untile<Q4_K>(half, b * half.stride, r, block);
+            uint8_t block[Traits<KIND>::bytes];
+            k_untile<KIND>(half, b * half.stride, r, block);
             const float d = half_to_float(load_u16(block)), dmin = half_to_float(load_u16(block + 2));
             for (int64_t t = 0; t < T; ++t) {
                 const int64_t token = t0 + t;
@@ -222,7 +239,8 @@ void half_dot(KindOf<Q4_K>, const Projection& p, int64_t g, int64_t t0, int64_t 
         for (int s = 0; s < 8; ++s) {
                     int scale, min, dot = 0;
                     q4_k_scale(block + 4, s, scale, min);
-                    for (int e = 0; e < kBlock; ++e) dot += ((block[16 + 32 * (s / 2) + e] >> (4 * (s % 2))) & 15) * x[kBlock * s + e];
+                    for (int e = 0; e < kBlock; ++e)
+                        dot += (KIND == Q4_K ? q4_k_weight(block, s, e) : q5_k_weight(block, s, e)) * x[kBlock * s + e];
                     i += scale * dot;
                     n += min * p.xtotal[token * blocks + 8 * b + s];
                 }
@@ -309,12 +327,16 @@ void specdraft::k_block_of(const uint8_t* tiles, int64_t rows, int64_t row_bytes
 
 // Compiled for each K kind (tiles.h declares them).
 template void specdraft::k_group<Q4_K>(const Projection&, int64_t, int64_t, const Out&);
+template void specdraft::k_group<Q5_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<Q6_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_tile_block<Q4_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
+template void specdraft::k_tile_block<Q5_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q6_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_block_of<Q4_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
+template void specdraft::k_block_of<Q5_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q6_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 #ifdef SPECDRAFT_ZMM
 template void specdraft::k_whole_tile<Q4_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_whole_tile<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q6_K>(const Projection&, int64_t, const Out&);
 #endif

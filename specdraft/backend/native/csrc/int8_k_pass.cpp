@@ -23,7 +23,7 @@ constexpr int64_t kPassTokens = 32;  // tokens an unpacked super-block serves at
 constexpr int kPairTokens = 4;       // tokens read against each unpacked vector together
 
 // A super-block's unpacked weights: vector (s, G) holds each row's 4 weights of group G of sub-block s
-// (0..15 for Q4_K, 0..63 for Q6_K, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
+// (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
 // `dot_scale` reads them.
 template <typename V>
 struct K_unpacked {
@@ -63,10 +63,11 @@ inline typename V::I group_sum(typename V::I dot, typename V::I w, const int8_t*
 template <int64_t KIND, typename V, int64_t VECTOR>
 struct Super;
 
-// Q4_K's, with its rows' mins and float scales.
-template <typename V, int64_t VECTOR>
-struct Super<Q4_K, V, VECTOR> {
+// Q4_K's (and Q5_K's: `Super<Q5_K>`), with its rows' mins and float scales.
+template <int64_t KIND, typename V, int64_t VECTOR>
+struct MinsSuper {
     using I = typename V::I;
+    static constexpr int run = V::kSums16 ? groups16<Traits<KIND>::bits>() : 8;  // groups a scaled sum takes
     K_unpacked<V> u;
     I mins[4];
     typename V::F d, dmin;
@@ -81,15 +82,21 @@ struct Super<Q4_K, V, VECTOR> {
         for (int c = 0; c < 4; ++c)  // sub-blocks 2c and 2c + 1: a vector's low and high nibbles
             for (int G = 0; G < 8; ++G) {
                 const I raw = V::load(q + VECTOR * (3 + 8 * c + G));
-                u.put(2 * c, G, V::all(raw, low4));
-                u.put(2 * c + 1, G, V::all(V::down16(raw, 4), low4));
+                I even = V::all(raw, low4), odd = V::all(V::down16(raw, 4), low4);
+                if constexpr (KIND == Q5_K) {  // the 5th bits (`q4_k_group`)
+                    const I qh = V::load(q + VECTOR * (35 + G));
+                    even = V::either(even, fifth_bit<V>(qh, 2 * c));
+                    odd = V::either(odd, fifth_bit<V>(qh, 2 * c + 1));
+                }
+                u.put(2 * c, G, even);
+                u.put(2 * c + 1, G, odd);
             }
         d = V::halves(rows.d + at);
         dmin = V::halves(rows.m + at);
     }
 
-    // Tokens [t0, t0 + T) against super-block b: i and n as Q4_K's `rows_dot` sums them, then its float
-    // operations on acc (the tokens' sums, kRows each).
+    // Tokens [t0, t0 + T) against super-block b: i and n as Q4_K's `rows_dot` sums them (`run` groups
+    // summed at a time), then its float operations on acc (the tokens' sums, kRows each).
     template <int T>
     void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
         const int64_t blocks = p.width / kBlock;
@@ -100,13 +107,13 @@ struct Super<Q4_K, V, VECTOR> {
 #pragma GCC unroll 1
         for (int s = 0; s < 8; ++s) {
             I dot[T];
-            for (int t = 0; t < T; ++t) dot[t] = V::zero();
 #pragma GCC unroll 8
-            for (int G = 0; G < 8; ++G) {  // kSums16: 8 pairs of 4-bit weights and int8s, below 8 x 2 x 15 x 128 < 2^15
+            for (int G = 0; G < 8; ++G) {  // kSums16: `run` pairs of weights and int8s, below 2^15
                 const I w = u.at(s, G);
-                for (int t = 0; t < T; ++t) dot[t] = group_sum<V>(dot[t], w, x[t] + kBlock * s + 4 * G);
+                for (int t = 0; t < T; ++t) dot[t] = group_sum<V>(G % run ? dot[t] : V::zero(), w, x[t] + kBlock * s + 4 * G);
+                if (G % run == run - 1)
+                    for (int t = 0; t < T; ++t) i[t] = dot_scale<V>(i[t], dot[t], u.scale[s]);
             }
-            for (int t = 0; t < T; ++t) i[t] = dot_scale<V>(i[t], dot[t], u.scale[s]);
         }
         for (int t = 0; t < T; ++t) {
             const I n = q4_k_mins_term<V>(V::zero(), mins, p.xtotal + (t0 + t) * blocks + 8 * b);
@@ -116,6 +123,11 @@ struct Super<Q4_K, V, VECTOR> {
         }
     }
 };
+
+template <typename V, int64_t VECTOR>
+struct Super<Q4_K, V, VECTOR> : MinsSuper<Q4_K, V, VECTOR> {};
+template <typename V, int64_t VECTOR>
+struct Super<Q5_K, V, VECTOR> : MinsSuper<Q5_K, V, VECTOR> {};
 
 // Q6_K's, with its rows' scales as int16 pairs (kSums16's offsets terms, `q6_k_less_offsets`) and
 // float scale.
@@ -212,6 +224,7 @@ void specdraft::k_pass_half(const Projection& p, int64_t g, const Out& out) {
 }
 
 template void specdraft::k_pass_half<Q4_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_pass_half<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<Q6_K>(const Projection&, int64_t, const Out&);
 
 #endif

@@ -1,7 +1,7 @@
 // The vector operations the K kinds' int8 dot products run on (`Ymm`: 8 rows in 256-bit registers,
 // `Zmm`: 16 in 512-bit ones) and their pieces both of int8_k.cpp's ways of reading a super-block share
 // (int8_k.cpp: unpacking as it reads; int8_k_pass.cpp: unpacked once for a whole pass): Q4_K's scales
-// and mins, Q6_K's 6-bit groups, scales and offset terms. int8.cpp says what they compute.
+// and mins (Q5_K's too) and groups, Q6_K's 6-bit groups, scales and offset terms. int8.cpp says what they compute.
 #pragma once
 
 #include <cstdint>
@@ -141,6 +141,30 @@ inline void q4_k_words(const uint8_t* q, typename V::I words[4]) {
     words[1] = V::either(V::all(c, low4), V::up32(V::all(V::down32(a, 6), top2), 4));
     words[2] = V::all(m, six);
     words[3] = V::either(V::all(V::down32(c, 4), low4), V::up32(V::all(V::down32(m, 6), top2), 4));
+}
+
+// Groups of a sub-block whose products int16 holds (`Ymm::dot16`): run x 2 x (2^BITS - 1) x 128 < 2^15
+// (Q4_K's 8 groups, a whole sub-block; Q5_K's 4).
+template <int BITS>
+constexpr int groups16() {
+    int run = 8;
+    while (run * 2 * ((1 << BITS) - 1) * 128 >= 1 << 15) run /= 2;
+    return run;
+}
+
+// Bit s of each byte of qh at bit 4, the rest 0 (16-bit shifts: the bit stays in its byte).
+template <typename V>
+inline typename V::I fifth_bit(typename V::I qh, int s) {
+    return V::all(s <= 4 ? V::up16(qh, 4 - s) : V::down16(qh, s - 4), V::bytes(0x10));
+}
+
+// Group G of sub-block s of each row of a Q4_K or Q5_K super-block's tiles at q (int8_k.cpp's
+// `tile_pieces`): Q4_K's nibble, with Q5_K's 5th bit from its qh vector (35 + G) at bit 4.
+template <int64_t KIND, typename V, int64_t VECTOR>
+inline typename V::I q4_k_group(const uint8_t* q, int s, int G) {
+    const typename V::I w = V::all(V::down16(V::load(q + VECTOR * (3 + 8 * (s / 2) + G)), 4 * (s % 2)), V::bytes(0x0f));
+    if constexpr (KIND == Q4_K) return w;
+    return V::either(w, fifth_bit<V>(V::load(q + VECTOR * (35 + G)), s));
 }
 
 // Byte j (0..15) of each row's `q4_k_words`: sub-block j's scale (j < 8), sub-block j - 8's min after
