@@ -148,34 +148,29 @@ inline void block_values<Q5_1>(const uint8_t* p, int, Lanes v[4]) {
     for (int i = 0; i < 4; ++i) v[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q[i]), m);
 }
 
-// Q4_K's sub-block `sub`: its 32 nibbles at 16 + 32 (sub / 2), low for even sub, high for odd.
-template <>
-inline void block_values<Q4_K>(const uint8_t* p, int sub, Lanes v[4]) {
+// Q4_K's (Q5_K's) sub-block `sub`: its 32 nibbles at 16 (Q5_K: 48) + 32 (sub / 2), low for even sub,
+// high for odd; Q5_K's element e's 5th bit qh byte 16 + e's bit sub.
+template <int64_t KIND>
+inline void mins_values(const uint8_t* p, int sub, Lanes v[4]) {
     int scale, min;
     q4_k_scale(p + 4, sub, scale, min);
     const __m256 ds = _mm256_set1_ps(_cvtsh_ss(load_u16(p)) * float(scale));
     const __m256 dm = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2)) * float(min));
-    const uint8_t* q = p + 16 + 32 * (sub / 2);
-    const int shift = 4 * (sub % 2);
-    for (int i = 0; i < 4; ++i)
-        v[i] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(low_nibbles(_mm256_srli_epi32(widen_u8(q + 8 * i), shift))), dm);
-}
-
-// Q5_K's sub-block `sub`: Q4_K's nibbles (qs at 48), and element e's 5th bit qh byte 16 + e's bit sub.
-template <>
-inline void block_values<Q5_K>(const uint8_t* p, int sub, Lanes v[4]) {
-    int scale, min;
-    q4_k_scale(p + 4, sub, scale, min);
-    const __m256 ds = _mm256_set1_ps(_cvtsh_ss(load_u16(p)) * float(scale));
-    const __m256 dm = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2)) * float(min));
-    const uint8_t* q = p + 48 + 32 * (sub / 2);
+    const uint8_t* q = p + (KIND == Q5_K ? 48 : 16) + 32 * (sub / 2);
     const int shift = 4 * (sub % 2);
     for (int i = 0; i < 4; ++i) {
-        const __m256i low = low_nibbles(_mm256_srli_epi32(widen_u8(q + 8 * i), shift));
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi32(widen_u8(p + 16 + 8 * i), sub), _mm256_set1_epi32(1));
-        v[i] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(_mm256_or_si256(low, _mm256_slli_epi32(high, 4))), dm);
+        __m256i w = low_nibbles(_mm256_srli_epi32(widen_u8(q + 8 * i), shift));
+        if constexpr (KIND == Q5_K) {
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi32(widen_u8(p + 16 + 8 * i), sub), _mm256_set1_epi32(1));
+            w = _mm256_or_si256(w, _mm256_slli_epi32(high, 4));
+        }
+        v[i] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(w), dm);
     }
 }
+template <>
+inline void block_values<Q4_K>(const uint8_t* p, int sub, Lanes v[4]) { mins_values<Q4_K>(p, sub, v); }
+template <>
+inline void block_values<Q5_K>(const uint8_t* p, int sub, Lanes v[4]) { mins_values<Q5_K>(p, sub, v); }
 
 // Q6_K's sub-block `sub` = 4h + k: low 4 bits from ql (64h + 32 (k % 2)), top 2 from qh (128 + 32h),
 // scales 192 + 8h + 2k and the next (each 16 weights).

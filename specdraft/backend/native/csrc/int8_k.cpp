@@ -22,24 +22,21 @@ namespace {
 // kinds' d and m lie), 3 vectors of 4R bytes (vector v: each row's scale bytes 4v .. 4v + 3 at 4r),
 // then 32 vectors (3 + 8c + G: row r's qs bytes 32c + 4G .. 32c + 4G + 3 at 4r, sub-block 2c's
 // elements 4G .. 4G + 3 in their low nibbles, sub-block 2c + 1's in their high ones). Row r's pieces
-// of its GGUF block, each as copy(where in the tile, where in the block, bytes).
+// of its GGUF block, each as copy(where in the tile, where in the block, bytes); its qs at `qs` in the
+// block (Q5_K's after its qh).
 template <typename Byte, typename Copy>
-void tile_pieces(KindOf<Q4_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+void tile_pieces(KindOf<Q4_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy, int qs = 16) {
     copy(half.d + at + 2 * r, 0, 2);
     copy(half.m + at + 2 * r, 2, 2);
     for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
     for (int c = 0; c < 4; ++c)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, 16 + 32 * c + 4 * G, 4);
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, qs + 32 * c + 4 * G, 4);
 }
 
-// Q5_K's tiles: Q4_K's, then 8 vectors of qh (35 + G: row r's qh bytes 4G .. 4G + 3 at 4r).
+// Q5_K's tiles: Q4_K's (its qs at 48), then 8 vectors of qh (35 + G: row r's qh bytes 4G .. 4G + 3 at 4r).
 template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q5_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
-    copy(half.d + at + 2 * r, 0, 2);
-    copy(half.m + at + 2 * r, 2, 2);
-    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
-    for (int c = 0; c < 4; ++c)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, 48 + 32 * c + 4 * G, 4);
+    tile_pieces(KindOf<Q4_K>(), half, at, r, copy, 48);
     for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (35 + G) + 4 * r, 16 + 4 * G, 4);
 }
 
