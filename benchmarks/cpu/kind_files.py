@@ -2,7 +2,7 @@
 llama.cpp on the same file (`benchmarks.cpu.int8_speed --model FILE --llama-bench PATH`).
 
 One layer's projections are random normals quantised by gguf (`quantize`: `gguf.quants.quantize`; for
-the kinds gguf does not quantise, IQ4_NL, Q4_K and Q5_K, a plain quantiser of our own), written for
+the kinds gguf does not quantise, IQ4_NL, IQ4_XS, Q4_K and Q5_K, a plain quantiser of our own), written for
 every layer: a step reads as many bytes of them as of distinct layers, and quantising once keeps making
 a 1B-class file to seconds. The embedding and output layer are Q8_0 (distinct tensors), the norms float32
 ones, the config is metadata, and the tokenizer is byte-level (`byte_tokenizer`: a character per id, one
@@ -50,24 +50,53 @@ def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
     search for the best scales)."""
     if type_name == "IQ4_NL":
         return _iq4_nl(values)
+    if type_name == "IQ4_XS":
+        return _iq4_xs(values)
     if type_name in ("Q4_K", "Q5_K"):
         return _k_blocks(values, int(type_name[1]))
     return gguf.quants.quantize(values, getattr(gguf.GGMLQuantizationType, type_name))
 
 
-def _iq4_nl(values: np.ndarray) -> np.ndarray:
-    """IQ4_NL: per block of 32, d = -(the weight of largest magnitude) / 127, so that it lies on the
-    grid's -127, and each weight the nearest of d times the grid's 16 values."""
+def _grid_points(blocks: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Each weight of blocks [..., 32] as the nearest of d [..., 1] times IQ4_NL's 16 grid values, packed
+    as IQ4_NL packs them (byte j: element j's index in its low nibble, j + 16's in its high one)."""
     from specdraft.backend.native.formats import IQ4_NL_VALUES
 
-    grid = np.asarray(IQ4_NL_VALUES, np.float32)
-    blocks = values.reshape(values.shape[0], -1, 32)
-    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)  # [rows, blocks, 1]
-    d = (extreme / -127).astype(np.float16)
     scaled = blocks / np.where(d == 0, 1, d).astype(np.float32)
-    q = np.abs(scaled[..., None] - grid).argmin(-1).astype(np.uint8)  # [rows, blocks, 32]
-    packed = q[..., :16] | (q[..., 16:] << 4)
-    return np.concatenate([d.view(np.uint8), packed], axis=-1).reshape(values.shape[0], -1)
+    q = np.abs(scaled[..., None] - np.asarray(IQ4_NL_VALUES, np.float32)).argmin(-1).astype(np.uint8)
+    return q[..., :16] | (q[..., 16:] << 4)
+
+
+def _block_extremes(values: np.ndarray, weights: int) -> tuple[np.ndarray, np.ndarray]:
+    """values [rows, width] as blocks [rows, blocks, weights], and each block's -(its weight of largest
+    magnitude) / 127 [rows, blocks, 1]: a scale that puts that weight on the grid's -127."""
+    blocks = values.reshape(values.shape[0], -1, weights)
+    return blocks, np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1) / -127
+
+
+def _iq4_nl(values: np.ndarray) -> np.ndarray:
+    """IQ4_NL: per block of 32, d its `_block_extremes` scale, each weight its nearest grid point."""
+    blocks, extreme = _block_extremes(values, 32)
+    d = extreme.astype(np.float16)
+    return np.concatenate([d.view(np.uint8), _grid_points(blocks, d)], axis=-1).reshape(values.shape[0], -1)
+
+
+def _iq4_xs(values: np.ndarray) -> np.ndarray:
+    """IQ4_XS: per super-block of 256, d = the largest of its sub-blocks' `_block_extremes` scales in
+    magnitude / 32; each sub-block's scale as d times its 6-bit integer less 32, nearest; each weight its
+    nearest grid point at that scale (formats.py's layout: scales_h, scales_l, then 8 x 16 bytes)."""
+    rows = values.shape[0]
+    blocks, extreme = _block_extremes(values, 32)  # [rows, sub-blocks, 32], [rows, sub-blocks, 1]
+    wanted = extreme.reshape(rows, -1, 8)  # [rows, super-blocks, 8]
+    d = (np.abs(wanted).max(-1) / 32).astype(np.float16)  # [rows, super-blocks]
+    unit = np.where(d == 0, 1, d).astype(np.float32)[..., None]
+    ls = np.clip(np.round(wanted / unit) + 32, 0, 63).astype(np.uint16)  # [rows, super-blocks, 8]
+    step = (d.astype(np.float32)[..., None] * (ls.astype(np.float32) - 32)).reshape(rows, -1, 1)
+    qs = _grid_points(blocks, step).reshape(*ls.shape[:2], 128)
+    high = (((ls >> 4) & 3) << (2 * np.arange(8, dtype=np.uint16))).sum(-1, dtype=np.uint16)
+    low = (ls[..., 0::2] & 15) | (ls[..., 1::2] & 15) << 4
+    parts = [d[..., None].view(np.uint8), high[..., None].view(np.uint8), low.astype(np.uint8), qs]
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
 def _k_blocks(values: np.ndarray, bits: int) -> np.ndarray:
@@ -138,7 +167,7 @@ def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q4_K, Q5_K, IQ4_NL ...")
+    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS ...")
     parser.add_argument("--shape", default="1b", choices=sorted(SHAPES))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

@@ -1,5 +1,5 @@
 """The native kernel wing: a GGUF model's weights as its own blocks (`formats.KINDS`: Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, IQ4_NL, and the K kinds Q4_K and Q6_K), read in place on CPU by a compiled C++ kernel that lives here too
+Q5_1, Q8_0, IQ4_NL, and the K kinds Q4_K, Q5_K, Q6_K and IQ4_XS), read in place on CPU by a compiled C++ kernel that lives here too
 (`csrc/`).
 
 The embedded model's file holds Q4_1 projections and a Q8_0 embedding that is also its output layer:
@@ -39,8 +39,8 @@ Its parts, by job:
 from specdraft.backend.native.build import PATHS
 from specdraft.backend.native.calls import (MAX_JOB_QUERIES, MAX_SPAN, Attention, Projection, call, job_queries,
                                             project_blocks, project_native)
-from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, IQ4_NL, KINDS, NAMES, Q4_0, Q4_1, Q4_K,
-                                              Q5_0, Q5_1, Q6_K, Q8_0, BlockKind, dequantize, unit)
+from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, IQ4_NL, IQ4_XS, KINDS, NAMES, Q4_0, Q4_1,
+                                              Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, BlockKind, dequantize, unit)
 from specdraft.backend.native.gguf_file import rotary_order, use_gguf_blocks
 from specdraft.backend.native.library import TILE_ROWS, Kernel, kernel, kernel_problem
 from specdraft.backend.native.pages import huge_page_buffer
@@ -48,8 +48,8 @@ from specdraft.backend.native.modules import (ARITHMETICS, BlockEmbedding, Block
                                               use_arithmetic)
 from specdraft.backend.native.readers import Reader, Storage, reader
 
-__all__ = ["ARITHMETICS", "Attention", "BLOCK", "BLOCK_BYTES", "BlockEmbedding", "BlockKind", "BlockLinear", "F32", "IQ4_NL",
+__all__ = ["ARITHMETICS", "Attention", "BLOCK", "BLOCK_BYTES", "BlockEmbedding", "BlockKind", "BlockLinear", "F32", "IQ4_NL", "IQ4_XS",
            "KINDS", "Kernel", "MAX_JOB_QUERIES", "MAX_SPAN", "NAMES", "PATHS", "Projection", "Q4_0", "Q4_1", "Q4_K",
-           "Q5_0", "Q5_1", "Q6_K", "Q8_0", "Reader",
+           "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Reader",
            "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "huge_page_buffer", "int8_problem", "job_queries", "kernel",
            "kernel_problem", "project_blocks", "project_native", "reader", "rotary_order", "unit", "use_arithmetic", "use_gguf_blocks"]

@@ -4,7 +4,7 @@ block's weights and bytes, where its float16 fields lie, and its dequantisation 
 values the dense copy holds).
 
 Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL, whose nibbles index a table of 16 int8
-weights) and the K kinds' super-blocks of 256 (Q4_K, Q5_K, Q6_K: sub-blocks
+weights) and the K kinds' super-blocks of 256 (Q4_K, Q5_K, Q6_K, IQ4_XS: sub-blocks
 with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
-F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,18 @@ def _q5_k_values(b: torch.Tensor) -> torch.Tensor:
     return (d * q - dm).flatten(-2)
 
 
+def _iq4_xs_values(b: torch.Tensor) -> torch.Tensor:
+    """IQ4_XS: float16 d, a 16-bit scales_h, 4 bytes scales_l, then each sub-block's 16 bytes as IQ4_NL's:
+    sub-block j's 6-bit scale has its low 4 bits in scales_l byte j // 2's nibble j % 2, its top 2 in
+    scales_h's bits 2j, 2j + 1: w = (d * (scale - 32)) * IQ4_NL_VALUES[q] (exact)."""
+    high = (b[..., 2:4].contiguous().view(torch.int16).long() >> (2 * torch.arange(8))) & 3  # [..., 8]
+    low = _nibbles(b[..., 4:8]).long()  # [..., 8]: the low nibbles (even j), then the high ones (odd j)
+    low = torch.stack([low[..., :4], low[..., 4:]], dim=-1).flatten(-2)  # sub-block order
+    d = _half(b, 0) * ((low | (high << 4)) - 32).float()  # [..., 8]
+    q = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32)[_nibbles(b[..., 8:].unflatten(-1, (8, 16))).long()]
+    return (d.unsqueeze(-1) * q).flatten(-2)
+
+
 def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
     """Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, float16 d. Element 128h + 32k + i (k < 4, i < 32):
     its low 4 bits in ql byte 64h + 32(k % 2) + i (the low nibble for k < 2), its top 2 in qh byte 32h + i
@@ -161,6 +173,7 @@ KINDS = {
     IQ4_NL: BlockKind(IQ4_NL, "IQ4_NL", weights=32, bytes=18, float16_at=(0,), values=_iq4_nl_values),
     Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
     Q5_K: BlockKind(Q5_K, "Q5_K", weights=256, bytes=176, float16_at=(0, 2), values=_q5_k_values),
+    IQ4_XS: BlockKind(IQ4_XS, "IQ4_XS", weights=256, bytes=136, float16_at=(0,), values=_iq4_xs_values),
     Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }
 NAMES = {F32: "F32", **{number: kind.name for number, kind in KINDS.items()}}  # GGUF's names for them

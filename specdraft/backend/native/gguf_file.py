@@ -57,20 +57,38 @@ def transformers_name(name: str, modules: tuple[tuple[str, str], ...] = ()) -> s
     return None if module is None else f"{module}.{what}"
 
 
-def read_gguf(gguf: Path, layout: GgufLayout | None = None,
-              modules: tuple[tuple[str, str], ...] = ()) -> dict[str, GgufTensor]:
-    """A GGUF's tensors by their transformers names (`transformers_name`, with the family's `modules`;
-    others left out), memory-mapped where `layout` (`check_gguf`'s: the header and tensor infos parsed
-    once) says they lie; without one, as gguf's reader finds them (the same arrays, slower: it parses
-    every metadata value)."""
+def read_gguf(gguf: Path, layout: GgufLayout | None = None, family: Family | None = None) -> dict[str, GgufTensor]:
+    """A GGUF's tensors by their transformers names (`transformers_name`, with the family's modules;
+    others left out; a fused tensor split into its parts' rows, `Family.fused`), memory-mapped where
+    `layout` (`check_gguf`'s: the header and tensor infos parsed once) says they lie; without one, as
+    gguf's reader finds them (the same arrays, slower: it parses every metadata value)."""
+    modules = () if family is None else FAMILIES[family.model_type].file.modules
     if layout is None:
         from gguf import GGUFReader
 
         found = [(t.name, t.tensor_type, np.asarray(t.data)) for t in GGUFReader(str(gguf)).tensors]
     else:
         found = [(info.name, info.kind, _bytes(gguf, layout.data_start, info)) for info in layout.tensors]
-    return {name: GgufTensor(kind, data) for raw, kind, data in found
-            if (name := transformers_name(raw, modules)) is not None}
+    named = {name: GgufTensor(kind, data) for raw, kind, data in found
+             if (name := transformers_name(raw, modules)) is not None}
+    return named if family is None or not family.fused else _split(named, family)
+
+
+def _split(tensors: dict[str, GgufTensor], family: Family) -> dict[str, GgufTensor]:
+    """The tensors with each fused one (`Family.fused`: `...qkv_proj.weight`) as its parts' (`...q_proj.weight`,
+    `...k_proj.weight`, `...v_proj.weight`), each a view of its rows."""
+    out = {}
+    for name, tensor in tensors.items():
+        stem, _, what = name.rpartition(".")
+        fused = next((f for f in family.fused if stem.endswith(f".{f.module}")), None)
+        if fused is None:
+            out[name] = tensor
+            continue
+        parent, start = stem.rpartition(".")[0], 0
+        for part, rows in zip(fused.parts, family.part_rows(fused, tensor.data.shape[0])):
+            out[f"{parent}.{part}.{what}"] = GgufTensor(tensor.kind, tensor.data[start : start + rows])
+            start += rows
+    return out
 
 
 def _bytes(gguf: Path, data_start: int, info: TensorInfo) -> np.ndarray:
@@ -128,8 +146,7 @@ def use_gguf_blocks(model: torch.nn.Module, gguf: Path) -> int:
     family = family_of(model.config)
     if family is None:
         return 0
-    return use_blocks(model, gguf_blocks(read_gguf(gguf, modules=FAMILIES[family.model_type].file.modules), family),
-                      family)
+    return use_blocks(model, gguf_blocks(read_gguf(gguf, family=family), family), family)
 
 
 def use_blocks(model: torch.nn.Module, found: dict[str, tuple[np.ndarray, int]], family: Family) -> int:

@@ -3,7 +3,8 @@
 // the pass has 1 token or 32:
 //   - a row's weights are float32 values: a float32 row as it is, a block's as formats.h's
 //     `Traits<KIND>::piece` gives them (Q4_1's and Q5_1's d * q + m, Q8_0's d * q, Q4_0's d * (q - 8),
-//     Q5_0's d * (q - 16), IQ4_NL's d * table[q], Q4_K's and Q5_K's (d * scale) * q - dmin * min,
+//     Q5_0's d * (q - 16), IQ4_NL's d * table[q], IQ4_XS's (d * (scale - 32)) * table[q], Q4_K's and
+//     Q5_K's (d * scale) * q - dmin * min,
 //     Q6_K's (d * scale) * (q - 32): each product is exact in float32, so the value is exact or the
 //     one rounding of the sum, the value a dequantised float32 copy holds);
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
@@ -104,16 +105,25 @@ inline void block_values<Q4_0>(const uint8_t* p, int, Lanes v[4]) {
     for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[i], eight)));
 }
 
-// IQ4_NL: Q4_1's nibbles (at 2) looked up in its table, 16 at a time.
-template <>
-inline void block_values<IQ4_NL>(const uint8_t* p, int, Lanes v[4]) {
-    const __m256 d = half(p);
-    const __m128i qs = _mm_loadu_si128((const __m128i*)(p + 2)), nibble = _mm_set1_epi8(15);
-    const __m128i table = _mm_loadu_si128((const __m128i*)Traits<IQ4_NL>::table);
-    const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(qs, nibble));  // elements 0 .. 15
-    const __m128i high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), nibble));  // 16 .. 31
+// 16 bytes at qs as 32 nibbles (IQ4_NL's order: the low ones, then the high ones) looked up in IQ4_NL's
+// table, times d.
+inline void looked_up_values(const uint8_t* qs, __m256 d, Lanes v[4]) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i*)qs), nibble = _mm_set1_epi8(15);
+    const __m128i table = _mm_loadu_si128((const __m128i*)kIq4nlValues);
+    const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(bytes, nibble));  // elements 0 .. 15
+    const __m128i high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));  // 16 .. 31
     const __m128i w[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
     for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w[i])));
+}
+
+// IQ4_NL: Q4_1's nibbles (at 2) looked up in its table.
+template <>
+inline void block_values<IQ4_NL>(const uint8_t* p, int, Lanes v[4]) { looked_up_values(p + 2, half(p), v); }
+
+// IQ4_XS's sub-block `sub`: its 16 bytes at 8 + 16 sub as IQ4_NL's, times d * (its scale - 32).
+template <>
+inline void block_values<IQ4_XS>(const uint8_t* p, int sub, Lanes v[4]) {
+    looked_up_values(p + 8 + 16 * sub, _mm256_set1_ps(_cvtsh_ss(load_u16(p)) * float(iq4_xs_scale(p, sub) - 32)), v);
 }
 
 // The integers of a 5-bit kind (Q5_0, Q5_1): Q4_1's nibbles (qs, just after qh), and element j's 5th

@@ -3,8 +3,8 @@
 // `specdraft_kind` states it back for a test to compare), name, block (weights and bytes), the facts
 // its tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a
 // dequantised float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds
-// (Q4_K, Q5_K, Q6_K: a super-block of sub-blocks with their own scales); IQ4_NL's integers index a
-// table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift, as its sub-block
+// (Q4_K, Q5_K, Q6_K, IQ4_XS: a super-block of sub-blocks with their own scales); IQ4_NL's and IQ4_XS's
+// integers index a table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift, as its sub-block
 // b & (pieces - 1). `with_kind` is the one place a kind's number becomes the code compiled for it:
 // every entry point calls it once, and below it the kind is a template argument. A new kind is its
 // number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
@@ -18,7 +18,7 @@
 
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9 };  // as `native.formats` numbers them
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9, IQ4_XS = 10 };  // as `native.formats` numbers them
 constexpr int64_t kBlock = 32;     // weights the arithmetics read together: a block, or a K kind's sub-block (a piece)
 constexpr int64_t kSuper = 256;    // weights in a K kind's block (its super-block)
 
@@ -78,6 +78,23 @@ inline void iq4_nl_piece(const uint8_t* p, float* o) {
     for (int j = 0; j < 16; ++j) {
         o[j] = d * float(kIq4nlValues[p[2 + j] & 15]);
         o[j + 16] = d * float(kIq4nlValues[p[2 + j] >> 4]);
+    }
+}
+
+// IQ4_XS's sub-block j (0..7) scale, 6 bits, from its block p: the low 4 bits byte 4 + j / 2's nibble
+// j % 2, the top 2 bits 2j, 2j + 1 of the 16-bit scales_h at 2; a weight's scale is it less 32.
+inline int iq4_xs_scale(const uint8_t* p, int j) {
+    return ((p[4 + j / 2] >> (4 * (j % 2))) & 15) | ((load_u16(p + 2) >> (2 * j)) & 3) << 4;
+}
+
+// IQ4_XS (136 bytes, 256 weights): float16 d at 0, scales (`iq4_xs_scale`) at 2 and 4, qs at 8: sub-block
+// j's 16 bytes at 8 + 16j as IQ4_NL's: w = (d * (scale - 32)) * kIq4nlValues[q] (exact).
+inline void iq4_xs_piece(const uint8_t* p, int sub, float* o) {
+    const float ds = half_to_float(load_u16(p)) * float(iq4_xs_scale(p, sub) - 32);
+    const uint8_t* q = p + 8 + 16 * sub;
+    for (int j = 0; j < 16; ++j) {
+        o[j] = ds * float(kIq4nlValues[q[j] & 15]);
+        o[j + 16] = ds * float(kIq4nlValues[q[j] >> 4]);
     }
 }
 
@@ -240,6 +257,14 @@ struct Traits<Q5_K> : Facts<kSuper, 176, 5, 2> {
 };
 
 template <>
+struct Traits<IQ4_XS> : Facts<kSuper, 136, 4, 2, 0, 128> {  // its scales_h where the others' m lie
+    static constexpr const char* name = "IQ4_XS";
+    static constexpr bool lookup = true;
+    static constexpr const int8_t* table = kIq4nlValues;
+    static void piece(const uint8_t* p, int sub, float* o) { iq4_xs_piece(p, sub, o); }
+};
+
+template <>
 struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
     static constexpr const char* name = "Q6_K";
     static void piece(const uint8_t* p, int sub, float* o) { q6_k_piece(p, sub, o); }
@@ -247,7 +272,7 @@ struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
 
 template <int64_t... K>
 struct KindList {};
-using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K>;  // every kind with an entry above
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS>;  // every kind with an entry above
 
 template <int64_t KIND>
 using KindOf = std::integral_constant<int64_t, KIND>;

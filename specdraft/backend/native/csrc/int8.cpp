@@ -20,7 +20,10 @@
 // (int8_k.cpp's `rows_dot` for Q4_K), and Q6_K per super-block
 //   i = sum_s scale_s (sum_j (q_sj - 32) x_sj)                              (s: 16 sub-blocks of 16)
 //   acc = fma(d * d_x, float(i), acc)
-// (its `rows_dot`, as q . x - 32 (sum of x); |i| < 2^31, float(i) rounding the same everywhere).
+// (its `rows_dot`, as q . x - 32 (sum of x); |i| < 2^31, float(i) rounding the same everywhere), and
+// IQ4_XS per super-block
+//   i = sum_s (scale_s - 32) (sum_j table[q_sj] x_sj)                        (s: 8 sub-blocks of 32)
+//   acc = fma(d * d_x, float(i), acc).
 //
 // The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
 // same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple

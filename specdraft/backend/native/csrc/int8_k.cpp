@@ -1,4 +1,4 @@
-// The int8 arithmetic of the K kinds (Q4_K, Q5_K, Q6_K) over their tiles: their layouts (`tile_pieces`) and
+// The int8 arithmetic of the K kinds (Q4_K, Q5_K, Q6_K, IQ4_XS) over their tiles: their layouts (`tile_pieces`) and
 // their dot products (`rows_dot`; `half_dot`, the portable loops'), each an overload a kind (its
 // `KindOf` the first argument), against tokens quantised per super-block of 256, in 512-bit
 // registers (whole tiles), 256-bit ones (half tiles; a pass of more than kFewTokens tokens in
@@ -38,6 +38,19 @@ template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q5_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     tile_pieces(KindOf<Q4_K>(), half, at, r, copy, 48);
     for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (35 + G) + 4 * r, 16 + 4 * G, 4);
+}
+
+// IQ4_XS's tiles: a super-block of R rows at stride 136R holds d[R] and scales_h[R] (16 bits, where the
+// other kinds' d and m lie), a vector of 4R bytes of scales_l (row r's 4 at 4r), then 32 vectors (1 + 4s +
+// c: row r's bytes 4c .. 4c + 3 of sub-block s's 16, at 4r: elements 4c .. 4c + 3 in their low nibbles,
+// 16 + 4c .. 16 + 4c + 3 in their high ones).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<IQ4_XS>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 0, 2);
+    copy(half.m + at + 2 * r, 2, 2);
+    copy(half.q + at + 4 * r, 4, 4);
+    for (int s = 0; s < 8; ++s)
+        for (int c = 0; c < 4; ++c) copy(half.q + at + half.vector * (1 + 4 * s + c) + 4 * r, 8 + 16 * s + 4 * c, 4);
 }
 
 // The kinds of Q4_K's scales and mins (Q4_K, Q5_K), whose dot products share one template.
@@ -200,6 +213,48 @@ template <typename V, int64_t VECTOR, int T>
     put_rows<V, T>(acc, row0, t0, out);
 }
 
+// The V::kRows rows of IQ4_XS tiles at `rows` (from row0) against tokens [t0, t0 + T): per sub-block, the
+// rows' looked-up weights times the token's activations (VNNI: the bytes w + 128, the sum from -128 times
+// the token's sum of the 32; kSums16: the sign trick, a group's pairs widened at once times the scale),
+// times the rows' scales (less 32) into i; then int8.cpp's float operation, fma(d * d_x, float(i), acc).
+template <typename V, int64_t VECTOR, int T>
+[[gnu::noinline]] void rows_dot(KindOf<IQ4_XS>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
+    using I = typename V::I;
+    const int64_t blocks = p.width / kBlock;
+    const I table = iq4_xs_table<V>();
+    typename V::F acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = V::zeros();
+    for (int64_t b = 0; b < p.width / kSuper; ++b) {
+        const int64_t at = b * rows.stride;
+        ask_ahead(rows.d + at, rows.stride);  // every pass (`asks_ahead`)
+        const uint8_t* q = rows.q + at;
+        I scale[8], i[T];
+        iq4_xs_scales<V>(q, rows.m + at, scale);
+        for (int t = 0; t < T; ++t) i[t] = V::zero();
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+            I dot[T], pair = scale[s];
+            if constexpr (V::kSums16) pair = V::pair(scale[s]);
+            for (int t = 0; t < T; ++t) dot[t] = V::words(-128 * p.xtotal[(t0 + t) * blocks + 8 * b + s]);
+            for (int G = 0; G < 8; ++G) {
+                const I w = iq4_xs_group<V, VECTOR>(q, s, G, table);
+                for (int t = 0; t < T; ++t) {
+                    const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G;
+                    if constexpr (V::kSums16)
+                        i[t] = V::scaled(i[t], V::sign_dot16(w, x), pair);
+                    else
+                        dot[t] = V::dot(dot[t], w, x);
+                }
+            }
+            if constexpr (!V::kSums16)
+                for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale[s]));
+        }
+        const typename V::F d = V::halves(rows.d + at);
+        for (int t = 0; t < T; ++t) acc[t] = V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), acc[t]);
+    }
+    put_rows<V, T>(acc, row0, t0, out);
+}
+
 // The V::kRows rows at `rows` (from row0) against every token of the pass, V::kTokens at a time. The
 // vectors' length is compiled in (VECTOR: 64 bytes, or 32 in a last tile of 8 rows), so that each of a
 // block's vectors is read at a constant offset.
@@ -279,6 +334,34 @@ void half_dot(KindOf<Q6_K>, const Projection& p, int64_t g, int64_t t0, int64_t 
     }
 }
 
+// Rows 8g .. 8g + 7 of IQ4_XS tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads Q4_K's.
+void half_dot(KindOf<IQ4_XS>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+    const int64_t blocks = p.width / kBlock;
+    const Half half = half_tile<IQ4_XS>(p.w, p.rows, p.row_bytes, g);
+    for (int r = 0; r < kTileRows; ++r) {
+        float acc[kInt8Tokens] = {};
+        for (int64_t b = 0; b < p.width / kSuper; ++b) {
+            uint8_t block[136];
+            k_untile<IQ4_XS>(half, b * half.stride, r, block);
+            const float d = half_to_float(load_u16(block));
+            for (int64_t t = 0; t < T; ++t) {
+                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper;
+                int32_t i = 0;
+                for (int s = 0; s < 8; ++s) {
+                    int32_t dot = 0;
+                    for (int j = 0; j < 16; ++j) {
+                        const uint8_t byte = block[8 + 16 * s + j];
+                        dot += kIq4nlValues[byte & 15] * x[kBlock * s + j] + kIq4nlValues[byte >> 4] * x[kBlock * s + 16 + j];
+                    }
+                    i += (iq4_xs_scale(block, s) - 32) * dot;
+                }
+                acc[t] = std::fmaf(d * p.xd[(t0 + t) * blocks + 8 * b], float(i), acc[t]);
+            }
+        }
+        for (int64_t t = 0; t < T; ++t) out.put(t0 + t, g * kTileRows + r, acc[t]);
+    }
+}
+
 #endif
 
 }  // namespace
@@ -326,14 +409,18 @@ void specdraft::k_block_of(const uint8_t* tiles, int64_t rows, int64_t row_bytes
 template void specdraft::k_group<Q4_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<Q5_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<Q6_K>(const Projection&, int64_t, int64_t, const Out&);
+template void specdraft::k_group<IQ4_XS>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_tile_block<Q4_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q5_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q6_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
+template void specdraft::k_tile_block<IQ4_XS>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_block_of<Q4_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q5_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q6_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
+template void specdraft::k_block_of<IQ4_XS>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 #ifdef SPECDRAFT_ZMM
 template void specdraft::k_whole_tile<Q4_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q6_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_whole_tile<IQ4_XS>(const Projection&, int64_t, const Out&);
 #endif

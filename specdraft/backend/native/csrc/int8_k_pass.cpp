@@ -23,7 +23,7 @@ constexpr int64_t kPassTokens = 32;  // tokens an unpacked super-block serves at
 constexpr int kPairTokens = 4;       // tokens read against each unpacked vector together
 
 // A super-block's unpacked weights: vector (s, G) holds each row's 4 weights of group G of sub-block s
-// (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
+// (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K, IQ4_XS's looked up as `iq4_xs_table` gives them, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
 // `dot_scale` reads them.
 template <typename V>
 struct K_unpacked {
@@ -129,6 +129,60 @@ struct Super<Q4_K, V, VECTOR> : MinsSuper<Q4_K, V, VECTOR> {};
 template <typename V, int64_t VECTOR>
 struct Super<Q5_K, V, VECTOR> : MinsSuper<Q5_K, V, VECTOR> {};
 
+// IQ4_XS's, with its rows' float scales.
+template <typename V, int64_t VECTOR>
+struct Super<IQ4_XS, V, VECTOR> {
+    using I = typename V::I;
+    K_unpacked<V> u;
+    typename V::F d;
+
+    void unpack(const Half& rows, int64_t at) {
+        const uint8_t* q = rows.q + at;
+        I scale[8];
+        iq4_xs_scales<V>(q, rows.m + at, scale);
+        const I table = iq4_xs_table<V>();
+        for (int s = 0; s < 8; ++s) {
+            u.scale[s] = scale_form<V>(scale[s]);
+            for (int G = 0; G < 8; ++G) u.put(s, G, iq4_xs_group<V, VECTOR>(q, s, G, table));
+        }
+        d = V::halves(rows.d + at);
+    }
+
+    // Tokens [t0, t0 + T) against super-block b: i as IQ4_XS's `rows_dot` sums it, then its float operation
+    // on acc.
+    template <int T>
+    void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
+        const int64_t blocks = p.width / kBlock;
+        const int8_t* x[T];
+        const int32_t* sums[T];  // each 32's sum
+        for (int t = 0; t < T; ++t) {
+            x[t] = p.qx + (t0 + t) * p.width + b * kSuper;
+            sums[t] = p.xtotal + (t0 + t) * blocks + 8 * b;
+        }
+        I i[T];
+        for (int t = 0; t < T; ++t) i[t] = V::zero();
+#pragma GCC unroll 1
+        for (int s = 0; s < 8; ++s) {
+            I dot[T];
+            for (int t = 0; t < T; ++t) dot[t] = V::words(-128 * sums[t][s]);  // (w + 128) . x less 128 (sum of x)
+#pragma GCC unroll 8
+            for (int G = 0; G < 8; ++G) {
+                const I w = u.at(s, G);
+                for (int t = 0; t < T; ++t) {
+                    if constexpr (V::kSums16)  // the sign trick: a group's pairs below 2^15, widened times the scale
+                        i[t] = dot_scale<V>(i[t], V::sign_dot16(w, x[t] + kBlock * s + 4 * G), u.scale[s]);
+                    else
+                        dot[t] = group_sum<V>(dot[t], w, x[t] + kBlock * s + 4 * G);
+                }
+            }
+            if constexpr (!V::kSums16)
+                for (int t = 0; t < T; ++t) i[t] = dot_scale<V>(i[t], dot[t], u.scale[s]);
+        }
+        for (int t = 0; t < T; ++t)
+            V::store(acc[t], V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), V::loadf(acc[t])));
+    }
+};
+
 // Q6_K's, with its rows' scales as int16 pairs (kSums16's offsets terms, `q6_k_less_offsets`) and
 // float scale.
 template <typename V, int64_t VECTOR>
@@ -226,5 +280,6 @@ void specdraft::k_pass_half(const Projection& p, int64_t g, const Out& out) {
 template void specdraft::k_pass_half<Q4_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<Q6_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_pass_half<IQ4_XS>(const Projection&, int64_t, const Out&);
 
 #endif

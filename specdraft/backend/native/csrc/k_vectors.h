@@ -24,6 +24,10 @@ struct Ymm {
     using F = __m256;
     static constexpr int64_t kRows = kTileRows, kTokens = 4;
     static I load(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+    static I u16s(const uint8_t* p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)); }  // a row's a lane
+    static I table(const int8_t* t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)t)); }
+    static I lookup(I table, I nibbles) { return _mm256_shuffle_epi8(table, nibbles); }  // per 128-bit lane
+    static I plus128(I a) { return _mm256_xor_si256(a, _mm256_set1_epi8(char(0x80))); }  // int8 w as the byte w + 128
     static I zero() { return _mm256_setzero_si256(); }
     static I bytes(int v) { return _mm256_set1_epi8(char(v)); }
     static I words(int32_t v) { return _mm256_set1_epi32(v); }
@@ -63,6 +67,11 @@ struct Ymm {
         asm("" : "+x"(sum));  // kept in a register here (int8_k_pass.cpp's `group_sum` says why)
         return sum;
     }
+    // each lane's two int16 halves: the products of w's bytes (signed) and x's in pairs, by the sign trick
+    // (|w| times x with w's sign: each pair below 2 x 128 x 127 < 2^15)
+    static I sign_dot16(I w, const int8_t* x) {
+        return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(broadcast4(x), w));
+    }
     // each lane's scale (below 2^15 in magnitude) in both its int16 halves, for `scaled`
     static I pair(I scale) {
         return _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(scale, 16));
@@ -88,12 +97,17 @@ struct Zmm {
     static constexpr int64_t kRows = kTile, kTokens = 6;
     static constexpr bool kSums16 = false;  // vpdpbusd: a product of 4 bytes is one instruction
     static I load(const uint8_t* p) { return _mm512_loadu_si512((const void*)p); }
+    static I u16s(const uint8_t* p) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)); }
+    static I table(const int8_t* t) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)t)); }
+    static I lookup(I table, I nibbles) { return _mm512_shuffle_epi8(table, nibbles); }
+    static I plus128(I a) { return _mm512_xor_si512(a, _mm512_set1_epi8(char(0x80))); }
     static I zero() { return _mm512_setzero_si512(); }
     static I bytes(int v) { return _mm512_set1_epi8(char(v)); }
     static I words(int32_t v) { return _mm512_set1_epi32(v); }
     static I all(I a, I b) { return _mm512_and_si512(a, b); }
     static I either(I a, I b) { return _mm512_or_si512(a, b); }
     static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+    static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
     static I times(I a, I b) { return _mm512_mullo_epi32(a, b); }
     static I times16(I a, I b) { return _mm512_madd_epi16(a, b); }
     static I pair_dot(I acc, I pairs, const int32_t* x) {  // the pair broadcast by the instruction ({1to16})
@@ -192,6 +206,33 @@ inline typename V::I q4_k_mins_term(typename V::I n, const typename V::I mins[4]
     sum_pairs(sums, pairs);
     for (int j = 0; j < 4; ++j) n = V::pair_dot(n, mins[j], pairs + j);
     return n;
+}
+
+// IQ4_XS's table as its products take it (formats.h's `Traits::table`): w + 128 (its offset) where they
+// are vpdpbusd's (unsigned bytes), w itself for the sign trick (kSums16).
+template <typename V>
+inline typename V::I iq4_xs_table() {
+    const typename V::I w = V::table(Traits<IQ4_XS>::table);
+    return V::kSums16 ? w : V::plus128(w);
+}
+
+// IQ4_XS's scales of each row less 32, one a sub-block (formats.h's `iq4_xs_scale`, lane by lane): its
+// scales_l the tile's vector at q, its scales_h where the other kinds' m lie (a 16-bit value a row, at m).
+template <typename V>
+inline void iq4_xs_scales(const uint8_t* q, const uint8_t* m, typename V::I scale[8]) {
+    using I = typename V::I;
+    const I low = V::load(q), high = V::u16s(m), low4 = V::words(15), top2 = V::words(3), offset = V::words(32);
+    for (int s = 0; s < 8; ++s)
+        scale[s] = V::sub(V::either(V::all(V::down32(low, 4 * s), low4), V::up32(V::all(V::down32(high, 2 * s), top2), 4)),
+                          offset);
+}
+
+// IQ4_XS's group G of sub-block s of each row, looked up in `table` (`iq4_xs_table`): its nibbles in the
+// tile's vector 1 + 4s + G % 4 (int8_k.cpp's `tile_pieces`), the low ones for G < 4.
+template <typename V, int64_t VECTOR>
+inline typename V::I iq4_xs_group(const uint8_t* q, int s, int G, typename V::I table) {
+    const typename V::I raw = V::load(q + VECTOR * (1 + 4 * s + G % 4));
+    return V::lookup(table, V::all(G < 4 ? raw : V::down16(raw, 4), V::bytes(0x0f)));
 }
 
 // Q6_K's group G of piece s (formats.h's sub-block of 32 weights) of each row, 0..63 a byte: ql's
