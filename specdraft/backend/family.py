@@ -6,14 +6,24 @@ holds q and k rows in (`Family`).
 
 The families our forward runs are the rows of `FAMILIES`: Llama-architecture decoders (pre-norm
 RMS norms, rotary embedding, grouped-query attention, a SiLU-gated MLP) that differ only in what a
-`Family` holds (Qwen3's per-head q/k norms and a sliding window at the layers that have one among
-it); each row says what its config does not (where it keeps its biases, how llama.cpp
+`Family` holds (Qwen3's per-head q/k norms, a sliding window at the layers that have one, Phi-3's
+projections held fused, among it); each row says what its config does not (where it keeps its biases, how llama.cpp
 writes its q and k). The row is chosen here, by the config's `model_type`, and nowhere else: the
 layers, kernels and loader take a `Family` and never read a family's name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A projection a family's model holds fused: `module` (under a decoder layer, Phi-3's
+    `self_attn.qkv_proj`) is its `parts` stacked by rows in order, each then a module of its own beside
+    it (`backend.weights.unfuse`; the loader splits a file's tensor alike, `native.gguf_file`)."""
+
+    module: str
+    parts: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -33,8 +43,9 @@ class Family:
     scales by (offset + weight), computed in float32 (Gemma's 1; its GGUF files hold weight + 1);
     `sandwich_norms`: the attention's and the MLP's outputs are normed before each joins the stream
     (`post_attention_layernorm`, `post_feedforward_layernorm`; the MLP's input norm is then
-    `pre_feedforward_layernorm`); `activation`: the MLP gate's, "silu" or "gelu_tanh"; `model_type`:
-    the config's, for messages."""
+    `pre_feedforward_layernorm`); `activation`: the MLP gate's, "silu" or "gelu_tanh"; `fused`: the
+    projections its model holds fused (`Fused`), split on loading; `model_type`: the config's, for
+    messages."""
 
     model_type: str
     heads: int
@@ -54,6 +65,15 @@ class Family:
     norm_offset: float = 0.0
     sandwich_norms: bool = False
     activation: str = "silu"
+    fused: tuple[Fused, ...] = ()
+
+    def part_rows(self, fused: Fused, rows: int) -> tuple[int, ...]:
+        """The rows of each of a fused projection's parts (of `rows` in all): q, k and v by the heads'
+        counts and size, any other parts (gate and up) alike."""
+        if fused.parts == ("q_proj", "k_proj", "v_proj"):
+            return self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
+        assert rows % len(fused.parts) == 0, (fused, rows)
+        return (rows // len(fused.parts),) * len(fused.parts)
 
     def slides(self, layer: int) -> bool:
         """Whether the layer of this index attends over the sliding window only."""
@@ -77,7 +97,10 @@ class FileFamily:
     key transformers takes a head's size from (`head_size_key`; None: embedding_length / head_count),
     the file's `general.architecture` (None: the config's model_type), the modules some of a layer's
     tensors go to where they differ from Llama's (`modules`: Gemma's `ffn_norm` is its MLP's input
-    norm), and the metadata keys it implements that others' files must not set (`reads`)."""
+    norm), the metadata keys it implements that others' files must not set (`reads`), and those its
+    files set that llama.cpp and transformers' GGUF loader both leave unread for the family
+    (`ignores`: Phi-3's sliding window, which llama.cpp turns off), so that the file decodes as
+    theirs without them."""
 
     top: frozenset[str]
     layer: frozenset[str]
@@ -85,6 +108,7 @@ class FileFamily:
     architecture: str | None = None
     modules: tuple[tuple[str, str], ...] = ()
     reads: frozenset[str] = frozenset()
+    ignores: frozenset[str] = frozenset()
 
 
 _WEIGHTS = frozenset(f"{part}.weight" for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -97,8 +121,8 @@ class _Row:
     """What a family's config does not say: which projections add a bias (a config field's name that
     does, or a constant), whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`),
     what its GGUF files hold that the loader reads (`file`, which `models.gguf_check` holds a file to),
-    whether its heads' q and k are normed (`Family.qk_norm`), its norms' offset and sandwich norms, and
-    whether its model reads a config's `layer_types` (Mistral's does not: every layer slides where its
+    whether its heads' q and k are normed (`Family.qk_norm`), its norms' offset and sandwich norms, its
+    fused projections (`Family.fused`), and whether its model reads a config's `layer_types` (Mistral's does not: every layer slides where its
     config gives a window)."""
 
     qkv: str | bool
@@ -110,6 +134,7 @@ class _Row:
     norm_offset: float = 0.0
     sandwich_norms: bool = False
     layer_types: bool = True
+    fused: tuple[Fused, ...] = ()
 
     def read(self, config, which: str) -> bool:
         where = getattr(self, which)
@@ -146,6 +171,16 @@ FAMILIES = {
                                                  ("post_attention_norm", "post_attention_layernorm"),
                                                  ("post_ffw_norm", "post_feedforward_layernorm")),
                                         reads=frozenset({"attention.sliding_window"}))),
+    # Phi-3 (and Phi-4): q/k/v and gate/up fused (its files' attn_qkv and ffn_up too), no biases; its
+    # files' sliding window is one llama.cpp turns off and transformers' GGUF config does not read
+    "phi3": _Row(qkv=False, out=False, mlp=False, gguf_interleaved_qk=False,
+                 fused=(Fused("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                        Fused("mlp.gate_up_proj", ("gate_proj", "up_proj"))),
+                 file=FileFamily(_TOP, frozenset(f"{part}.weight" for part in ("attn_norm", "attn_qkv", "attn_output",
+                                                                             "ffn_norm", "ffn_up", "ffn_down")),
+                                 head_size_key=None, modules=(("attn_qkv", "self_attn.qkv_proj"),
+                                                              ("ffn_up", "mlp.gate_up_proj")),
+                                 ignores=frozenset({"attention.sliding_window"}))),
 }
 # general.architecture -> what the loader reads of its files
 FILE_FAMILIES = {row.file.architecture or model_type: row.file for model_type, row in FAMILIES.items()}
@@ -199,7 +234,9 @@ def _sliding(config) -> tuple[int | None, tuple[bool, ...]]:
 
 def family_problem(config) -> str | None:
     """Why our forward does not run a model of this config (None: it does): a family not in
-    `FAMILIES`, or layers of attention other than full or over a sliding window."""
+    `FAMILIES`, layers of attention other than full or over a sliding window, or what else its
+    model computes that ours does not (`_rope_problem`: rotary embedding over part of a head, or
+    frequencies switched by length)."""
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         return f"{model_type!r} is not a family our forward runs ({', '.join(FAMILIES)})"
@@ -218,6 +255,21 @@ def family_problem(config) -> str | None:
         return f"attention scaled by query_pre_attn_scalar {scalar}, not the head size {head_dim}"
     if _activation(config) is None:
         return f"an MLP gate of {_gate(config)!r} (silu or gelu_pytorch_tanh)"
+    return _rope_problem(config)
+
+
+def _rope_problem(config) -> str | None:
+    """What a config's rotary embedding asks that our attention does not do (None: nothing): rotating
+    part of each head (Phi-4-mini's partial_rotary_factor), or frequencies that change with the
+    sequence's length (Phi-3's 128k LongRoPE, dynamic NTK). Others (Llama 3's, linear) are the rotary
+    module's own frequencies, which every path takes as they are."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    for parameters in [rope, *(value for value in rope.values() if isinstance(value, dict))]:
+        part = parameters.get("partial_rotary_factor", 1.0)
+        if part != 1.0:
+            return f"a rotary embedding over part of each head (partial_rotary_factor {part})"
+        if parameters.get("rope_type") in ("longrope", "dynamic"):
+            return f"rotary frequencies that change with the sequence's length ({parameters['rope_type']})"
     return None
 
 
@@ -247,4 +299,5 @@ def family_of(config) -> Family | None:
                   tied_head=bool(getattr(config, "tie_word_embeddings", False)), rope_theta=float(theta),
                   norm_eps=float(config.rms_norm_eps), gguf_interleaved_qk=row.gguf_interleaved_qk,
                   qk_norm=row.qk_norm, window=window, sliding=sliding, local_rope=local,
-                  norm_offset=row.norm_offset, sandwich_norms=row.sandwich_norms, activation=_activation(config))
+                  norm_offset=row.norm_offset, sandwich_norms=row.sandwich_norms, activation=_activation(config),
+                  fused=row.fused)

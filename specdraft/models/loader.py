@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from specdraft.backend import native as blocks
-from specdraft.backend.family import FAMILIES, Family, family_of
+from specdraft.backend.family import Family, family_of
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.native.gguf_file import GgufTensor, dense_tensor, gguf_blocks, read_gguf, use_blocks
 from specdraft.backend.native.layout import GgufLayout
 from specdraft.backend.weight_only_int8 import use_weight_only_int8
+from specdraft.backend.weights import unfuse
 from specdraft.errors import ModelNotFoundError
 from specdraft.models.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer, lean_tokenizer
 from specdraft.models.gguf_check import ROPE_FREQS, check_gguf
@@ -64,9 +65,10 @@ def _native_from_gguf(gguf: Path, layout: GgufLayout):
     family = family_of(config)
     if family is None:
         return None
-    tensors = read_gguf(gguf, layout, FAMILIES[config.model_type].file.modules)
+    tensors = read_gguf(gguf, layout, family)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    unfuse(model, family)  # as the file's fused tensors are read: each part its own module
     model.tie_weights()  # as loading would: a tied output layer is the embedding, and follows its blocks
     if use_blocks(model, gguf_blocks(tensors, family), family) == 0:
         return None
@@ -130,6 +132,8 @@ def load(loading: Loading) -> LoadedModel:
     built = _native_from_gguf(gguf, layout) if native else None
     source = gguf if built is not None else convert_gguf(gguf) if gguf is not None else loading.source
     tokenizer, model = built or _dense_from_pretrained(loading.source, source, loading.dtype)
+    if (family := family_of(model.config)) is not None:
+        unfuse(model, family)  # Phi-3's q/k/v and gate/up as the modules every path reads
     if layout is not None:
         _use_rope_freqs(model, gguf, layout)
     model.to(loading.device).eval()

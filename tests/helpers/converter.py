@@ -2,7 +2,7 @@
 taken once from the `llama-cpp-python` sdist's vendor tree into the cache dir (`converter_tree`; a
 test skips, saying why, where PyPI cannot be reached), run on a folder (`convert`), and tiny random
 Hugging Face models of each family, at a real tokenizer whose pre-tokenizer the converter knows
-(`tiny_family_dir`)."""
+(`tiny_family_dir`; Phi-3's a SentencePiece tokenizer trained here, `_sentencepiece_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -60,19 +60,27 @@ def convert(model_dir: Path, out: Path, outtype: str = "q8_0") -> Path:
 
 def tiny_family_dir(family: str, path: Path, seed: int = 0) -> Path:
     """A random model of `family` (llama: 2 layers, a tied head; qwen2: q/k/v biases; qwen3: q/k norms,
-    heads wider than hidden / heads; gemma3_text: 6 layers, 5 sliding over 8 tokens, heads of 256) at a real
-    tokenizer's vocabulary (`_tokenizer_source`), with it."""
+    heads wider than hidden / heads; gemma3_text: 6 layers, 5 sliding over 8 tokens, heads of 256; phi3:
+    q/k/v and gate/up fused, a sliding window its file keeps and llama.cpp ignores) at a real tokenizer's
+    vocabulary (`_tokenizer_source`; Phi-3's kind trained here), with it."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source(family))
-    shape = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    path.mkdir(parents=True, exist_ok=True)
+    if family == "phi3":
+        vocab, bos, eos = _sentencepiece_tokenizer(path)
+        tokenizer = None
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source(family))
+        vocab, bos, eos = len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id
+    shape = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+                 bos_token_id=bos, eos_token_id=eos)
     own = {"llama": dict(tie_word_embeddings=True), "qwen2": dict(tie_word_embeddings=False),
            "qwen3": dict(tie_word_embeddings=False, head_dim=32),
            # Gemma 3's files hold no layer pattern (llama.cpp and transformers take 5 sliding layers, then a
            # full one), nor query_pre_attn_scalar (transformers takes 256; llama.cpp, the head size)
-           "gemma3_text": dict(head_dim=256, query_pre_attn_scalar=256, sliding_window=8, num_hidden_layers=6)}[family]
+           "gemma3_text": dict(head_dim=256, query_pre_attn_scalar=256, sliding_window=8, num_hidden_layers=6),
+           "phi3": dict(tie_word_embeddings=False, sliding_window=8, pad_token_id=eos)}[family]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **{**shape, **own})).eval()
     with torch.no_grad():
@@ -83,8 +91,28 @@ def tiny_family_dir(family: str, path: Path, seed: int = 0) -> Path:
                 tensor.normal_(0.0, 0.5)
         model.get_input_embeddings().weight.mul_(8.0)  # varied greedy continuations, not ties
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
     return path
+
+
+def _sentencepiece_tokenizer(folder: Path) -> tuple[int, int, int]:
+    """Phi-3's kind of tokenizer (a SentencePiece BPE with byte fallback, as Llama 2's), trained on this
+    project's docs into `folder` as the converter reads it (tokenizer.model, and tokenizer_config.json
+    naming its class): (vocabulary size, bos id, eos id)."""
+    import json
+
+    import sentencepiece
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    lines = [line for doc in sorted(docs.glob("*.md")) for line in doc.read_text().splitlines() if line.strip()]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(folder / "tokenizer"), vocab_size=640, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True}))
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    return processor.get_piece_size(), processor.bos_id(), processor.eos_id()
 
 
 def _tokenizer_source(family: str) -> Path:

@@ -1,7 +1,7 @@
 """Tiny random models of the families beside Llama, built in-process at the tiny Llama's vocabulary:
 a Qwen2 (the family's biases, explicit head size and untied output layer), a Qwen3 (q/k norms,
-heads wider than hidden / heads) and a Gemma 3 (sliding and full layers, sandwich and (1 + w)
-norms, a GELU gate)."""
+heads wider than hidden / heads), a Gemma 3 (sliding and full layers, sandwich and (1 + w)
+norms, a GELU gate) and a Phi-3 (q/k/v and gate/up fused)."""
 
 from __future__ import annotations
 
@@ -66,4 +66,27 @@ def make_tiny_gemma3(seed: int = 0, dtype: torch.dtype = torch.float32, window: 
             if name.endswith("norm.weight"):
                 tensor.normal_(0.0, 0.3)
         model.model.embed_tokens.weight.mul_(sharpen)  # varied greedy continuations, not ties
+    return model
+
+
+def make_tiny_phi3(seed: int = 0, dtype: torch.dtype = torch.float32, sharpen: float = 4.0, unfused: bool = True):
+    """A random Phi-3 of two layers, 4 query heads over 2 of 16, q/k/v and gate/up fused as its model
+    holds them, then split as the loader splits them (`unfuse`; `unfused=False`: left fused)."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    from specdraft.backend.family import family_of
+    from specdraft.backend.weights import unfuse
+
+    torch.manual_seed(seed)
+    config = Phi3Config(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = Phi3ForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("norm.weight"):
+                tensor.normal_(1.0, 0.3)
+        model.lm_head.weight.mul_(sharpen)  # varied greedy continuations, not ties
+    if unfused:
+        unfuse(model, family_of(config))
     return model

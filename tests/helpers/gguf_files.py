@@ -146,17 +146,17 @@ SMALL_WIDTH, SMALL_HEADS = 64, 4  # a head of 16: rope_freqs holds 8 factors
 
 
 def write_small(path: Path, architecture: str = "llama", tensors: dict[str, np.ndarray] | None = None,
-                keys: dict[str, object] | None = None) -> Path:
-    """A GGUF of a few float32 tensors a family's loader reads (an embedding, a projection, a norm),
-    its width and heads in its metadata, then `tensors` and `keys` (after `{architecture}.`) added:
-    what the check reads, not a model that loads."""
+                keys: dict[str, object] | None = None, projection: str = "attn_q") -> Path:
+    """A GGUF of a few float32 tensors a family's loader reads (an embedding, a projection of layer 0
+    named `projection`, a norm), its width and heads in its metadata, then `tensors` and `keys` (after
+    `{architecture}.`) added: what the check reads, not a model that loads."""
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_embedding_length(SMALL_WIDTH)
     writer.add_head_count(SMALL_HEADS)
     for key, value in (keys or {}).items():
         add_key(writer, f"{architecture}.{key}", value)
-    base = {"token_embd.weight": (8, SMALL_WIDTH), "blk.0.attn_q.weight": (SMALL_WIDTH, SMALL_WIDTH),
+    base = {"token_embd.weight": (8, SMALL_WIDTH), f"blk.0.{projection}.weight": (SMALL_WIDTH, SMALL_WIDTH),
             "output_norm.weight": (SMALL_WIDTH,)}
     for name, shape in base.items():
         writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))

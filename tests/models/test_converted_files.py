@@ -3,7 +3,8 @@ sdist's vendor tree: `tests/helpers/converter.py`), of a tiny random model of ea
 forward runs (Llama: q/k rows interleaved, a tied head; Qwen2: q/k/v biases; Qwen3: q/k norms, heads
 wider than hidden / heads, a head size transformers' GGUF config does not read; Gemma 3: sliding and
 full layers with rotary bases of their own, sandwich norms stored as 1 + w, a scaled embedding, a
-GELU-tanh gate), at Q8_0 with float32 norms: specdraft loads each by path natively, its float32 arithmetic gives the logits of
+GELU-tanh gate; Phi-3: q/k/v and gate/up fused, split on loading, and a sliding window in its file that
+llama.cpp and transformers leave unread), at Q8_0 with float32 norms: specdraft loads each by path natively, its float32 arithmetic gives the logits of
 transformers' own model of the file bitwise (prefill and passes of 1-32 tokens), its greedy output
 is transformers' `generate`'s, and in the int8 arithmetic speculative output equals plain."""
 
@@ -19,12 +20,13 @@ from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS
+from specdraft.backend.weights import Joined, unfuse
 from tests.helpers.converter import convert, tiny_family_dir
 from tests.helpers.passes import pass_logits
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text", "phi3"]
 PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return", "The capital of France is"]
 
 
@@ -51,6 +53,8 @@ def test_the_converters_file_reads_its_blocks_natively(converted):
     assert model.config.model_type == family == dense.config.model_type
     attention = model.model.layers[0].self_attn
     assert isinstance(attention.q_proj, blocks.BlockLinear) and attention.q_proj.kind == blocks.Q8_0
+    fused = [model.model.layers[0].get_submodule(f.module) for f in family_of(model.config).fused]
+    assert all(isinstance(module, Joined) for module in fused)  # split into the parts, no weights of its own
     head = {"qwen3": 32, "gemma3_text": 256}.get(family, 16)
     assert family_of(model.config).shape == family_of(dense.config).shape == (4, 2, head)
 
@@ -61,7 +65,8 @@ def test_the_float32_arithmetic_gives_transformers_logits_bitwise_and_its_greedy
     _, path, dense = converted
     loaded = load_model(str(path), weights="native", arithmetic="float32")
     reference = copy.deepcopy(dense)
-    use_few_rows_linears(reference)  # as the loader builds a model on CPU
+    unfuse(reference, family_of(reference.config))  # as the loader builds a model on CPU (Phi-3's parts split)
+    use_few_rows_linears(reference)
     prompt = list(range(100, 100 + 2 * MAX_TOKENS + 9))
     counts = [1, 6, MAX_TOKENS, 1, 3]
     for n, got, want in zip(["prefill", *counts], pass_logits(loaded.model, prompt, counts),

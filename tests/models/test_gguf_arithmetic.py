@@ -244,6 +244,18 @@ def test_a_sliding_window_is_read_where_the_family_implements_it(tmp_path):
     assert check_gguf(path).architecture == "gemma3"
 
 
+def test_a_phi3_files_window_passes_unread_and_its_128k_factors_are_refused(tmp_path):
+    """Phi-3's files set its config's sliding window, which llama.cpp turns off and transformers' GGUF
+    config does not read: its family ignores it. Its 128k models' LongRoPE factors are tensors no loader
+    of ours reads, refused by name."""
+    path = write_small(tmp_path / "phi3.gguf", "phi3", keys={"attention.sliding_window": 2047}, projection="attn_qkv")
+    assert check_gguf(path).architecture == "phi3"
+    factors = {"rope_factors_long.weight": np.ones(SMALL_WIDTH // SMALL_HEADS // 2, np.float32)}
+    path = write_small(tmp_path / "phi3-128k.gguf", "phi3", tensors=factors, projection="attn_qkv")
+    with pytest.raises(BadModelFileError, match="tensor 'rope_factors_long.weight' is not one specdraft's phi3 loader"):
+        check_gguf(path)
+
+
 def test_a_tiny_qwen2_model_file_passes(tmp_path):
     from tests.helpers.families import make_tiny_qwen2
 

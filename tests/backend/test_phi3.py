@@ -1,0 +1,70 @@
+"""Phi-3 in our forward, a family as a row (`specdraft.backend.family.FAMILIES`): q/k/v and gate/up
+held fused by its model (and its files), split on loading into the modules every path reads
+(`backend.weights.unfuse`), the fused ones left as `Joined`s of them for the stock forward. A tiny
+random Phi-3 built in-process: split, the stock forward gives the fused model's logits bitwise; our
+forward gives the stock model's across rows and packed passes; numba's compiled layers equal the
+eager ones for every token count; verify passes equal plain steps bitwise; greedy speculative output
+equals plain greedy and Hugging Face `generate`'s. A rotary embedding over part of each head
+(Phi-4-mini) or one switched by length (Phi-3's 128k LongRoPE) is refused by name. Files written by
+llama.cpp's converter: `tests/models/test_converted_files.py`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.backend import forward
+from specdraft.backend.family import family_of, family_problem
+from specdraft.backend.weights import Joined, unfuse
+from tests.helpers.families import make_tiny_phi3
+from tests.helpers.family_checks import (greedy_equals_plain_and_hugging_face, numba_equals_eager,
+                                         own_forward_equals_stock, verify_passes_equal_plain_steps)
+from tests.helpers.passes import stock_logits
+
+
+def test_a_phi3_config_is_described_by_its_row_and_split_by_it():
+    fused = make_tiny_phi3(unfused=False)
+    family = family_of(fused.config)
+    assert (family.model_type, family.shape, family.tied_head, family.qkv_bias) == ("phi3", (4, 2, 16), False, False)
+    assert [(f.module, f.parts) for f in family.fused] == [("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                                                           ("mlp.gate_up_proj", ("gate_proj", "up_proj"))]
+    assert not forward.supports(fused)  # its parts are not modules of their own until split
+    weight = fused.model.layers[1].self_attn.qkv_proj.weight
+    assert unfuse(fused, family) == 2 * 2 and unfuse(fused, family) == 0  # twice: nothing more to split
+    attention, mlp = fused.model.layers[1].self_attn, fused.model.layers[1].mlp
+    assert [attention.q_proj.out_features, attention.k_proj.out_features, mlp.up_proj.out_features] == [64, 32, 128]
+    assert attention.v_proj.weight.data_ptr() == weight[96:].data_ptr()  # views of the fused rows, no copy
+    assert isinstance(attention.qkv_proj, Joined) and not list(attention.qkv_proj.parameters())
+    assert forward.supports(fused)
+
+
+def test_the_stock_forward_gives_the_fused_models_logits_bitwise_once_split():
+    ids = list(range(3, 40))
+    assert torch.equal(stock_logits(make_tiny_phi3(seed=2), ids), stock_logits(make_tiny_phi3(seed=2, unfused=False), ids))
+
+
+def test_a_rotary_embedding_over_part_of_a_head_or_switched_by_length_is_refused():
+    partial = make_tiny_phi3(unfused=False).config
+    partial.rope_parameters["partial_rotary_factor"] = 0.75
+    assert family_problem(partial) == "a rotary embedding over part of each head (partial_rotary_factor 0.75)"
+    longrope = make_tiny_phi3(unfused=False).config
+    longrope.rope_parameters["rope_type"] = "longrope"
+    assert family_problem(longrope) == "rotary frequencies that change with the sequence's length (longrope)"
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_own_forward_equals_stock_across_rows_and_a_packed_pass(dtype, atol):
+    own_forward_equals_stock(make_tiny_phi3(seed=3, dtype=dtype), atol)
+
+
+def test_numba_passes_equal_the_eager_layers_for_every_token_count():
+    numba_equals_eager(make_tiny_phi3(seed=11), atol=2e-5)
+
+
+def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise():
+    verify_passes_equal_plain_steps(make_tiny_phi3(seed=21))
+
+
+def test_greedy_speculative_output_equals_plain_greedy_and_hugging_face():
+    prompts = [[33, 34, 35, 36] * 6, list(range(1, 30)), [5, 17, 42, 9, 9, 13]]
+    greedy_equals_plain_and_hugging_face(make_tiny_phi3(seed=5), prompts)
