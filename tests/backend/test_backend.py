@@ -93,7 +93,7 @@ def test_stock_path_for_other_architectures_matches_too():
     ids = [5, 9, 33, 2, 71, 8, 8, 40]
     rows.add("r", active=True)
     torch.testing.assert_close(rows.prefill("r", ids), stock_logits(model, ids)[-1], rtol=0, atol=1e-10)
-    with pytest.raises(ValueError, match=r"needs a model of a family our forward runs \(llama, mistral, qwen2, qwen3, gemma3_text\), not 'gemma'"):
+    with pytest.raises(ValueError, match=r"needs a model of a family our forward runs \(llama, mistral, qwen2, qwen3, gemma3_text, phi3\), not 'gemma'"):
         RowModel(model, layers=[0])
 
 

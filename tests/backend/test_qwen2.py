@@ -53,7 +53,7 @@ def test_each_config_gives_its_familys_description_and_other_models_are_refused_
     window = family_of(Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=16, max_window_layers=1))
     assert (window.window, window.sliding) == (16, (False, True))  # tests/backend/test_sliding_window.py
     assert family_of(Qwen2Config(num_hidden_layers=2, sliding_window=16)).window is None  # no window unless used
-    assert "'gemma' is not a family our forward runs (llama, mistral, qwen2, qwen3, gemma3_text)" in family_problem(
+    assert "'gemma' is not a family our forward runs (llama, mistral, qwen2, qwen3, gemma3_text, phi3)" in family_problem(
         GemmaConfig(num_hidden_layers=1))
 
 

@@ -25,7 +25,7 @@
 //   i = sum_s (scale_s - 32) (sum_j table[q_sj] x_sj)                        (s: 8 sub-blocks of 32)
 //   acc = fma(d * d_x, float(i), acc).
 //
-// The int8 arithmetic reads the weights as tiles (`specdraft_tile` writes them from GGUF rows, the
+// The int8 arithmetic reads the weights as tiles (tiling.cpp's `specdraft_tile` writes them from GGUF rows, the
 // same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple
 // of 16, the last tile has 8); a tile of R rows holds its block b at w + 16i * row_bytes + b * R * block bytes:
 //   d[R] float16 (Q4_1, Q5_1: then m[R]), then the integers as vectors of 4R bytes whose byte 4r + e is row
@@ -50,24 +50,6 @@
 #include "tiles.h"
 
 namespace {
-
-// Row r's (0..7) integer weight j (0..31) of a half tile's block of KIND (`at` bytes on from block 0):
-// Q4_1's 0..15, Q8_0's -128..127, Q4_0's q - 8, Q5_0's q - 16 (the tile's byte less the kind's offset),
-// IQ4_NL's table entry q.
-template <int64_t KIND>
-inline int32_t tile_weight(const Half& half, int64_t at, int r, int j) {
-    using K = Traits<KIND>;
-    const int group = j / 4, e = j % 4;
-    if constexpr (K::bits == 8) {
-        return int32_t(half.q[at + half.vector * group + 4 * r + e]) - K::offset;
-    } else {
-        const uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
-        int32_t q = group < 4 ? byte & 15 : byte >> 4;
-        if constexpr (K::bits == 5) q |= ((half.q[at + half.vector * 4 + 4 * r + e] >> group) & 1) << 4;
-        if constexpr (K::lookup) return K::table[q];
-        return q - K::offset;
-    }
-}
 
 // The float operations of a half tile's block of KIND for one token, row by row (the portable loops').
 template <int64_t KIND>
@@ -270,6 +252,13 @@ void int8_group(const Projection& p, int64_t g, int64_t halves, const Out& out) 
 
 constexpr int64_t kTileTokens = 16;  // tokens a whole tile's sums are held for at once, in registers
 
+// A lookup kind's 8 groups of nibbles looked up in its table, as `group_weights` does.
+template <int64_t KIND>
+inline void look_up(__m512i w[8]) {
+    const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(lookup_table<KIND>()));
+    for (int G = 0; G < 8; ++G) w[G] = _mm512_shuffle_epi8(table, w[G]);
+}
+
 // Rows 8g .. 8g + 15 (a whole tile, g even) against tokens [t0, t0 + T) of weights of KIND: `int8_halves`'
 // operations on both halves at once in 512-bit registers (one load a vector; one broadcast of a token's
 // group serves 16 rows). T and KIND are known when compiled, so that the T sums stay in registers from
@@ -303,10 +292,7 @@ template <int64_t KIND, int T>
                 w[v] = _mm512_and_si512(raw, nibble);
                 w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
             }
-            if constexpr (K::lookup) {  // the nibbles looked up, as `group_weights` does
-                const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(lookup_table<KIND>()));
-                for (int G = 0; G < 8; ++G) w[G] = _mm512_shuffle_epi8(table, w[G]);
-            }
+            if constexpr (K::lookup) look_up<KIND>(w);
             if constexpr (K::bits == 5) {  // bit G of the fifth vector's bytes to bit 4 of group G's
                 const __m512i fifth = _mm512_loadu_si512((const void*)(tile + head + 4 * kTile * 4));
                 for (int G = 0; G < 8; ++G) {
@@ -414,89 +400,6 @@ void project_kind(const Projection& p, int64_t start, int64_t end, const Out& ou
 void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
     with_kind(p.kind, [&](auto k) {
         if constexpr (!Traits<k>::dense) project_kind<k>(p, start, end, out);
-    });
-}
-
-// Row r's GGUF block of a kind of 32 weights into its tiles: block b of half tile `half` (`at` bytes on).
-template <int64_t KIND>
-void tile_block(const HalfOf<uint8_t>& half, int64_t at, int r, const uint8_t* block) {
-    using K = Traits<KIND>;
-    uint8_t* q = half.q + at;
-    std::memcpy(half.d + at + 2 * r, block, 2);                              // d
-    if constexpr (K::scales == 2) std::memcpy(half.m + at + 2 * r, block + 2, 2);  // m
-    if constexpr (K::bits == 8) {  // element 4G + e at byte 4r + e of vector G, plus the offset
-        for (int j = 0; j < kBlock; ++j)
-            q[half.vector * (j / 4) + 4 * r + j % 4] = uint8_t(int32_t(int8_t(block[K::qs + j])) + K::offset);
-        return;
-    }
-    // Element 4G + e (G < 4) is qs[4G + e]'s low nibble, element 4G + e + 16 its high one: vector G's byte
-    // 4r + e holds both, so it is qs[4G + e] as it lies (Q5_0: its q's low 4 bits).
-    for (int G = 0; G < 4; ++G) std::memcpy(q + half.vector * G + 4 * r, block + K::qs + 4 * G, 4);
-    if constexpr (K::bits == 5) {  // the 5th bit of element 4G + e, qh's bit 4G + e, to bit G of the fifth vector's byte 4r + e
-        uint32_t qh;
-        std::memcpy(&qh, block + K::qs - 4, 4);  // qh just before qs
-        for (int e = 0; e < 4; ++e) {
-            uint32_t fifth = 0;
-            for (int G = 0; G < 8; ++G) fifth |= ((qh >> (4 * G + e)) & 1u) << G;
-            q[half.vector * 4 + 4 * r + e] = uint8_t(fifth);
-        }
-    }
-}
-
-// Row r of half tile g's block b of KIND back as float32 values into o (`expand_row`'s).
-template <int64_t KIND>
-void tile_row_values(const uint8_t* tiles, int64_t rows, int64_t row_bytes, int64_t g, int64_t b, int r, float* o) {
-    using K = Traits<KIND>;
-    if constexpr (K::super) {  // the block back as GGUF holds it, then its values
-        uint8_t block[K::bytes] = {};
-        specdraft::k_block_of<KIND>(tiles, rows, row_bytes, g, b, r, block);
-        expand_row<KIND>(block, kSuper, o);
-    } else {
-        const Half half = half_tile<KIND>(tiles, rows, row_bytes, g);
-        const int64_t at = b * half.stride;
-        const float d = half_to_float(load_u16(half.d + at + 2 * r));
-        if constexpr (K::scales == 2) {
-            const float m = half_to_float(load_u16(half.m + at + 2 * r));
-            for (int j = 0; j < kBlock; ++j) o[j] = std::fmaf(d, float(tile_weight<KIND>(half, at, r, j)), m);
-        } else {
-            for (int j = 0; j < kBlock; ++j) o[j] = d * float(tile_weight<KIND>(half, at, r, j));
-        }
-    }
-}
-
-// GGUF rows [0, rows) of `kind` (rows a multiple of 8, row_bytes each) as the int8 arithmetic's
-// tiles (the same bytes rearranged) into out.
-extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
-    with_kind(kind, [&](auto k) {
-        using K = Traits<k>;
-        if constexpr (!K::dense) {
-            for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
-                const HalfOf<uint8_t> half = half_tile<k>(out, rows, row_bytes, g);
-                for (int64_t b = 0; b < row_bytes / K::bytes; ++b) {
-                    for (int r = 0; r < kTileRows; ++r) {
-                        const uint8_t* block = w + (g * kTileRows + r) * row_bytes + b * K::bytes;
-                        if constexpr (K::super)
-                            specdraft::k_tile_block<k>(out, rows, row_bytes, g, b, r, block);
-                        else
-                            tile_block<k>(half, b * half.stride, r, block);
-                    }
-                }
-            }
-        }
-    });
-}
-
-// Rows ids[0 .. n) of tiles (`specdraft_tile`'s, of `kind`, `rows` rows of width weights) as float32
-// values into out [n, width]: the values the GGUF rows dequantise to (`expand_row`'s).
-extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
-                                      int64_t width, const int64_t* ids, int64_t n, float* out) {
-    with_kind(kind, [&](auto k) {
-        if constexpr (!Traits<k>::dense) {
-            for (int64_t i = 0; i < n; ++i)
-                for (int64_t b = 0; b < width / Traits<k>::weights; ++b)
-                    tile_row_values<k>(tiles, rows, row_bytes, ids[i] / kTileRows, b, int(ids[i] % kTileRows),
-                                       out + i * width + b * Traits<k>::weights);
-        }
     });
 }
 

@@ -304,57 +304,51 @@ void half_dot(KindOf<KIND>, const Projection& p, int64_t g, int64_t t0, int64_t 
     }
 }
 
-// Rows 8g .. 8g + 7 of Q6_K tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads Q4_K's.
-void half_dot(KindOf<Q6_K>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
-    const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile<Q6_K>(p.w, p.rows, p.row_bytes, g);
-    for (int r = 0; r < kTileRows; ++r) {
-        float acc[kInt8Tokens] = {};
-        for (int64_t b = 0; b < p.width / kSuper; ++b) {
-            uint8_t block[210];
-            k_untile<Q6_K>(half, b * half.stride, r, block);
-            const float d = half_to_float(load_u16(block + 208));
-            for (int64_t t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper;
-                int32_t i = 0;
-                for (int j = 0; j < 16; ++j) {  // the 16 weights of scale j
-                    int32_t dot = 0;
-                    for (int e = 16 * j; e < 16 * j + 16; ++e) {
-                        const int h = e / 128, k = e % 128 / 32, l = e % 32;
-                        const int low = (block[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
-                        const int high = (block[128 + 32 * h + l] >> (2 * k)) & 3;
-                        dot += ((low | high << 4) - 32) * x[e];
-                    }
-                    i += int32_t(int8_t(block[192 + j])) * dot;
-                }
-                acc[t] = std::fmaf(d * p.xd[(t0 + t) * blocks + 8 * b], float(i), acc[t]);
-            }
+// A Q6_K super-block's integer sum i against a token's activations x, one product at a time: per 16
+// weights (formats.h's layout), (q - 32) . x times the 16's scale.
+int32_t super_sum(KindOf<Q6_K>, const uint8_t* block, const int8_t* x) {
+    int32_t i = 0;
+    for (int j = 0; j < 16; ++j) {  // the 16 weights of scale j
+        int32_t dot = 0;
+        for (int e = 16 * j; e < 16 * j + 16; ++e) {
+            const int h = e / 128, k = e % 128 / 32, l = e % 32;
+            const int low = (block[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
+            const int high = (block[128 + 32 * h + l] >> (2 * k)) & 3;
+            dot += ((low | high << 4) - 32) * x[e];
         }
-        for (int64_t t = 0; t < T; ++t) out.put(t0 + t, g * kTileRows + r, acc[t]);
+        i += int32_t(int8_t(block[192 + j])) * dot;
     }
+    return i;
 }
 
-// Rows 8g .. 8g + 7 of IQ4_XS tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads Q4_K's.
-void half_dot(KindOf<IQ4_XS>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
+// An IQ4_XS super-block's: per sub-block, its grid values . x times its scale less 32.
+int32_t super_sum(KindOf<IQ4_XS>, const uint8_t* block, const int8_t* x) {
+    int32_t i = 0;
+    for (int s = 0; s < 8; ++s) {
+        int32_t dot = 0;
+        for (int j = 0; j < 16; ++j) {
+            const uint8_t byte = block[8 + 16 * s + j];
+            dot += kIq4nlValues[byte & 15] * x[kBlock * s + j] + kIq4nlValues[byte >> 4] * x[kBlock * s + 16 + j];
+        }
+        i += (iq4_xs_scale(block, s) - 32) * dot;
+    }
+    return i;
+}
+
+// Rows 8g .. 8g + 7 of Q6_K (IQ4_XS) tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads Q4_K's:
+// each super-block's `super_sum`, then fma(d * d_x, float(i), acc) (d at 208 for Q6_K, at 0 for IQ4_XS).
+template <int64_t KIND, std::enable_if_t<KIND == Q6_K || KIND == IQ4_XS, int> = 0>
+void half_dot(KindOf<KIND>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
     const int64_t blocks = p.width / kBlock;
-    const Half half = half_tile<IQ4_XS>(p.w, p.rows, p.row_bytes, g);
+    const Half half = half_tile<KIND>(p.w, p.rows, p.row_bytes, g);
     for (int r = 0; r < kTileRows; ++r) {
         float acc[kInt8Tokens] = {};
         for (int64_t b = 0; b < p.width / kSuper; ++b) {
-            uint8_t block[136];
-            k_untile<IQ4_XS>(half, b * half.stride, r, block);
-            const float d = half_to_float(load_u16(block));
+            uint8_t block[Traits<KIND>::bytes];
+            k_untile<KIND>(half, b * half.stride, r, block);
+            const float d = half_to_float(load_u16(block + (KIND == Q6_K ? 208 : 0)));
             for (int64_t t = 0; t < T; ++t) {
-                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper;
-                int32_t i = 0;
-                for (int s = 0; s < 8; ++s) {
-                    int32_t dot = 0;
-                    for (int j = 0; j < 16; ++j) {
-                        const uint8_t byte = block[8 + 16 * s + j];
-                        dot += kIq4nlValues[byte & 15] * x[kBlock * s + j] + kIq4nlValues[byte >> 4] * x[kBlock * s + 16 + j];
-                    }
-                    i += (iq4_xs_scale(block, s) - 32) * dot;
-                }
+                const int32_t i = super_sum(KindOf<KIND>(), block, p.qx + (t0 + t) * p.width + b * kSuper);
                 acc[t] = std::fmaf(d * p.xd[(t0 + t) * blocks + 8 * b], float(i), acc[t]);
             }
         }

@@ -59,6 +59,20 @@ inline typename V::I group_sum(typename V::I dot, typename V::I w, const int8_t*
     return dot;
 }
 
+// Tokens [t0, t0 + T)'s activations of super-block b, and the sums `quantize_super` keeps of them (each
+// 32's; Q6_K's each 32's two 16s).
+template <int T>
+struct SuperTokens {
+    const int8_t* x[T];
+    const int32_t* sums[T];
+    SuperTokens(const Projection& p, int64_t b, int64_t t0) {
+        for (int t = 0; t < T; ++t) {
+            x[t] = p.qx + (t0 + t) * p.width + b * kSuper;
+            sums[t] = p.xtotal + (t0 + t) * (p.width / kBlock) + 8 * b;
+        }
+    }
+};
+
 // A K kind's super-block unpacked (`K_unpacked`) for `k_pass`: one specialisation a kind.
 template <int64_t KIND, typename V, int64_t VECTOR>
 struct Super;
@@ -153,12 +167,8 @@ struct Super<IQ4_XS, V, VECTOR> {
     template <int T>
     void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
         const int64_t blocks = p.width / kBlock;
-        const int8_t* x[T];
-        const int32_t* sums[T];  // each 32's sum
-        for (int t = 0; t < T; ++t) {
-            x[t] = p.qx + (t0 + t) * p.width + b * kSuper;
-            sums[t] = p.xtotal + (t0 + t) * blocks + 8 * b;
-        }
+        const SuperTokens<T> in(p, b, t0);
+        const auto& [x, sums] = in;
         I i[T];
         for (int t = 0; t < T; ++t) i[t] = V::zero();
 #pragma GCC unroll 1
@@ -208,12 +218,8 @@ struct Super<Q6_K, V, VECTOR> {
     template <int T>
     void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
         const int64_t blocks = p.width / kBlock;
-        const int8_t* x[T];
-        const int32_t* sums[T];  // each 32's two sums of 16 (`quantize_super`)
-        for (int t = 0; t < T; ++t) {
-            x[t] = p.qx + (t0 + t) * p.width + b * kSuper;
-            sums[t] = p.xtotal + (t0 + t) * blocks + 8 * b;
-        }
+        const SuperTokens<T> in(p, b, t0);  // each 32's two sums of 16
+        const auto& [x, sums] = in;
         I i[T];
         for (int t = 0; t < T; ++t) i[t] = V::zero();
 #pragma GCC unroll 1

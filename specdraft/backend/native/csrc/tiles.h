@@ -1,7 +1,8 @@
-// The int8 arithmetic's tiles as both its files read them (int8.cpp: the kinds of 32-weight blocks,
-// the tokens' quantisation, tiling; int8_k.cpp: the K kinds' tiles): where a half tile lies, asking
-// for tiles ahead, a token's group of 4 activations against a vector of weights, and the instructions
-// a build has (SPECDRAFT_VNNI, SPECDRAFT_ZMM). int8.cpp says what the arithmetic computes.
+// The int8 arithmetic's tiles as its files read them (int8.cpp: the kinds of 32-weight blocks, the
+// tokens' quantisation; tiling.cpp: writing tiles and reading their values back; int8_k.cpp: the K
+// kinds' tiles): where a half tile lies and a weight in it (`tile_weight`), asking for tiles ahead, a
+// token's group of 4 activations against a vector of weights, and the instructions a build has
+// (SPECDRAFT_VNNI, SPECDRAFT_ZMM). int8.cpp says what the arithmetic computes.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,24 @@ HalfOf<Byte> half_tile(Byte* w, int64_t rows, int64_t row_bytes, int64_t g) {
     Byte* tile = w + kTile * i * row_bytes;
     const int64_t scales = 2 * Traits<KIND>::scales * R;  // d (and m, Q4_K's dmin) of R rows
     return {tile + 16 * h, tile + 2 * R + 16 * h, tile + scales + 32 * h, 4 * R, R * Traits<KIND>::bytes};
+}
+
+// Row r's (0..7) integer weight j (0..31) of a half tile's block of KIND (`at` bytes on from block 0):
+// Q4_1's 0..15, Q8_0's -128..127, Q4_0's q - 8, Q5_0's q - 16 (the tile's byte less the kind's offset),
+// IQ4_NL's table entry q.
+template <int64_t KIND>
+inline int32_t tile_weight(const Half& half, int64_t at, int r, int j) {
+    using K = Traits<KIND>;
+    const int group = j / 4, e = j % 4;
+    if constexpr (K::bits == 8) {
+        return int32_t(half.q[at + half.vector * group + 4 * r + e]) - K::offset;
+    } else {
+        const uint8_t byte = half.q[at + half.vector * (group % 4) + 4 * r + e];
+        int32_t q = group < 4 ? byte & 15 : byte >> 4;
+        if constexpr (K::bits == 5) q |= ((half.q[at + half.vector * 4 + 4 * r + e] >> group) & 1) << 4;
+        if constexpr (K::lookup) return K::table[q];
+        return q - K::offset;
+    }
 }
 
 #ifdef SPECDRAFT_AVX2
