@@ -2,7 +2,7 @@
 llama.cpp on the same file (`benchmarks.cpu.int8_speed --model FILE --llama-bench PATH`).
 
 One layer's projections are random normals quantised by gguf (`quantize`: `gguf.quants.quantize`; for
-the kinds gguf does not quantise, IQ4_NL, IQ4_XS, Q4_K and Q5_K, a plain quantiser of our own), written for
+the kinds gguf does not quantise, IQ4_NL, IQ4_XS, Q3_K, Q4_K and Q5_K, a plain quantiser of our own), written for
 every layer: a step reads as many bytes of them as of distinct layers, and quantising once keeps making
 a 1B-class file to seconds. The embedding and output layer are Q8_0 (distinct tensors), the norms float32
 ones, the config is metadata, and the tokenizer is byte-level (`byte_tokenizer`: a character per id, one
@@ -54,6 +54,8 @@ def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
         return _iq4_xs(values)
     if type_name in ("Q4_K", "Q5_K"):
         return _k_blocks(values, int(type_name[1]))
+    if type_name == "Q3_K":
+        return _q3_k(values)
     return gguf.quants.quantize(values, getattr(gguf.GGMLQuantizationType, type_name))
 
 
@@ -123,6 +125,28 @@ def _k_blocks(values: np.ndarray, bits: int) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
+def _q3_k(values: np.ndarray) -> np.ndarray:
+    """Q3_K: per 16 weights, a scale that puts the weight of largest magnitude on -4 (`_block_extremes`);
+    per super-block of 256, d the largest of them in magnitude / 32, each 16's as d times its 6-bit integer
+    less 32, nearest; each weight the nearest of -4 .. 3 steps of it (formats.py's layout: hmask, qs, the
+    12 bytes of scales, d)."""
+    rows = values.shape[0]
+    blocks, extreme = _block_extremes(values, 16)  # [rows, 16s, 16], [rows, 16s, 1]: d = -extreme / 127
+    wanted = (extreme * 127 / 4).reshape(rows, -1, 16)  # [rows, super-blocks, 16]: -(largest) / 4
+    d = (np.abs(wanted).max(-1) / 32).astype(np.float16)
+    unit = np.where(d == 0, 1, d).astype(np.float32)[..., None]
+    ls = np.clip(np.round(wanted / unit) + 32, 0, 63).astype(np.uint8)  # [rows, super-blocks, 16]
+    step = (d.astype(np.float32)[..., None] * (ls.astype(np.float32) - 32)).reshape(rows, -1, 1)
+    q = np.clip(np.round(blocks / np.where(step == 0, 1, step)) + 4, 0, 7).astype(np.uint8)
+    q = q.reshape(*ls.shape[:2], 2, 4, 32)  # [rows, super-blocks, h, j, l]: element 128h + 32j + l
+    shifts = np.arange(4, dtype=np.uint8)
+    qs = ((q & 3) << (2 * shifts)[:, None]).sum(-2, dtype=np.uint8).reshape(*ls.shape[:2], 64)
+    hmask = (((q >> 2) & 1).reshape(*ls.shape[:2], 8, 32) << np.arange(8, dtype=np.uint8)[:, None]).sum(-2, dtype=np.uint8)
+    high = (((ls.reshape(*ls.shape[:2], 4, 4) >> 4) & 3) << (2 * shifts)[:, None]).sum(-2, dtype=np.uint8)  # byte 8 + c
+    scales = np.concatenate([(ls[..., :8] & 15) | (ls[..., 8:] & 15) << 4, high], axis=-1)
+    return np.concatenate([hmask, qs, scales, d[..., None].view(np.uint8)], axis=-1).reshape(rows, -1)
+
+
 def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
     """A random Llama of `shape` (`SHAPES`'s keys) with its projections in `kind` (a GGUF type name)."""
     rng = np.random.default_rng(seed)
@@ -167,7 +191,7 @@ def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS ...")
+    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q3_K, Q4_K, Q5_K, IQ4_NL, IQ4_XS ...")
     parser.add_argument("--shape", default="1b", choices=sorted(SHAPES))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 class Fused:
     """A projection a family's model holds fused: `module` (under a decoder layer, Phi-3's
     `self_attn.qkv_proj`) is its `parts` stacked by rows in order, each then a module of its own beside
-    it (`backend.weights.unfuse`; the loader splits a file's tensor alike, `native.gguf_file`)."""
+    it (`models.fused.unfuse`; the loader splits a file's tensor alike, `native.gguf_file`): query,
+    key and value heads' rows where `by_heads`, else equal parts."""
 
     module: str
     parts: tuple[str, ...]
+    by_heads: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,8 @@ class Family:
 
     def part_rows(self, fused: Fused, rows: int) -> tuple[int, ...]:
         """The rows of each of a fused projection's parts (of `rows` in all): q, k and v by the heads'
-        counts and size, any other parts (gate and up) alike."""
-        if fused.parts == ("q_proj", "k_proj", "v_proj"):
+        counts and size (`Fused.by_heads`), other parts (gate and up) alike."""
+        if fused.by_heads:
             return self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
         assert rows % len(fused.parts) == 0, (fused, rows)
         return (rows // len(fused.parts),) * len(fused.parts)
@@ -122,8 +124,8 @@ class _Row:
     does, or a constant), whether its GGUF files interleave q and k rows (`Family.gguf_interleaved_qk`),
     what its GGUF files hold that the loader reads (`file`, which `models.gguf_check` holds a file to),
     whether its heads' q and k are normed (`Family.qk_norm`), its norms' offset and sandwich norms, its
-    fused projections (`Family.fused`), and whether its model reads a config's `layer_types` (Mistral's does not: every layer slides where its
-    config gives a window)."""
+    fused projections (`Family.fused`), and whether its model reads a config's `layer_types`
+    (Mistral's does not: every layer slides where its config gives a window)."""
 
     qkv: str | bool
     out: str | bool
@@ -174,7 +176,7 @@ FAMILIES = {
     # Phi-3 (and Phi-4): q/k/v and gate/up fused (its files' attn_qkv and ffn_up too), no biases; its
     # files' sliding window is one llama.cpp turns off and transformers' GGUF config does not read
     "phi3": _Row(qkv=False, out=False, mlp=False, gguf_interleaved_qk=False,
-                 fused=(Fused("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                 fused=(Fused("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj"), by_heads=True),
                         Fused("mlp.gate_up_proj", ("gate_proj", "up_proj"))),
                  file=FileFamily(_TOP, frozenset(f"{part}.weight" for part in ("attn_norm", "attn_qkv", "attn_output",
                                                                              "ffn_norm", "ffn_up", "ffn_down")),

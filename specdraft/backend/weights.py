@@ -1,14 +1,12 @@
 """A decoder layer's weights as the compiled CPU steps read them (`numba_layers`, `inductor`): its
 linears, each as (weight, bias, scales), q/k/v and gate/up joined into one buffer each; how each
-holds its weight (`storage`) and so which code reads them (`linears_reader`); whether a model is
-large enough for compiling a step to pay; and a family's fused projections split into the modules
-every path reads (`unfuse`)."""
+holds its weight (`storage`) and so which code reads them (`linears_reader`); and whether a model is
+large enough for compiling a step to pay."""
 
 from __future__ import annotations
 
 import torch
 
-from specdraft.backend.family import Family
 from specdraft.backend.native import BlockEmbedding, BlockLinear, Reader, Storage, reader
 from specdraft.backend.weight_only_int8 import WeightOnlyInt8Linear
 from specdraft.backend.linear import FewRowsLinear
@@ -25,47 +23,6 @@ def worth_compiling(model: torch.nn.Module) -> bool:
         return True
     tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
     return sum(t.numel() * t.element_size() for t in tensors.values()) >= MIN_WEIGHT_BYTES
-
-
-class Joined(torch.nn.Module):
-    """A fused projection after `unfuse`: its parts' outputs (its parent's modules of those names, as they
-    are then, Linears or blocks), joined as the fused module gave them, for the stock forward, which
-    still calls it. It holds no weights: the parts' are the only ones."""
-
-    def __init__(self, parent: torch.nn.Module, parts: tuple[str, ...]) -> None:
-        super().__init__()
-        object.__setattr__(self, "_parent", parent)  # not a child module: the parts are the parent's
-        self.parts = parts
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([getattr(self._parent, part)(x) for part in self.parts], dim=-1)
-
-
-def unfuse(model: torch.nn.Module, family: Family) -> int:
-    """Split each of the family's fused projections in every decoder layer (`Family.fused`: Phi-3's
-    qkv_proj and gate_up_proj) into its parts, each a Linear over its rows of the fused weight (and
-    bias): views, no copy, on whatever device the weight is (the meta device for a skeleton). The fused
-    module becomes a `Joined` of them, so that no weight is held twice. Returns how many were split."""
-    split = 0
-    for layer in model.model.layers:
-        for fused in family.fused:
-            parent_name, _, child = fused.module.rpartition(".")
-            parent = layer.get_submodule(parent_name)
-            whole = getattr(parent, child)
-            if isinstance(whole, Joined):  # split already
-                continue
-            start = 0
-            for part, rows in zip(fused.parts, family.part_rows(fused, whole.out_features)):
-                linear = torch.nn.Linear(whole.in_features, rows, bias=whole.bias is not None, device="meta")
-                linear.weight = torch.nn.Parameter(whole.weight.data[start : start + rows], requires_grad=False)
-                if whole.bias is not None:
-                    linear.bias = torch.nn.Parameter(whole.bias.data[start : start + rows], requires_grad=False)
-                setattr(parent, part, linear)
-                start += rows
-            assert start == whole.out_features, (fused, start, whole.out_features)
-            setattr(parent, child, Joined(parent, fused.parts))
-            split += 1
-    return split
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

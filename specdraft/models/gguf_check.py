@@ -282,8 +282,8 @@ def _check_arithmetic(path: Path, architecture: str, metadata: dict[str, object]
     `UNIMPLEMENTED` at a value other than its neutral ones, heads of sizes the loader does not take
     (`_head_size`), a tensor the family's loader does not read (`FileFamily`), Llama 3's rotary factors
     in another shape than one float32 factor per pair of a head's dimensions."""
+    family = FILE_FAMILIES[architecture]
     for row in UNIMPLEMENTED:
-        family = FILE_FAMILIES[architecture]
         if row.key in family.reads | family.ignores:  # implemented (Gemma 3's window), or unread (Phi-3's)
             continue
         key = f"{architecture}.{row.key}"

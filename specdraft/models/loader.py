@@ -28,9 +28,9 @@ from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.native.gguf_file import GgufTensor, dense_tensor, gguf_blocks, read_gguf, use_blocks
 from specdraft.backend.native.layout import GgufLayout
 from specdraft.backend.weight_only_int8 import use_weight_only_int8
-from specdraft.backend.weights import unfuse
 from specdraft.errors import ModelNotFoundError
 from specdraft.models.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer, lean_tokenizer
+from specdraft.models.fused import unfuse
 from specdraft.models.gguf_check import ROPE_FREQS, check_gguf
 from specdraft.models.loaded import LoadedModel, model_device
 from specdraft.models.plan import Loading, plan_load
@@ -132,8 +132,8 @@ def load(loading: Loading) -> LoadedModel:
     built = _native_from_gguf(gguf, layout) if native else None
     source = gguf if built is not None else convert_gguf(gguf) if gguf is not None else loading.source
     tokenizer, model = built or _dense_from_pretrained(loading.source, source, loading.dtype)
-    if (family := family_of(model.config)) is not None:
-        unfuse(model, family)  # Phi-3's q/k/v and gate/up as the modules every path reads
+    if built is None and (family := family_of(model.config)) is not None:
+        unfuse(model, family)  # Phi-3's q/k/v and gate/up as the modules every path reads (built: split already)
     if layout is not None:
         _use_rope_freqs(model, gguf, layout)
     model.to(loading.device).eval()

@@ -1,6 +1,6 @@
 """Phi-3 in our forward, a family as a row (`specdraft.backend.family.FAMILIES`): q/k/v and gate/up
 held fused by its model (and its files), split on loading into the modules every path reads
-(`backend.weights.unfuse`), the fused ones left as `Joined`s of them for the stock forward. A tiny
+(`models.fused.unfuse`), the fused ones left as `Joined`s of them for the stock forward. A tiny
 random Phi-3 built in-process: split, the stock forward gives the fused model's logits bitwise; our
 forward gives the stock model's across rows and packed passes; numba's compiled layers equal the
 eager ones for every token count; verify passes equal plain steps bitwise; greedy speculative output
@@ -15,7 +15,7 @@ import torch
 
 from specdraft.backend import forward
 from specdraft.backend.family import family_of, family_problem
-from specdraft.backend.weights import Joined, unfuse
+from specdraft.models.fused import Joined, unfuse
 from tests.helpers.families import make_tiny_phi3
 from tests.helpers.family_checks import (greedy_equals_plain_and_hugging_face, numba_equals_eager,
                                          own_forward_equals_stock, verify_passes_equal_plain_steps)
@@ -41,6 +41,19 @@ def test_a_phi3_config_is_described_by_its_row_and_split_by_it():
 def test_the_stock_forward_gives_the_fused_models_logits_bitwise_once_split():
     ids = list(range(3, 40))
     assert torch.equal(stock_logits(make_tiny_phi3(seed=2), ids), stock_logits(make_tiny_phi3(seed=2, unfused=False), ids))
+
+
+@pytest.mark.parametrize("rows, parts, tokens", [(9216, (3072, 3072 + 1024), 1), (9216, (3072, 3072 + 1024), 6),
+                                                 (16384, (8192,), 300)])
+def test_at_phi3_minis_shapes_its_parts_give_the_fused_projections_outputs_bitwise(rows, parts, tokens):
+    """What `Joined` relies on for the stock forward: torch's product sums each output alone, whatever the
+    rows beside it (Phi-3-mini: 3072 wide; q/k/v 9216 rows, gate/up 16384)."""
+    torch.manual_seed(0)
+    weight, x = torch.randn(rows, 3072), torch.randn(1, tokens, 3072)
+    pieces = torch.tensor_split(weight, parts)
+    with torch.no_grad():
+        joined = torch.cat([torch.nn.functional.linear(x, piece) for piece in pieces], dim=-1)
+        assert torch.equal(joined, torch.nn.functional.linear(x, weight))
 
 
 def test_a_rotary_embedding_over_part_of_a_head_or_switched_by_length_is_refused():

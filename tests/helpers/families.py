@@ -75,7 +75,7 @@ def make_tiny_phi3(seed: int = 0, dtype: torch.dtype = torch.float32, sharpen: f
     from transformers import Phi3Config, Phi3ForCausalLM
 
     from specdraft.backend.family import family_of
-    from specdraft.backend.weights import unfuse
+    from specdraft.models.fused import unfuse
 
     torch.manual_seed(seed)
     config = Phi3Config(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

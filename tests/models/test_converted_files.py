@@ -20,7 +20,7 @@ from specdraft.backend import native as blocks
 from specdraft.backend.family import family_of
 from specdraft.backend.linear import use_few_rows_linears
 from specdraft.backend.numba_layers import MAX_TOKENS
-from specdraft.backend.weights import Joined, unfuse
+from specdraft.models.fused import Joined, unfuse
 from tests.helpers.converter import convert, tiny_family_dir
 from tests.helpers.passes import pass_logits
 

@@ -4,7 +4,7 @@ block's weights and bytes, where its float16 fields lie, and its dequantisation 
 values the dense copy holds).
 
 Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL, whose nibbles index a table of 16 int8
-weights) and the K kinds' super-blocks of 256 (Q4_K, Q5_K, Q6_K, IQ4_XS: sub-blocks
+weights) and the K kinds' super-blocks of 256 (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: sub-blocks
 with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
-F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,21 @@ def _iq4_xs_values(b: torch.Tensor) -> torch.Tensor:
     return (d.unsqueeze(-1) * q).flatten(-2)
 
 
+def _q3_k_values(b: torch.Tensor) -> torch.Tensor:
+    """Q3_K: 32 bytes hmask, 64 bytes qs, 12 bytes of 6-bit scales, float16 d. Element 128h + 32j + l: its
+    low 2 bits qs byte 32h + l's bits 2j, 2j + 1, its 3rd hmask byte l's bit 4h + j; scale k (16 weights
+    each): its low 4 bits byte k's low nibble (k < 8) or byte k - 8's high one, its top 2 bits byte
+    8 + k % 4's bits 2 (k // 4), + 1: w = (d * (scale - 32)) * (q - 4) (exact)."""
+    low = _nibbles(b[..., 96:104]).long()  # [..., 16]
+    high = (b[..., 104:108].long().unsqueeze(-2) >> (2 * torch.arange(4).view(4, 1))) & 3  # [..., a, c]
+    scales = (low | (high.flatten(-2) << 4)) - 32  # [..., 16]: scale 4a + c from byte 8 + c's bits 2a
+    qs = b[..., 32:96].unflatten(-1, (2, 1, 32)).long() >> (2 * torch.arange(4).view(4, 1))  # [..., h, j, l]
+    hm = b[..., :32].unsqueeze(-2).long() >> torch.arange(8).view(8, 1)  # [..., 4h + j, l]
+    q = (qs & 3).flatten(-3, -2) | ((hm & 1) << 2)  # [..., 8, 32]
+    d = _half(b, 108) * scales.float()  # [..., 16]
+    return (d.unsqueeze(-1) * (q - 4).float().unflatten(-1, (2, 16)).flatten(-3, -2)).flatten(-2)
+
+
 def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
     """Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, float16 d. Element 128h + 32k + i (k < 4, i < 32):
     its low 4 bits in ql byte 64h + 32(k % 2) + i (the low nibble for k < 2), its top 2 in qh byte 32h + i
@@ -174,6 +189,7 @@ KINDS = {
     Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
     Q5_K: BlockKind(Q5_K, "Q5_K", weights=256, bytes=176, float16_at=(0, 2), values=_q5_k_values),
     IQ4_XS: BlockKind(IQ4_XS, "IQ4_XS", weights=256, bytes=136, float16_at=(0,), values=_iq4_xs_values),
+    Q3_K: BlockKind(Q3_K, "Q3_K", weights=256, bytes=110, float16_at=(108,), values=_q3_k_values),
     Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }
 NAMES = {F32: "F32", **{number: kind.name for number, kind in KINDS.items()}}  # GGUF's names for them

@@ -88,6 +88,7 @@ def _split(tensors: dict[str, GgufTensor], family: Family) -> dict[str, GgufTens
         for part, rows in zip(fused.parts, family.part_rows(fused, tensor.data.shape[0])):
             out[f"{parent}.{part}.{what}"] = GgufTensor(tensor.kind, tensor.data[start : start + rows])
             start += rows
+        assert start == tensor.data.shape[0], (name, start, tensor.data.shape)
     return out
 
 

@@ -1,13 +1,13 @@
-// GGUF's block formats as the kernels read them, one traits entry per kind (`Traits<KIND>`, as ggml's
-// type traits, but known when compiled): its number (as `specdraft.backend.native.formats` numbers it;
-// `specdraft_kind` states it back for a test to compare), name, block (weights and bytes), the facts
-// its tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a
-// dequantised float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds
-// (Q4_K, Q5_K, Q6_K, IQ4_XS: a super-block of sub-blocks with their own scales); IQ4_NL's and IQ4_XS's
-// integers index a table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >> piece_shift, as its sub-block
-// b & (pieces - 1). `with_kind` is the one place a kind's number becomes the code compiled for it:
-// every entry point calls it once, and below it the kind is a template argument. A new kind is its
-// number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
+// GGUF's block formats as the kernels read them, one traits entry per kind (`Traits<KIND>`, as ggml's type
+// traits, but known when compiled): its number (as `specdraft.backend.native.formats` numbers it;
+// `specdraft_kind` states it back for a test to compare), name, block (weights and bytes), the facts its
+// tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a dequantised
+// float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds (Q3_K, Q4_K, Q5_K,
+// Q6_K, IQ4_XS: a super-block of sub-blocks with their own scales); IQ4_NL's and IQ4_XS's integers index a
+// table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >>
+// piece_shift, as its sub-block b & (pieces - 1). `with_kind` is the one place a kind's number becomes the
+// code compiled for it: every entry point calls it once, and below it the kind is a template argument. A new
+// kind is its number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
 // int8.cpp's or int8_k.cpp's).
 #pragma once
 
@@ -18,7 +18,7 @@
 
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9, IQ4_XS = 10 };  // as `native.formats` numbers them
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9, IQ4_XS = 10, Q3_K = 11 };  // as `native.formats` numbers them
 constexpr int64_t kBlock = 32;     // weights the arithmetics read together: a block, or a K kind's sub-block (a piece)
 constexpr int64_t kSuper = 256;    // weights in a K kind's block (its super-block)
 
@@ -163,6 +163,25 @@ inline void q5_k_piece(const uint8_t* p, int sub, float* o) {
     for (int e = 0; e < 32; ++e) o[e] = std::fmaf(ds, float(q5_k_weight(p, sub, e)), -dm);
 }
 
+// Q3_K (110 bytes, 256 weights): hmask (32 bytes) at 0, qs (64) at 32, 12 bytes of 6-bit scales at 96,
+// float16 d at 108. Element 128h + 32j + l (j < 4, l < 32): its low 2 bits qs byte 32h + l's bits 2j,
+// 2j + 1, its 3rd hmask byte l's bit 4h + j: q, 0..7. Scale k (0..15, 16 weights each; k = 4a + c):
+// its low 4 bits byte 4 (a % 2) + c's nibble a / 2, its top 2 bits 2a, 2a + 1 of byte 8 + c.
+// w = (d * (scale - 32)) * (q - 4) (exact).
+inline int q3_k_scale(const uint8_t* p, int k) {
+    const int a = k / 4, c = k % 4;
+    return ((p[96 + 4 * (a % 2) + c] >> (4 * (a / 2))) & 15) | ((p[104 + c] >> (2 * a)) & 3) << 4;
+}
+inline int q3_k_weight(const uint8_t* p, int e) {
+    const int h = e / 128, j = e % 128 / 32, l = e % 32;
+    return ((p[32 + 32 * h + l] >> (2 * j)) & 3) | ((p[l] >> (4 * h + j)) & 1) << 2;
+}
+inline void q3_k_piece(const uint8_t* p, int sub, float* o) {
+    const float d = half_to_float(load_u16(p + 108));
+    for (int i = 0; i < 32; ++i)
+        o[i] = d * float(q3_k_scale(p, 2 * sub + i / 16) - 32) * float(q3_k_weight(p, 32 * sub + i) - 4);
+}
+
 // Q6_K (210 bytes, 256 weights): ql (128 bytes) at 0, qh (64) at 128, 16 int8 scales at 192, float16 d
 // at 208. Element 128h + 32k + i (k < 4, i < 32): its low 4 bits in ql byte 64h + 32 (k % 2) + i (the
 // low nibble for k < 2, the high one after), its top 2 in qh byte 32h + i (bits 2k, 2k + 1); scale
@@ -180,14 +199,15 @@ inline void q6_k_piece(const uint8_t* p, int sub, float* o) {
 template <int64_t KIND>
 struct Traits;
 
-// What every block kind's entry states: a block of `weights` weights in `bytes` bytes, `pieces` of 32
-// (a row's piece b lies in block b >> piece_shift); `bits` of each integer weight; `scales`, the
-// float16 fields per row before a tile's integers (d; Q4_1's m, Q4_K's dmin beside it); for a kind of
-// 32 weights, `qs`, where its block's integers begin, and `offset`, what the bytes of its int8 tiles
-// exceed its weights by; `ahead`, whether a decode token asks for its tiles ahead (tiles.h's
-// `asks_ahead`); `halves16`, whether its tokens' sums are kept per 16 (Q6_K's scales); `lookup`, whether
-// its integers index a table of int8 weights (IQ4_NL's `table`: then `offset` is what the bytes looked up
-// for vpdpbusd exceed them by, and the weights are signed 8-bit ones wherever they are multiplied).
+// What every block kind's entry states: a block of `weights` weights in `bytes` bytes, `pieces` of 32 (a
+// row's piece b lies in block b >> piece_shift); `bits` of each integer weight; `scales`, the float16 fields
+// per row before a tile's integers (d; Q4_1's m, Q4_K's dmin, IQ4_XS's scales_h beside it); for a kind of 32
+// weights, `qs`, where its block's integers begin; `offset`, what the bytes of its int8 tiles (a lookup
+// kind's looked-up bytes, IQ4_XS's too) exceed its weights by; `ahead`, whether a decode token asks for its
+// tiles ahead (tiles.h's `asks_ahead`); `halves16`, whether its tokens' sums are kept per 16 (Q6_K's scales);
+// `lookup`, whether its integers index a table of int8 weights (IQ4_NL's `table`: then `offset` is what the
+// bytes looked up for vpdpbusd exceed them by, and the weights are signed 8-bit ones wherever they are
+// multiplied).
 template <int64_t WEIGHTS, int64_t BYTES, int BITS, int SCALES, int QS = 0, int32_t OFFSET = 0, bool AHEAD = true,
           bool HALVES16 = false>
 struct Facts {
@@ -265,6 +285,12 @@ struct Traits<IQ4_XS> : Facts<kSuper, 136, 4, 2, 0, 128> {  // its scales_h wher
 };
 
 template <>
+struct Traits<Q3_K> : Facts<kSuper, 110, 3, 1, 0, 0, true, true> {
+    static constexpr const char* name = "Q3_K";
+    static void piece(const uint8_t* p, int sub, float* o) { q3_k_piece(p, sub, o); }
+};
+
+template <>
 struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
     static constexpr const char* name = "Q6_K";
     static void piece(const uint8_t* p, int sub, float* o) { q6_k_piece(p, sub, o); }
@@ -272,7 +298,7 @@ struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
 
 template <int64_t... K>
 struct KindList {};
-using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS>;  // every kind with an entry above
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K>;  // every kind with an entry above
 
 template <int64_t KIND>
 using KindOf = std::integral_constant<int64_t, KIND>;

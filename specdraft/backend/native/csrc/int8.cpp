@@ -32,7 +32,7 @@
 //   r's element 4G + e of a group G of 4 elements: Q4_1 (Q4_0) 4 vectors, vector v holding group v in its
 //   low nibbles and group v + 4 in its high ones; Q8_0 8 vectors, one a group, each w + 128; Q5_0 (Q5_1)
 //   Q4_1's 4 vectors of its q's low 4 bits, then a fifth whose byte 4r + e holds in bit G the 5th bit
-//   of element 4G + e; IQ4_NL Q4_0's; Q4_K, Q5_K and Q6_K (a block a super-block of 256) as their
+//   of element 4G + e; IQ4_NL Q4_0's; the K kinds (a block a super-block of 256) as their
 //   `tile_pieces` say (int8_k.cpp): their bytes in 4-byte groups, vectors of 4R bytes likewise.
 // A group's 4 activations, broadcast, then meet a vector's rows in one instruction that sums them per
 // row. A tile's half h (rows 8h .. 8h + 7) is 16 bytes of d and of m and 32 of each vector, at fixed

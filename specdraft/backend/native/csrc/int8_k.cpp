@@ -1,4 +1,4 @@
-// The int8 arithmetic of the K kinds (Q4_K, Q5_K, Q6_K, IQ4_XS) over their tiles: their layouts (`tile_pieces`) and
+// The int8 arithmetic of the K kinds (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) over their tiles: their layouts (`tile_pieces`) and
 // their dot products (`rows_dot`; `half_dot`, the portable loops'), each an overload a kind (its
 // `KindOf` the first argument), against tokens quantised per super-block of 256, in 512-bit
 // registers (whole tiles), 256-bit ones (half tiles; a pass of more than kFewTokens tokens in
@@ -38,6 +38,19 @@ template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q5_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     tile_pieces(KindOf<Q4_K>(), half, at, r, copy, 48);
     for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (35 + G) + 4 * r, 16 + 4 * G, 4);
+}
+
+// Q3_K's tiles: a super-block of R rows at stride 110R holds d[R] (float16), then vectors of 4R bytes: 3 of
+// scales (vector v: row r's scale bytes 4v .. 4v + 3 at 4r), 16 of qs (3 + 8h + G: its qs bytes 32h + 4G ..
+// + 3), 8 of hmask (19 + G: its hmask bytes 4G .. + 3). Piece 4h + j reads group G's low 2 bits from qs
+// vector 3 + 8h + G (bits 2j, 2j + 1), its 3rd from hmask vector 19 + G (bit 4h + j).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<Q3_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 108, 2);
+    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 96 + 4 * v, 4);
+    for (int h = 0; h < 2; ++h)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * h + G) + 4 * r, 32 + 32 * h + 4 * G, 4);
+    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (19 + G) + 4 * r, 4 * G, 4);
 }
 
 // IQ4_XS's tiles: a super-block of R rows at stride 136R holds d[R] and scales_h[R] (16 bits, where the
@@ -153,14 +166,15 @@ template <typename V, int64_t VECTOR, int T, int64_t KIND, MinsKind<KIND> = 0>
     put_rows<V, T>(acc, row0, t0, out);
 }
 
-// The V::kRows rows of Q6_K tiles at `rows` (from row0) against tokens [t0, t0 + T): per sub-block of
-// 16, the rows' weights q (0..63: ql's nibble, qh's 2 bits) times the token's activations, less 32
-// times their sum (the token's sums per 16: `quantize_super`), times the rows' scales into i; then
-// int8.cpp's float operation, fma(d * d_x, float(i), acc). q . x - 32 (sum of x) is (q - 32) . x
-// exactly: the integers are those of the definition.
-template <typename V, int64_t VECTOR, int T>
-[[gnu::noinline]] void rows_dot(KindOf<Q6_K>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
+// The V::kRows rows of Q6_K (Q3_K) tiles at `rows` (from row0) against tokens [t0, t0 + T): per
+// sub-block of 16, the rows' weights q (Q6_K's 0..63: ql's nibble, qh's 2 bits; Q3_K's 0..7) times the
+// token's activations, less the offset (32; 4) times their sum (the token's sums per 16:
+// `quantize_super`), times the rows' scales into i; then int8.cpp's float operation, fma(d * d_x,
+// float(i), acc). q . x - 32 (sum of x) is (q - 32) . x exactly: the integers are those of the definition.
+template <typename V, int64_t VECTOR, int T, int64_t KIND, std::enable_if_t<KIND == Q6_K || KIND == Q3_K, int> = 0>
+[[gnu::noinline]] void rows_dot(KindOf<KIND>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
     using I = typename V::I;
+    constexpr int shift = k16_shift<KIND>;
     const int64_t blocks = p.width / kBlock;
     typename V::F acc[T];
     for (int t = 0; t < T; ++t) acc[t] = V::zeros();
@@ -169,7 +183,7 @@ template <typename V, int64_t VECTOR, int T>
         ask_ahead(rows.d + at, rows.stride);  // every pass (`asks_ahead`)
         const uint8_t* q = rows.q + at;
         I words[4];
-        for (int v = 0; v < 4; ++v) words[v] = V::load(q + VECTOR * v);
+        k16_words<KIND, V, VECTOR>(q, words);
         I i[T];
         for (int t = 0; t < T; ++t) i[t] = V::zero();
 #pragma GCC unroll 8
@@ -179,17 +193,17 @@ template <typename V, int64_t VECTOR, int T>
                 I dot[T];
                 if constexpr (!V::kSums16) {
                     for (int t = 0; t < T; ++t) {
-                        dot[t] = q6_k_offset<V>(p.xtotal[(t0 + t) * blocks + 8 * b + s], j);
+                        dot[t] = q6_k_offset<V, 1 << shift>(p.xtotal[(t0 + t) * blocks + 8 * b + s], j);
                     }
                 }
                 I pair = scale;  // kSums16: the scale in both int16 halves of each lane
                 if constexpr (V::kSums16) pair = V::pair(scale);
                 for (int e = 0; e < 4; ++e) {
                     const int G = 4 * j + e;
-                    const I w = q6_k_group<V, VECTOR>(q, s, G);
+                    const I w = k16_group<KIND, V, VECTOR>(q, s, G);
                     for (int t = 0; t < T; ++t) {
                         const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper + kBlock * s + 4 * G;
-                        // kSums16: 2 pairs of 6-bit weights and int8s, below 2 x 2 x 63 x 128 < 2^15
+                        // kSums16: 2 pairs of (at most) 6-bit weights and int8s, below 2 x 2 x 63 x 128 < 2^15
                         if constexpr (V::kSums16) {
                             dot[t] = V::dot16(e % 2 ? dot[t] : V::zero(), w, x);
                             if (e % 2) i[t] = V::scaled(i[t], dot[t], pair);
@@ -202,10 +216,11 @@ template <typename V, int64_t VECTOR, int T>
                     for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
             }
         }
-        if constexpr (V::kSums16) {  // the 16 scales' "- 32 (sum of x)" terms
+        if constexpr (V::kSums16) {  // the 16 scales' "- offset (sum of x)" terms
             I even[4], odd[4];
             q6_k_scale_pairs<V>(words, even, odd);
-            for (int t = 0; t < T; ++t) i[t] = q6_k_less_offsets<V>(i[t], even, odd, p.xtotal + (t0 + t) * blocks + 8 * b);
+            for (int t = 0; t < T; ++t)
+                i[t] = q6_k_less_offsets<V, shift>(i[t], even, odd, p.xtotal + (t0 + t) * blocks + 8 * b);
         }
         const typename V::F d = V::halves(rows.d + at);
         for (int t = 0; t < T; ++t) acc[t] = V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), acc[t]);
@@ -235,7 +250,8 @@ template <typename V, int64_t VECTOR, int T>
         for (int s = 0; s < 8; ++s) {
             I dot[T], pair = scale[s];
             if constexpr (V::kSums16) pair = V::pair(scale[s]);
-            for (int t = 0; t < T; ++t) dot[t] = V::words(-128 * p.xtotal[(t0 + t) * blocks + 8 * b + s]);
+            if constexpr (!V::kSums16)  // (w + offset) . x less offset (sum of x)
+                for (int t = 0; t < T; ++t) dot[t] = V::words(-Traits<IQ4_XS>::offset * p.xtotal[(t0 + t) * blocks + 8 * b + s]);
             for (int G = 0; G < 8; ++G) {
                 const I w = iq4_xs_group<V, VECTOR>(q, s, G, table);
                 for (int t = 0; t < T; ++t) {
@@ -321,6 +337,17 @@ int32_t super_sum(KindOf<Q6_K>, const uint8_t* block, const int8_t* x) {
     return i;
 }
 
+// A Q3_K super-block's: per 16 weights, (q - 4) . x times the 16's scale less 32.
+int32_t super_sum(KindOf<Q3_K>, const uint8_t* block, const int8_t* x) {
+    int32_t i = 0;
+    for (int k = 0; k < 16; ++k) {
+        int32_t dot = 0;
+        for (int e = 16 * k; e < 16 * k + 16; ++e) dot += (q3_k_weight(block, e) - 4) * x[e];
+        i += (q3_k_scale(block, k) - 32) * dot;
+    }
+    return i;
+}
+
 // An IQ4_XS super-block's: per sub-block, its grid values . x times its scale less 32.
 int32_t super_sum(KindOf<IQ4_XS>, const uint8_t* block, const int8_t* x) {
     int32_t i = 0;
@@ -335,9 +362,10 @@ int32_t super_sum(KindOf<IQ4_XS>, const uint8_t* block, const int8_t* x) {
     return i;
 }
 
-// Rows 8g .. 8g + 7 of Q6_K (IQ4_XS) tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads Q4_K's:
-// each super-block's `super_sum`, then fma(d * d_x, float(i), acc) (d at 208 for Q6_K, at 0 for IQ4_XS).
-template <int64_t KIND, std::enable_if_t<KIND == Q6_K || KIND == IQ4_XS, int> = 0>
+// Rows 8g .. 8g + 7 of Q6_K (Q3_K, IQ4_XS) tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads
+// Q4_K's: each super-block's `super_sum`, then fma(d * d_x, float(i), acc) (d at 208 for Q6_K, 108 for
+// Q3_K, 0 for IQ4_XS).
+template <int64_t KIND, std::enable_if_t<KIND == Q6_K || KIND == Q3_K || KIND == IQ4_XS, int> = 0>
 void half_dot(KindOf<KIND>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
     const int64_t blocks = p.width / kBlock;
     const Half half = half_tile<KIND>(p.w, p.rows, p.row_bytes, g);
@@ -346,7 +374,7 @@ void half_dot(KindOf<KIND>, const Projection& p, int64_t g, int64_t t0, int64_t 
         for (int64_t b = 0; b < p.width / kSuper; ++b) {
             uint8_t block[Traits<KIND>::bytes];
             k_untile<KIND>(half, b * half.stride, r, block);
-            const float d = half_to_float(load_u16(block + (KIND == Q6_K ? 208 : 0)));
+            const float d = half_to_float(load_u16(block + (KIND == Q6_K ? 208 : KIND == Q3_K ? 108 : 0)));
             for (int64_t t = 0; t < T; ++t) {
                 const int32_t i = super_sum(KindOf<KIND>(), block, p.qx + (t0 + t) * p.width + b * kSuper);
                 acc[t] = std::fmaf(d * p.xd[(t0 + t) * blocks + 8 * b], float(i), acc[t]);
@@ -403,18 +431,22 @@ void specdraft::k_block_of(const uint8_t* tiles, int64_t rows, int64_t row_bytes
 template void specdraft::k_group<Q4_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<Q5_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<Q6_K>(const Projection&, int64_t, int64_t, const Out&);
+template void specdraft::k_group<Q3_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<IQ4_XS>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_tile_block<Q4_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q5_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q6_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
+template void specdraft::k_tile_block<Q3_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<IQ4_XS>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_block_of<Q4_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q5_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q6_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
+template void specdraft::k_block_of<Q3_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<IQ4_XS>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 #ifdef SPECDRAFT_ZMM
 template void specdraft::k_whole_tile<Q4_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q6_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_whole_tile<Q3_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<IQ4_XS>(const Projection&, int64_t, const Out&);
 #endif

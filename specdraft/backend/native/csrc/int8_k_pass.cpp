@@ -23,7 +23,7 @@ constexpr int64_t kPassTokens = 32;  // tokens an unpacked super-block serves at
 constexpr int kPairTokens = 4;       // tokens read against each unpacked vector together
 
 // A super-block's unpacked weights: vector (s, G) holds each row's 4 weights of group G of sub-block s
-// (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K, IQ4_XS's looked up as `iq4_xs_table` gives them, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
+// (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K, 0..7 for Q3_K, IQ4_XS's looked up as `iq4_xs_table` gives them, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
 // `dot_scale` reads them.
 template <typename V>
 struct K_unpacked {
@@ -174,7 +174,8 @@ struct Super<IQ4_XS, V, VECTOR> {
 #pragma GCC unroll 1
         for (int s = 0; s < 8; ++s) {
             I dot[T];
-            for (int t = 0; t < T; ++t) dot[t] = V::words(-128 * sums[t][s]);  // (w + 128) . x less 128 (sum of x)
+            if constexpr (!V::kSums16)  // (w + offset) . x less offset (sum of x)
+                for (int t = 0; t < T; ++t) dot[t] = V::words(-Traits<IQ4_XS>::offset * sums[t][s]);
 #pragma GCC unroll 8
             for (int G = 0; G < 8; ++G) {
                 const I w = u.at(s, G);
@@ -193,11 +194,12 @@ struct Super<IQ4_XS, V, VECTOR> {
     }
 };
 
-// Q6_K's, with its rows' scales as int16 pairs (kSums16's offsets terms, `q6_k_less_offsets`) and
-// float scale.
-template <typename V, int64_t VECTOR>
-struct Super<Q6_K, V, VECTOR> {
+// Q6_K's (and Q3_K's: `Super<Q3_K>`), with its rows' scales as int16 pairs (kSums16's offsets terms,
+// `q6_k_less_offsets`) and float scale.
+template <int64_t KIND, typename V, int64_t VECTOR>
+struct SixteensSuper {
     using I = typename V::I;
+    static constexpr int shift = k16_shift<KIND>;  // the offset, 2^shift
     K_unpacked<V> u;
     I even[4], odd[4];
     typename V::F d;
@@ -205,16 +207,16 @@ struct Super<Q6_K, V, VECTOR> {
     void unpack(const Half& rows, int64_t at) {
         const uint8_t* q = rows.q + at;
         I words[4];
-        for (int v = 0; v < 4; ++v) words[v] = V::load(q + VECTOR * v);
+        k16_words<KIND, V, VECTOR>(q, words);
         q6_k_scale_pairs<V>(words, even, odd);
         for (int index = 0; index < 16; ++index) u.scale[index] = scale_form<V>(q6_k_scale_of<V>(words, index));
         for (int s = 0; s < 8; ++s)
-            for (int G = 0; G < 8; ++G) u.put(s, G, q6_k_group<V, VECTOR>(q, s, G));
+            for (int G = 0; G < 8; ++G) u.put(s, G, k16_group<KIND, V, VECTOR>(q, s, G));
         d = V::halves(rows.d + at);
     }
 
-    // Tokens [t0, t0 + T) against super-block b: i as Q6_K's `rows_dot` sums it (kSums16: the "- 32 (sum of
-    // x)" terms after the sub-blocks), then its float operation on acc.
+    // Tokens [t0, t0 + T) against super-block b: i as Q6_K's `rows_dot` sums it (kSums16: the "- offset (sum
+    // of x)" terms after the sub-blocks), then its float operation on acc.
     template <int T>
     void tokens(const Projection& p, int64_t b, int64_t t0, float (*acc)[V::kRows]) const {
         const int64_t blocks = p.width / kBlock;
@@ -231,7 +233,7 @@ struct Super<Q6_K, V, VECTOR> {
                     if constexpr (V::kSums16)
                         dot[t] = V::zero();
                     else
-                        dot[t] = q6_k_offset<V>(sums[t][s], j);
+                        dot[t] = q6_k_offset<V, 1 << shift>(sums[t][s], j);
                 }
 #pragma GCC unroll 4
                 for (int e = 0; e < 4; ++e) {
@@ -247,11 +249,16 @@ struct Super<Q6_K, V, VECTOR> {
             }
         }
         for (int t = 0; t < T; ++t) {
-            if constexpr (V::kSums16) i[t] = q6_k_less_offsets<V>(i[t], even, odd, sums[t]);
+            if constexpr (V::kSums16) i[t] = q6_k_less_offsets<V, shift>(i[t], even, odd, sums[t]);
             V::store(acc[t], V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), V::loadf(acc[t])));
         }
     }
 };
+
+template <typename V, int64_t VECTOR>
+struct Super<Q6_K, V, VECTOR> : SixteensSuper<Q6_K, V, VECTOR> {};
+template <typename V, int64_t VECTOR>
+struct Super<Q3_K, V, VECTOR> : SixteensSuper<Q3_K, V, VECTOR> {};
 
 // The V::kRows rows of tiles at `rows` (from row0) against tokens [t0, t0 + n), n <= kPassTokens: each
 // super-block unpacked once (`Super` of the kind), then read against kPairTokens tokens at a
@@ -286,6 +293,7 @@ void specdraft::k_pass_half(const Projection& p, int64_t g, const Out& out) {
 template void specdraft::k_pass_half<Q4_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<Q6_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_pass_half<Q3_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<IQ4_XS>(const Projection&, int64_t, const Out&);
 
 #endif

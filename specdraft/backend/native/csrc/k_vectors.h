@@ -1,7 +1,8 @@
 // The vector operations the K kinds' int8 dot products run on (`Ymm`: 8 rows in 256-bit registers,
 // `Zmm`: 16 in 512-bit ones) and their pieces both of int8_k.cpp's ways of reading a super-block share
 // (int8_k.cpp: unpacking as it reads; int8_k_pass.cpp: unpacked once for a whole pass): Q4_K's scales
-// and mins (Q5_K's too) and groups, Q6_K's 6-bit groups, scales and offset terms. int8.cpp says what they compute.
+// and mins (Q5_K's too) and groups; Q6_K's 6-bit groups, scales and offset terms (Q3_K's too, its
+// scales unpacked into Q6_K's form); IQ4_XS's table, scales and groups. int8.cpp says what they compute.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,7 @@ struct Ymm {
     static I table(const int8_t* t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)t)); }
     static I lookup(I table, I nibbles) { return _mm256_shuffle_epi8(table, nibbles); }  // per 128-bit lane
     static I plus128(I a) { return _mm256_xor_si256(a, _mm256_set1_epi8(char(0x80))); }  // int8 w as the byte w + 128
+    static I less8(I a, I b) { return _mm256_sub_epi8(a, b); }  // byte by byte
     static I zero() { return _mm256_setzero_si256(); }
     static I bytes(int v) { return _mm256_set1_epi8(char(v)); }
     static I words(int32_t v) { return _mm256_set1_epi32(v); }
@@ -101,6 +103,7 @@ struct Zmm {
     static I table(const int8_t* t) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)t)); }
     static I lookup(I table, I nibbles) { return _mm512_shuffle_epi8(table, nibbles); }
     static I plus128(I a) { return _mm512_xor_si512(a, _mm512_set1_epi8(char(0x80))); }
+    static I less8(I a, I b) { return _mm512_sub_epi8(a, b); }
     static I zero() { return _mm512_setzero_si512(); }
     static I bytes(int v) { return _mm512_set1_epi8(char(v)); }
     static I words(int32_t v) { return _mm512_set1_epi32(v); }
@@ -212,6 +215,7 @@ inline typename V::I q4_k_mins_term(typename V::I n, const typename V::I mins[4]
 // are vpdpbusd's (unsigned bytes), w itself for the sign trick (kSums16).
 template <typename V>
 inline typename V::I iq4_xs_table() {
+    static_assert(Traits<IQ4_XS>::offset == 128, "the looked-up bytes exceed the weights by 128");
     const typename V::I w = V::table(Traits<IQ4_XS>::table);
     return V::kSums16 ? w : V::plus128(w);
 }
@@ -253,11 +257,11 @@ inline typename V::I q6_k_scale_of(const typename V::I words[4], int index) {
     return V::signed_down32(V::up32(words[index / 4], 24 - 8 * (index % 4)), 24);
 }
 
-// Without kSums16: the start of a 16's sum, -32 times the token's sum of that 16 (`sums`: its 32's two
-// sums of 16, `quantize_super`; half j)
-template <typename V>
+// Without kSums16: the start of a 16's sum, -OFFSET times the token's sum of that 16 (`sums`: its 32's
+// two sums of 16, `quantize_super`; half j): Q6_K's 32, Q3_K's 4
+template <typename V, int OFFSET = 32>
 inline typename V::I q6_k_offset(int32_t sums, int j) {
-    return V::words(-32 * int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16)));
+    return V::words(-OFFSET * int32_t(int16_t(j == 0 ? sums & 0xffff : uint32_t(sums) >> 16)));
 }
 
 // kSums16's "- 32 (sum of x)" terms: the 16 scales as int16 pairs (even: bytes 2m, 2m + 2 of word v;
@@ -270,17 +274,61 @@ inline void q6_k_scale_pairs(const typename V::I words[4], typename V::I even[4]
         odd[v] = V::signed_down16(words[v], 8);
     }
 }
-template <typename V>
+template <typename V, int SHIFT = 5>  // the offset, 2^SHIFT: Q6_K's 32, Q3_K's 4
 inline typename V::I q6_k_less_offsets(typename V::I i, const typename V::I even[4], const typename V::I odd[4],
                                        const int32_t* sums) {
     for (int v = 0; v < 4; ++v) {
         const uint32_t a = uint32_t(sums[2 * v]), c = uint32_t(sums[2 * v + 1]);
         const typename V::I terms = V::add(V::times16(even[v], V::words(int32_t((a & 0xffff) | (c << 16)))),
                                            V::times16(odd[v], V::words(int32_t((a >> 16) | (c & 0xffff0000u)))));
-        i = V::sub(i, V::up32(terms, 5));
+        i = V::sub(i, V::up32(terms, SHIFT));
     }
     return i;
 }
+
+// Q3_K's group G of piece s = 4h + j of each row, 0..7 a byte: qs vector 3 + 8h + G's bits 2j, 2j + 1 and
+// hmask vector 19 + G's bit 4h + j at bit 2 (int8_k.cpp's `tile_pieces`; 16-bit shifts: the bit stays in
+// its byte).
+template <typename V, int64_t VECTOR>
+inline typename V::I q3_k_group(const uint8_t* q, int s, int G) {
+    using I = typename V::I;
+    const int h = s / 4, j = s % 4, bit = 4 * h + j;
+    const I low = V::all(V::down16(V::load(q + VECTOR * (3 + 8 * h + G)), 2 * j), V::bytes(0x03));
+    const I hm = V::load(q + VECTOR * (19 + G));
+    return V::either(low, V::all(bit <= 2 ? V::up16(hm, 2 - bit) : V::down16(hm, bit - 2), V::bytes(0x04)));
+}
+
+// Q3_K's 16 scales of each row, less 32, as Q6_K's 4 words of int8 (`q6_k_scale_of` reads them): word a
+// holds scales 4a .. 4a + 3, each's low 4 bits the tile's scale vector a % 2's nibbles a / 2, its top 2
+// bits vector 2's bits 2a, 2a + 1 (formats.h's `q3_k_scale`, byte by byte).
+template <typename V, int64_t VECTOR>
+inline void q3_k_words(const uint8_t* q, typename V::I words[4]) {
+    using I = typename V::I;
+    const I packed[3] = {V::load(q), V::load(q + VECTOR), V::load(q + 2 * VECTOR)};
+    for (int a = 0; a < 4; ++a) {
+        const I low = V::all(V::down32(packed[a % 2], 4 * (a / 2)), V::bytes(0x0f));
+        const I high = V::up32(V::all(V::down32(packed[2], 2 * a), V::bytes(0x03)), 4);
+        words[a] = V::less8(V::either(low, high), V::bytes(32));
+    }
+}
+
+// The kinds of scales per 16 weights (Q6_K, Q3_K), whose dot products share one template: their scales
+// as Q6_K's 4 words of int8, a group's weights, and what the weights' bytes exceed them by (2^shift).
+template <int64_t KIND, typename V, int64_t VECTOR>
+inline void k16_words(const uint8_t* q, typename V::I words[4]) {
+    if constexpr (KIND == Q3_K) {
+        q3_k_words<V, VECTOR>(q, words);
+    } else {
+        for (int v = 0; v < 4; ++v) words[v] = V::load(q + VECTOR * v);
+    }
+}
+template <int64_t KIND, typename V, int64_t VECTOR>
+inline typename V::I k16_group(const uint8_t* q, int s, int G) {
+    if constexpr (KIND == Q3_K) return q3_k_group<V, VECTOR>(q, s, G);
+    return q6_k_group<V, VECTOR>(q, s, G);
+}
+template <int64_t KIND>
+constexpr int k16_shift = KIND == Q3_K ? 2 : 5;
 
 }  // namespace
 

@@ -119,7 +119,7 @@ inline __m256i group_dot(__m256i acc, __m256i w, __m256i x) {
 
 namespace specdraft {
 
-// The K kinds' tiles (int8_k.cpp, compiled there for Q4_K, Q5_K and Q6_K): rows 8g .. 8g + 8 halves - 1
+// The K kinds' tiles (int8_k.cpp, compiled there for each K kind): rows 8g .. 8g + 8 halves - 1
 // (half tile g, and for 2 halves the tile's other half) against every token; a whole tile (g even) so,
 // in 512-bit registers (where SPECDRAFT_ZMM); row r (0..7) of half tile g's super-block b from its GGUF
 // block into the tiles, and back.
