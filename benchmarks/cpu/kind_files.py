@@ -2,7 +2,8 @@
 llama.cpp on the same file (`benchmarks.cpu.int8_speed --model FILE --llama-bench PATH`).
 
 One layer's projections are random normals quantised by gguf (`quantize`: `gguf.quants.quantize`; for
-the kinds gguf does not quantise, IQ4_NL, IQ4_XS, Q3_K, Q4_K and Q5_K, a plain quantiser of our own), written for
+the kinds gguf does not quantise, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K and Q5_K, a plain quantiser of our own),
+written for
 every layer: a step reads as many bytes of them as of distinct layers, and quantising once keeps making
 a 1B-class file to seconds. The embedding and output layer are Q8_0 (distinct tensors), the norms float32
 ones, the config is metadata, and the tokenizer is byte-level (`byte_tokenizer`: a character per id, one
@@ -56,6 +57,8 @@ def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
         return _k_blocks(values, int(type_name[1]))
     if type_name == "Q3_K":
         return _q3_k(values)
+    if type_name == "Q2_K":
+        return _q2_k(values)
     return gguf.quants.quantize(values, getattr(gguf.GGMLQuantizationType, type_name))
 
 
@@ -125,6 +128,25 @@ def _k_blocks(values: np.ndarray, bits: int) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
+def _q2_k(values: np.ndarray) -> np.ndarray:
+    """Q2_K: per 16 weights, its min (at most 0) and a scale spanning it to its max in 3 steps; per
+    super-block of 256, d and dmin the largest of them / 15, each 16's as 4 bits of those; each weight
+    the nearest step, clipped (formats.py's layout: a byte of scale and min a 16, qs, d, dmin)."""
+    rows = values.shape[0]
+    w = values.reshape(rows, -1, 16, 16)  # [rows, super-blocks, 16s, weights]
+    low = np.minimum(w.min(-1), 0)
+    scale, least = (w.max(-1) - low) / 3, -low  # [rows, super-blocks, 16]
+    d, dmin = (scale.max(-1) / 15).astype(np.float16), (least.max(-1) / 15).astype(np.float16)
+    sc = np.clip(np.round(scale / np.where(d == 0, 1, d).astype(np.float32)[..., None]), 0, 15).astype(np.uint8)
+    m = np.clip(np.round(least / np.where(dmin == 0, 1, dmin).astype(np.float32)[..., None]), 0, 15).astype(np.uint8)
+    step = d.astype(np.float32)[..., None] * sc
+    q = np.round((w + (dmin.astype(np.float32)[..., None] * m)[..., None]) / np.where(step == 0, 1, step)[..., None])
+    q = np.clip(q, 0, 3).astype(np.uint8).reshape(*sc.shape[:2], 2, 4, 32)  # [.., h, j, l]: element 128h + 32j + l
+    qs = ((q & 3) << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(-2, dtype=np.uint8).reshape(*sc.shape[:2], 64)
+    parts = [sc | m << 4, qs, d[..., None].view(np.uint8), dmin[..., None].view(np.uint8)]
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+
+
 def _q3_k(values: np.ndarray) -> np.ndarray:
     """Q3_K: per 16 weights, a scale that puts the weight of largest magnitude on -4 (`_block_extremes`);
     per super-block of 256, d the largest of them in magnitude / 32, each 16's as d times its 6-bit integer
@@ -191,7 +213,7 @@ def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q3_K, Q4_K, Q5_K, IQ4_NL, IQ4_XS ...")
+    parser.add_argument("--kind", required=True, help="a GGUF block type: Q4_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, IQ4_NL, IQ4_XS ...")
     parser.add_argument("--shape", default="1b", choices=sorted(SHAPES))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

@@ -1,5 +1,5 @@
 """The native kernel wing: a GGUF model's weights as its own blocks (`formats.KINDS`: Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, IQ4_NL, and the K kinds Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS), read in place on CPU by a
+Q5_1, Q8_0, IQ4_NL, and the K kinds Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS), read in place on CPU by a
 compiled C++ kernel that lives here too (`csrc/`).
 
 The embedded model's file holds Q4_1 projections and a Q8_0 embedding that is also its output layer:
@@ -39,8 +39,9 @@ Its parts, by job:
 from specdraft.backend.native.build import PATHS
 from specdraft.backend.native.calls import (MAX_JOB_QUERIES, MAX_SPAN, Attention, Projection, call, job_queries,
                                             project_blocks, project_native)
-from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, IQ4_NL, IQ4_XS, KINDS, NAMES, Q3_K, Q4_0,
-                                              Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, BlockKind, dequantize, unit)
+from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, IQ4_NL, IQ4_XS, KINDS, NAMES, Q2_K, Q3_K,
+                                              Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, BlockKind, dequantize,
+                                              unit)
 from specdraft.backend.native.gguf_file import rotary_order, use_gguf_blocks
 from specdraft.backend.native.library import TILE_ROWS, Kernel, kernel, kernel_problem
 from specdraft.backend.native.pages import huge_page_buffer
@@ -49,7 +50,7 @@ from specdraft.backend.native.modules import (ARITHMETICS, BlockEmbedding, Block
 from specdraft.backend.native.readers import Reader, Storage, reader
 
 __all__ = ["ARITHMETICS", "Attention", "BLOCK", "BLOCK_BYTES", "BlockEmbedding", "BlockKind", "BlockLinear", "F32",
-           "IQ4_NL", "IQ4_XS", "Q3_K",
+           "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K",
            "KINDS", "Kernel", "MAX_JOB_QUERIES", "MAX_SPAN", "NAMES", "PATHS", "Projection", "Q4_0", "Q4_1", "Q4_K",
            "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Reader",
            "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "huge_page_buffer", "int8_problem", "job_queries", "kernel",

@@ -4,7 +4,7 @@ block's weights and bytes, where its float16 fields lie, and its dequantisation 
 values the dense copy holds).
 
 Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL, whose nibbles index a table of 16 int8
-weights) and the K kinds' super-blocks of 256 (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: sub-blocks
+weights) and the K kinds' super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: sub-blocks
 with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
-F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K, Q2_K = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,18 @@ def _iq4_xs_values(b: torch.Tensor) -> torch.Tensor:
     return (d.unsqueeze(-1) * q).flatten(-2)
 
 
+def _q2_k_values(b: torch.Tensor) -> torch.Tensor:
+    """Q2_K: 16 bytes of scales (byte k: the 16 weights k's scale in its low nibble, its min in its high
+    one), 64 bytes qs, float16 d and dmin. Element 128h + 32j + l: qs byte 32h + l's bits 2j, 2j + 1:
+    w = (d * scale) * q - dmin * min (the products exact, the difference one rounding)."""
+    scales = b[..., :16]
+    qs = b[..., 16:80].unflatten(-1, (2, 1, 32)).long() >> (2 * torch.arange(4).view(4, 1))  # [..., h, j, l]
+    q = (qs & 3).flatten(-3).unflatten(-1, (16, 16)).float()  # [..., 16, 16]
+    d = (_half(b, 80) * (scales & 15).float()).unsqueeze(-1)  # [..., 16, 1]
+    dm = (_half(b, 82) * (scales >> 4).float()).unsqueeze(-1)
+    return (d * q - dm).flatten(-2)
+
+
 def _q3_k_values(b: torch.Tensor) -> torch.Tensor:
     """Q3_K: 32 bytes hmask, 64 bytes qs, 12 bytes of 6-bit scales, float16 d. Element 128h + 32j + l: its
     low 2 bits qs byte 32h + l's bits 2j, 2j + 1, its 3rd hmask byte l's bit 4h + j; scale k (16 weights
@@ -189,6 +201,7 @@ KINDS = {
     Q4_K: BlockKind(Q4_K, "Q4_K", weights=256, bytes=144, float16_at=(0, 2), values=_q4_k_values),
     Q5_K: BlockKind(Q5_K, "Q5_K", weights=256, bytes=176, float16_at=(0, 2), values=_q5_k_values),
     IQ4_XS: BlockKind(IQ4_XS, "IQ4_XS", weights=256, bytes=136, float16_at=(0,), values=_iq4_xs_values),
+    Q2_K: BlockKind(Q2_K, "Q2_K", weights=256, bytes=84, float16_at=(80, 82), values=_q2_k_values),
     Q3_K: BlockKind(Q3_K, "Q3_K", weights=256, bytes=110, float16_at=(108,), values=_q3_k_values),
     Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
 }

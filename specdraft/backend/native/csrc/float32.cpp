@@ -4,9 +4,9 @@
 //   - a row's weights are float32 values: a float32 row as it is, a block's as formats.h's
 //     `Traits<KIND>::piece` gives them (Q4_1's and Q5_1's d * q + m, Q8_0's d * q, Q4_0's d * (q - 8), Q5_0's
 //     d * (q - 16), IQ4_NL's d * table[q], IQ4_XS's (d * (scale - 32)) * table[q], Q4_K's and Q5_K's (d *
-//     scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32), Q3_K's (d * (scale - 32)) * (q - 4): each
-//     product is exact in float32, so the value is exact or the one rounding of the sum, the value a
-//     dequantised float32 copy holds);
+//     scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32), Q3_K's (d * (scale - 32)) * (q - 4), Q2_K's (d
+//     * scale) * q - dmin * min: each product is exact in float32, so the value is exact or the one rounding
+//     of the sum, the value a dequantised float32 copy holds);
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
 //     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
 //   - the 8 lanes are then added in one fixed tree: j + (j + 4), then + 2, then + 1.
@@ -195,6 +195,20 @@ inline void block_values<Q6_K>(const uint8_t* p, int sub, Lanes v[4]) {
         const __m256i high = _mm256_and_si256(_mm256_srli_epi32(widen_u8(qh + 8 * i), 2 * k), _mm256_set1_epi32(3));
         const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
         v[i] = _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q));
+    }
+}
+
+// Q2_K's sub-block `sub` = 4h + j: its 2 bits from qs (16 + 32h), bits 2j, 2j + 1; scales and mins 2 sub
+// and the next (each 16 weights): (d * scale) * q - dmin * min.
+template <>
+inline void block_values<Q2_K>(const uint8_t* p, int sub, Lanes v[4]) {
+    const int h = sub / 4, j = sub % 4;
+    const float d = _cvtsh_ss(load_u16(p + 80)), dmin = _cvtsh_ss(load_u16(p + 82));
+    for (int i = 0; i < 4; ++i) {
+        const int k = 2 * sub + i / 2;
+        const __m256 ds = _mm256_set1_ps(d * float(p[k] & 15)), dm = _mm256_set1_ps(dmin * float(p[k] >> 4));
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi32(widen_u8(p + 16 + 32 * h + 8 * i), 2 * j), _mm256_set1_epi32(3));
+        v[i] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(q), dm);
     }
 }
 

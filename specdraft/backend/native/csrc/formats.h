@@ -2,9 +2,9 @@
 // traits, but known when compiled): its number (as `specdraft.backend.native.formats` numbers it;
 // `specdraft_kind` states it back for a test to compare), name, block (weights and bytes), the facts its
 // tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a dequantised
-// float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds (Q3_K, Q4_K, Q5_K,
-// Q6_K, IQ4_XS: a super-block of sub-blocks with their own scales); IQ4_NL's and IQ4_XS's integers index a
-// table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >>
+// float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds (Q2_K, Q3_K, Q4_K,
+// Q5_K, Q6_K, IQ4_XS: a super-block of sub-blocks with their own scales); IQ4_NL's and IQ4_XS's integers
+// index a table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >>
 // piece_shift, as its sub-block b & (pieces - 1). `with_kind` is the one place a kind's number becomes the
 // code compiled for it: every entry point calls it once, and below it the kind is a template argument. A new
 // kind is its number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
@@ -18,7 +18,7 @@
 
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9, IQ4_XS = 10, Q3_K = 11 };  // as `native.formats` numbers them
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9, IQ4_XS = 10, Q3_K = 11, Q2_K = 12 };  // as `native.formats` numbers them
 constexpr int64_t kBlock = 32;     // weights the arithmetics read together: a block, or a K kind's sub-block (a piece)
 constexpr int64_t kSuper = 256;    // weights in a K kind's block (its super-block)
 
@@ -163,6 +163,18 @@ inline void q5_k_piece(const uint8_t* p, int sub, float* o) {
     for (int e = 0; e < 32; ++e) o[e] = std::fmaf(ds, float(q5_k_weight(p, sub, e)), -dm);
 }
 
+// Q2_K (84 bytes, 256 weights): 16 bytes of scales at 0 (byte k: the 16 weights k's scale in its low
+// nibble, its min in its high one), qs (64) at 16, float16 d at 80, dmin at 82. Element 128h + 32j + l:
+// qs byte 32h + l's bits 2j, 2j + 1: w = (d * scale) * q - dmin * min (the products exact, one rounding).
+inline int q2_k_weight(const uint8_t* p, int e) { return (p[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3; }
+inline void q2_k_piece(const uint8_t* p, int sub, float* o) {
+    const float d = half_to_float(load_u16(p + 80)), dmin = half_to_float(load_u16(p + 82));
+    for (int i = 0; i < 32; ++i) {
+        const int k = 2 * sub + i / 16;
+        o[i] = std::fmaf(d * float(p[k] & 15), float(q2_k_weight(p, 32 * sub + i)), -(dmin * float(p[k] >> 4)));
+    }
+}
+
 // Q3_K (110 bytes, 256 weights): hmask (32 bytes) at 0, qs (64) at 32, 12 bytes of 6-bit scales at 96,
 // float16 d at 108. Element 128h + 32j + l (j < 4, l < 32): its low 2 bits qs byte 32h + l's bits 2j,
 // 2j + 1, its 3rd hmask byte l's bit 4h + j: q, 0..7. Scale k (0..15, 16 weights each; k = 4a + c):
@@ -285,6 +297,12 @@ struct Traits<IQ4_XS> : Facts<kSuper, 136, 4, 2, 0, 128> {  // its scales_h wher
 };
 
 template <>
+struct Traits<Q2_K> : Facts<kSuper, 84, 2, 2, 0, 0, true, true> {  // its dmin where the others' m lie
+    static constexpr const char* name = "Q2_K";
+    static void piece(const uint8_t* p, int sub, float* o) { q2_k_piece(p, sub, o); }
+};
+
+template <>
 struct Traits<Q3_K> : Facts<kSuper, 110, 3, 1, 0, 0, true, true> {
     static constexpr const char* name = "Q3_K";
     static void piece(const uint8_t* p, int sub, float* o) { q3_k_piece(p, sub, o); }
@@ -298,7 +316,7 @@ struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
 
 template <int64_t... K>
 struct KindList {};
-using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K>;  // every kind with an entry above
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K, Q2_K>;  // every kind with an entry above
 
 template <int64_t KIND>
 using KindOf = std::integral_constant<int64_t, KIND>;

@@ -23,7 +23,9 @@
 // (its `rows_dot`, as q . x - 32 (sum of x); |i| < 2^31, float(i) rounding the same everywhere), and
 // IQ4_XS per super-block
 //   i = sum_s (scale_s - 32) (sum_j table[q_sj] x_sj)                        (s: 8 sub-blocks of 32)
-//   acc = fma(d * d_x, float(i), acc).
+//   acc = fma(d * d_x, float(i), acc);
+// Q3_K as Q6_K (its scales less 32, its weights q - 4), and Q2_K as Q6_K without an offset, then its
+// mins as Q4_K's per 16: acc = fma(-(dmin * d_x), float(n), acc), n = sum_k min_k (sum_j x_kj).
 //
 // The int8 arithmetic reads the weights as tiles (tiling.cpp's `specdraft_tile` writes them from GGUF rows, the
 // same bytes rearranged). Rows 16i .. 16i + 15 are tile i (where the rows are 8 more than a multiple

@@ -1,5 +1,5 @@
-// The int8 arithmetic of the K kinds (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) over their tiles: their layouts (`tile_pieces`) and
-// their dot products (`rows_dot`; `half_dot`, the portable loops'), each an overload a kind (its
+// The int8 arithmetic of the K kinds (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) over their tiles (their
+// layouts: k_pieces.h's `tile_pieces`): their dot products (`rows_dot`; `half_dot`, the portable loops'), each an overload a kind (its
 // `KindOf` the first argument), against tokens quantised per super-block of 256, in 512-bit
 // registers (whole tiles), 256-bit ones (half tiles; a pass of more than kFewTokens tokens in
 // int8_k_pass.cpp) or portable loops, on k_vectors.h's vector operations; int8.cpp says what they compute.
@@ -12,79 +12,16 @@
 
 #include "for_count.h"
 #include "formats.h"
+#include "k_pieces.h"
 #include "k_vectors.h"
 #include "projection.h"
 #include "tiles.h"
 
 namespace {
 
-// Q4_K's tiles: a super-block of R rows at stride 144R holds d[R] and dmin[R] (float16, where the other
-// kinds' d and m lie), 3 vectors of 4R bytes (vector v: each row's scale bytes 4v .. 4v + 3 at 4r),
-// then 32 vectors (3 + 8c + G: row r's qs bytes 32c + 4G .. 32c + 4G + 3 at 4r, sub-block 2c's
-// elements 4G .. 4G + 3 in their low nibbles, sub-block 2c + 1's in their high ones). Row r's pieces
-// of its GGUF block, each as copy(where in the tile, where in the block, bytes); its qs at `qs` in the
-// block (Q5_K's after its qh).
-template <typename Byte, typename Copy>
-void tile_pieces(KindOf<Q4_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy, int qs = 16) {
-    copy(half.d + at + 2 * r, 0, 2);
-    copy(half.m + at + 2 * r, 2, 2);
-    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
-    for (int c = 0; c < 4; ++c)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, qs + 32 * c + 4 * G, 4);
-}
-
-// Q5_K's tiles: Q4_K's (its qs at 48), then 8 vectors of qh (35 + G: row r's qh bytes 4G .. 4G + 3 at 4r).
-template <typename Byte, typename Copy>
-void tile_pieces(KindOf<Q5_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
-    tile_pieces(KindOf<Q4_K>(), half, at, r, copy, 48);
-    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (35 + G) + 4 * r, 16 + 4 * G, 4);
-}
-
-// Q3_K's tiles: a super-block of R rows at stride 110R holds d[R] (float16), then vectors of 4R bytes: 3 of
-// scales (vector v: row r's scale bytes 4v .. 4v + 3 at 4r), 16 of qs (3 + 8h + G: its qs bytes 32h + 4G ..
-// + 3), 8 of hmask (19 + G: its hmask bytes 4G .. + 3). Piece 4h + j reads group G's low 2 bits from qs
-// vector 3 + 8h + G (bits 2j, 2j + 1), its 3rd from hmask vector 19 + G (bit 4h + j).
-template <typename Byte, typename Copy>
-void tile_pieces(KindOf<Q3_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
-    copy(half.d + at + 2 * r, 108, 2);
-    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 96 + 4 * v, 4);
-    for (int h = 0; h < 2; ++h)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * h + G) + 4 * r, 32 + 32 * h + 4 * G, 4);
-    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (19 + G) + 4 * r, 4 * G, 4);
-}
-
-// IQ4_XS's tiles: a super-block of R rows at stride 136R holds d[R] and scales_h[R] (16 bits, where the
-// other kinds' d and m lie), a vector of 4R bytes of scales_l (row r's 4 at 4r), then 32 vectors (1 + 4s +
-// c: row r's bytes 4c .. 4c + 3 of sub-block s's 16, at 4r: elements 4c .. 4c + 3 in their low nibbles,
-// 16 + 4c .. 16 + 4c + 3 in their high ones).
-template <typename Byte, typename Copy>
-void tile_pieces(KindOf<IQ4_XS>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
-    copy(half.d + at + 2 * r, 0, 2);
-    copy(half.m + at + 2 * r, 2, 2);
-    copy(half.q + at + 4 * r, 4, 4);
-    for (int s = 0; s < 8; ++s)
-        for (int c = 0; c < 4; ++c) copy(half.q + at + half.vector * (1 + 4 * s + c) + 4 * r, 8 + 16 * s + 4 * c, 4);
-}
-
 // The kinds of Q4_K's scales and mins (Q4_K, Q5_K), whose dot products share one template.
 template <int64_t KIND>
 using MinsKind = std::enable_if_t<KIND == Q4_K || KIND == Q5_K, int>;
-
-// Q6_K's tiles: a super-block of R rows at stride 210R holds d[R] (float16), then vectors of 4R bytes:
-// 4 of scales (vector v: each row's scale bytes 4v .. 4v + 3 at 4r), 32 of ql (4 + 8u + G: row r's ql
-// bytes 32u + 4G .. 32u + 4G + 3 at 4r), 16 of qh (36 + 8h + G: its qh bytes 32h + 4G .. + 3). Piece
-// 4h + k (formats.h's sub-block: 32 weights, scales 8h + 2k and the next) reads group G's low 4 bits
-// from ql vector 4 + 8 (2h + k % 2) + G (the high nibbles for k >= 2), its top 2 from qh vector
-// 36 + 8h + G (bits 2k, 2k + 1).
-template <typename Byte, typename Copy>
-void tile_pieces(KindOf<Q6_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
-    copy(half.d + at + 2 * r, 208, 2);
-    for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 192 + 4 * v, 4);
-    for (int u = 0; u < 4; ++u)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (4 + 8 * u + G) + 4 * r, 32 * u + 4 * G, 4);
-    for (int h = 0; h < 2; ++h)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (36 + 8 * h + G) + 4 * r, 128 + 32 * h + 4 * G, 4);
-}
 
 // Row r's (0..7) GGUF block of a half tile's super-block of KIND (`at` bytes on) into block.
 template <int64_t KIND>
@@ -166,12 +103,32 @@ template <typename V, int64_t VECTOR, int T, int64_t KIND, MinsKind<KIND> = 0>
     put_rows<V, T>(acc, row0, t0, out);
 }
 
-// The V::kRows rows of Q6_K (Q3_K) tiles at `rows` (from row0) against tokens [t0, t0 + T): per
-// sub-block of 16, the rows' weights q (Q6_K's 0..63: ql's nibble, qh's 2 bits; Q3_K's 0..7) times the
-// token's activations, less the offset (32; 4) times their sum (the token's sums per 16:
-// `quantize_super`), times the rows' scales into i; then int8.cpp's float operation, fma(d * d_x,
-// float(i), acc). q . x - 32 (sum of x) is (q - 32) . x exactly: the integers are those of the definition.
-template <typename V, int64_t VECTOR, int T, int64_t KIND, std::enable_if_t<KIND == Q6_K || KIND == Q3_K, int> = 0>
+// Q2_K's mins term of tokens [t0, t0 + T) against super-block b of the rows at `rows`, onto acc: its mins
+// paired as Q6_K's scales are, met by the token's sums of 16 as Q6_K's offsets are (giving 0 less n), then
+// fma(dmin * d_x, float(-n), acc).
+template <typename V, int64_t VECTOR, int T>
+inline void q2_k_mins(const Projection& p, const Half& rows, int64_t b, int64_t t0, typename V::F (&acc)[T]) {
+    using I = typename V::I;
+    const int64_t blocks = p.width / kBlock, at = b * rows.stride;
+    I mins[4], even[4], odd[4];
+    k16_mins<V, VECTOR>(rows.q + at, mins);
+    q6_k_scale_pairs<V>(mins, even, odd);
+    const typename V::F dmin = V::halves(rows.m + at);
+    for (int t = 0; t < T; ++t) {
+        const I less = q6_k_less_offsets<V, 0>(V::zero(), even, odd, p.xtotal + (t0 + t) * blocks + 8 * b);
+        acc[t] = V::fma(V::mul(dmin, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(less), acc[t]);
+    }
+}
+
+// The V::kRows rows of Q6_K (Q3_K, Q2_K) tiles at `rows` (from row0) against tokens [t0, t0 + T): per
+// sub-block of 16, the rows' weights q (Q6_K's 0..63: ql's nibble, qh's 2 bits; Q3_K's 0..7; Q2_K's 0..3)
+// times the token's activations, less the offset (32; 4; Q2_K none) times their sum (the token's sums per
+// 16: `quantize_super`), times the rows' scales into i; then int8.cpp's float operation, fma(d * d_x,
+// float(i), acc). q . x - 32 (sum of x) is (q - 32) . x exactly: the integers are those of the
+// definition. Q2_K's mins meet the token's sums of 16 as Q6_K's offsets do, into n, and then
+// fma(-(dmin * d_x), float(n), acc), as Q4_K's (computed as fma(dmin * d_x, float(-n), acc): the same).
+template <typename V, int64_t VECTOR, int T, int64_t KIND,
+          std::enable_if_t<KIND == Q6_K || KIND == Q3_K || KIND == Q2_K, int> = 0>
 [[gnu::noinline]] void rows_dot(KindOf<KIND>, const Projection& p, const Half& rows, int64_t row0, int64_t t0, const Out& out) {
     using I = typename V::I;
     constexpr int shift = k16_shift<KIND>;
@@ -193,7 +150,8 @@ template <typename V, int64_t VECTOR, int T, int64_t KIND, std::enable_if_t<KIND
                 I dot[T];
                 if constexpr (!V::kSums16) {
                     for (int t = 0; t < T; ++t) {
-                        dot[t] = q6_k_offset<V, 1 << shift>(p.xtotal[(t0 + t) * blocks + 8 * b + s], j);
+                        dot[t] = k16_offset<KIND> ? q6_k_offset<V, 1 << shift>(p.xtotal[(t0 + t) * blocks + 8 * b + s], j)
+                                                  : V::zero();
                     }
                 }
                 I pair = scale;  // kSums16: the scale in both int16 halves of each lane
@@ -216,7 +174,7 @@ template <typename V, int64_t VECTOR, int T, int64_t KIND, std::enable_if_t<KIND
                     for (int t = 0; t < T; ++t) i[t] = V::add(i[t], V::times(dot[t], scale));
             }
         }
-        if constexpr (V::kSums16) {  // the 16 scales' "- offset (sum of x)" terms
+        if constexpr (V::kSums16 && k16_offset<KIND>) {  // the 16 scales' "- offset (sum of x)" terms
             I even[4], odd[4];
             q6_k_scale_pairs<V>(words, even, odd);
             for (int t = 0; t < T; ++t)
@@ -224,6 +182,7 @@ template <typename V, int64_t VECTOR, int T, int64_t KIND, std::enable_if_t<KIND
         }
         const typename V::F d = V::halves(rows.d + at);
         for (int t = 0; t < T; ++t) acc[t] = V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), acc[t]);
+        if constexpr (!k16_offset<KIND>) q2_k_mins<V, VECTOR, T>(p, rows, b, t0, acc);
     }
     put_rows<V, T>(acc, row0, t0, out);
 }
@@ -337,6 +296,27 @@ int32_t super_sum(KindOf<Q6_K>, const uint8_t* block, const int8_t* x) {
     return i;
 }
 
+// A Q2_K super-block's: per 16 weights, q . x times the 16's scale; and its mins term n, each 16's min
+// times the sum of its 16 activations.
+int32_t super_sum(KindOf<Q2_K>, const uint8_t* block, const int8_t* x) {
+    int32_t i = 0;
+    for (int k = 0; k < 16; ++k) {
+        int32_t dot = 0;
+        for (int e = 16 * k; e < 16 * k + 16; ++e) dot += q2_k_weight(block, e) * x[e];
+        i += (block[k] & 15) * dot;
+    }
+    return i;
+}
+int32_t super_mins(const uint8_t* block, const int8_t* x) {
+    int32_t n = 0;
+    for (int k = 0; k < 16; ++k) {
+        int32_t sum = 0;
+        for (int e = 16 * k; e < 16 * k + 16; ++e) sum += x[e];
+        n += (block[k] >> 4) * sum;
+    }
+    return n;
+}
+
 // A Q3_K super-block's: per 16 weights, (q - 4) . x times the 16's scale less 32.
 int32_t super_sum(KindOf<Q3_K>, const uint8_t* block, const int8_t* x) {
     int32_t i = 0;
@@ -362,10 +342,10 @@ int32_t super_sum(KindOf<IQ4_XS>, const uint8_t* block, const int8_t* x) {
     return i;
 }
 
-// Rows 8g .. 8g + 7 of Q6_K (Q3_K, IQ4_XS) tiles against tokens [t0, t0 + T), as Q4_K's `half_dot` reads
-// Q4_K's: each super-block's `super_sum`, then fma(d * d_x, float(i), acc) (d at 208 for Q6_K, 108 for
-// Q3_K, 0 for IQ4_XS).
-template <int64_t KIND, std::enable_if_t<KIND == Q6_K || KIND == Q3_K || KIND == IQ4_XS, int> = 0>
+// Rows 8g .. 8g + 7 of Q6_K (Q3_K, Q2_K, IQ4_XS) tiles against tokens [t0, t0 + T), as Q4_K's `half_dot`
+// reads Q4_K's: each super-block's `super_sum`, then fma(d * d_x, float(i), acc) (d at 208 for Q6_K, 108
+// for Q3_K, 80 for Q2_K, 0 for IQ4_XS); Q2_K's mins then fma(dmin * d_x, float(-n), acc) (dmin at 82).
+template <int64_t KIND, std::enable_if_t<KIND == Q6_K || KIND == Q3_K || KIND == Q2_K || KIND == IQ4_XS, int> = 0>
 void half_dot(KindOf<KIND>, const Projection& p, int64_t g, int64_t t0, int64_t T, const Out& out) {
     const int64_t blocks = p.width / kBlock;
     const Half half = half_tile<KIND>(p.w, p.rows, p.row_bytes, g);
@@ -374,10 +354,13 @@ void half_dot(KindOf<KIND>, const Projection& p, int64_t g, int64_t t0, int64_t 
         for (int64_t b = 0; b < p.width / kSuper; ++b) {
             uint8_t block[Traits<KIND>::bytes];
             k_untile<KIND>(half, b * half.stride, r, block);
-            const float d = half_to_float(load_u16(block + (KIND == Q6_K ? 208 : KIND == Q3_K ? 108 : 0)));
+            const float d = half_to_float(load_u16(block + (KIND == Q6_K ? 208 : KIND == Q3_K ? 108 : KIND == Q2_K ? 80 : 0)));
             for (int64_t t = 0; t < T; ++t) {
-                const int32_t i = super_sum(KindOf<KIND>(), block, p.qx + (t0 + t) * p.width + b * kSuper);
-                acc[t] = std::fmaf(d * p.xd[(t0 + t) * blocks + 8 * b], float(i), acc[t]);
+                const int8_t* x = p.qx + (t0 + t) * p.width + b * kSuper;
+                const float dx = p.xd[(t0 + t) * blocks + 8 * b];
+                acc[t] = std::fmaf(d * dx, float(super_sum(KindOf<KIND>(), block, x)), acc[t]);
+                if constexpr (KIND == Q2_K)
+                    acc[t] = std::fmaf(half_to_float(load_u16(block + 82)) * dx, float(-super_mins(block, x)), acc[t]);
             }
         }
         for (int64_t t = 0; t < T; ++t) out.put(t0 + t, g * kTileRows + r, acc[t]);
@@ -432,21 +415,25 @@ template void specdraft::k_group<Q4_K>(const Projection&, int64_t, int64_t, cons
 template void specdraft::k_group<Q5_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<Q6_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<Q3_K>(const Projection&, int64_t, int64_t, const Out&);
+template void specdraft::k_group<Q2_K>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_group<IQ4_XS>(const Projection&, int64_t, int64_t, const Out&);
 template void specdraft::k_tile_block<Q4_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q5_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q6_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<Q3_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
+template void specdraft::k_tile_block<Q2_K>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_tile_block<IQ4_XS>(uint8_t*, int64_t, int64_t, int64_t, int64_t, int, const uint8_t*);
 template void specdraft::k_block_of<Q4_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q5_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q6_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<Q3_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
+template void specdraft::k_block_of<Q2_K>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 template void specdraft::k_block_of<IQ4_XS>(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*);
 #ifdef SPECDRAFT_ZMM
 template void specdraft::k_whole_tile<Q4_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q6_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<Q3_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_whole_tile<Q2_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_whole_tile<IQ4_XS>(const Projection&, int64_t, const Out&);
 #endif

@@ -23,7 +23,7 @@ constexpr int64_t kPassTokens = 32;  // tokens an unpacked super-block serves at
 constexpr int kPairTokens = 4;       // tokens read against each unpacked vector together
 
 // A super-block's unpacked weights: vector (s, G) holds each row's 4 weights of group G of sub-block s
-// (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K, 0..7 for Q3_K, IQ4_XS's looked up as `iq4_xs_table` gives them, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
+// (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K, 0..7 for Q3_K, 0..3 for Q2_K, IQ4_XS's looked up as `iq4_xs_table` gives them, a byte each), and per sub-block (Q6_K: per 16) the rows' scales as
 // `dot_scale` reads them.
 template <typename V>
 struct K_unpacked {
@@ -201,15 +201,19 @@ struct SixteensSuper {
     using I = typename V::I;
     static constexpr int shift = k16_shift<KIND>;  // the offset, 2^shift
     K_unpacked<V> u;
-    I even[4], odd[4];
-    typename V::F d;
+    I even[4], odd[4];  // the scales' pairs; Q2_K's: its mins' (`k16_mins`), for its mins term
+    typename V::F d, dmin;
 
     void unpack(const Half& rows, int64_t at) {
         const uint8_t* q = rows.q + at;
         I words[4];
         k16_words<KIND, V, VECTOR>(q, words);
-        q6_k_scale_pairs<V>(words, even, odd);
         for (int index = 0; index < 16; ++index) u.scale[index] = scale_form<V>(q6_k_scale_of<V>(words, index));
+        if constexpr (!k16_offset<KIND>) {
+            k16_mins<V, VECTOR>(q, words);
+            dmin = V::halves(rows.m + at);
+        }
+        q6_k_scale_pairs<V>(words, even, odd);
         for (int s = 0; s < 8; ++s)
             for (int G = 0; G < 8; ++G) u.put(s, G, k16_group<KIND, V, VECTOR>(q, s, G));
         d = V::halves(rows.d + at);
@@ -230,7 +234,7 @@ struct SixteensSuper {
             for (int j = 0; j < 2; ++j) {  // the piece's 16s: scale 2s + j
                 I dot[T];
                 for (int t = 0; t < T; ++t) {
-                    if constexpr (V::kSums16)
+                    if constexpr (V::kSums16 || !k16_offset<KIND>)
                         dot[t] = V::zero();
                     else
                         dot[t] = q6_k_offset<V, 1 << shift>(sums[t][s], j);
@@ -249,8 +253,12 @@ struct SixteensSuper {
             }
         }
         for (int t = 0; t < T; ++t) {
-            if constexpr (V::kSums16) i[t] = q6_k_less_offsets<V, shift>(i[t], even, odd, sums[t]);
-            V::store(acc[t], V::fma(V::mul(d, V::each(p.xd[(t0 + t) * blocks + 8 * b])), V::real(i[t]), V::loadf(acc[t])));
+            if constexpr (V::kSums16 && k16_offset<KIND>) i[t] = q6_k_less_offsets<V, shift>(i[t], even, odd, sums[t]);
+            const typename V::F dx = V::each(p.xd[(t0 + t) * blocks + 8 * b]);
+            typename V::F sum = V::fma(V::mul(d, dx), V::real(i[t]), V::loadf(acc[t]));
+            if constexpr (!k16_offset<KIND>)  // Q2_K's mins, as its `rows_dot` takes them
+                sum = V::fma(V::mul(dmin, dx), V::real(q6_k_less_offsets<V, 0>(V::zero(), even, odd, sums[t])), sum);
+            V::store(acc[t], sum);
         }
     }
 };
@@ -259,6 +267,8 @@ template <typename V, int64_t VECTOR>
 struct Super<Q6_K, V, VECTOR> : SixteensSuper<Q6_K, V, VECTOR> {};
 template <typename V, int64_t VECTOR>
 struct Super<Q3_K, V, VECTOR> : SixteensSuper<Q3_K, V, VECTOR> {};
+template <typename V, int64_t VECTOR>
+struct Super<Q2_K, V, VECTOR> : SixteensSuper<Q2_K, V, VECTOR> {};
 
 // The V::kRows rows of tiles at `rows` (from row0) against tokens [t0, t0 + n), n <= kPassTokens: each
 // super-block unpacked once (`Super` of the kind), then read against kPairTokens tokens at a
@@ -294,6 +304,7 @@ template void specdraft::k_pass_half<Q4_K>(const Projection&, int64_t, const Out
 template void specdraft::k_pass_half<Q5_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<Q6_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<Q3_K>(const Projection&, int64_t, const Out&);
+template void specdraft::k_pass_half<Q2_K>(const Projection&, int64_t, const Out&);
 template void specdraft::k_pass_half<IQ4_XS>(const Projection&, int64_t, const Out&);
 
 #endif

@@ -122,6 +122,7 @@ struct Zmm {
     static I down32(I a, int n) { return _mm512_srli_epi32(a, n); }
     static I up32(I a, int n) { return _mm512_slli_epi32(a, n); }
     static I signed_down32(I a, int n) { return _mm512_srai_epi32(a, n); }
+    static I signed_down16(I a, int n) { return _mm512_srai_epi16(a, n); }
     // The token's group broadcast by the instruction itself, from memory ({1to16}): compilers emit a
     // separate broadcast for _mm512_set1_epi32, one more instruction per product.
     static I dot(I acc, I w, const int8_t* x) {
@@ -312,23 +313,40 @@ inline void q3_k_words(const uint8_t* q, typename V::I words[4]) {
     }
 }
 
-// The kinds of scales per 16 weights (Q6_K, Q3_K), whose dot products share one template: their scales
-// as Q6_K's 4 words of int8, a group's weights, and what the weights' bytes exceed them by (2^shift).
+// Q2_K's group G of piece s = 4h + j of each row, 0..3 a byte: qs vector 4 + 8h + G's bits 2j, 2j + 1.
+template <typename V, int64_t VECTOR>
+inline typename V::I q2_k_group(const uint8_t* q, int s, int G) {
+    return V::all(V::down16(V::load(q + VECTOR * (4 + 8 * (s / 4) + G)), 2 * (s % 4)), V::bytes(0x03));
+}
+
+// The kinds of scales per 16 weights (Q6_K, Q3_K, Q2_K), whose dot products share one template: their
+// scales as Q6_K's 4 words of int8 (Q2_K's the low nibbles of its 4 scale vectors; `k16_mins` the high
+// ones, its mins), a group's weights, and what the weights' bytes exceed them by (2^shift; Q2_K: none,
+// its mins a term of their own).
 template <int64_t KIND, typename V, int64_t VECTOR>
 inline void k16_words(const uint8_t* q, typename V::I words[4]) {
     if constexpr (KIND == Q3_K) {
         q3_k_words<V, VECTOR>(q, words);
     } else {
         for (int v = 0; v < 4; ++v) words[v] = V::load(q + VECTOR * v);
+        if constexpr (KIND == Q2_K)
+            for (int v = 0; v < 4; ++v) words[v] = V::all(words[v], V::bytes(0x0f));
     }
+}
+template <typename V, int64_t VECTOR>
+inline void k16_mins(const uint8_t* q, typename V::I mins[4]) {
+    for (int v = 0; v < 4; ++v) mins[v] = V::all(V::down32(V::load(q + VECTOR * v), 4), V::bytes(0x0f));
 }
 template <int64_t KIND, typename V, int64_t VECTOR>
 inline typename V::I k16_group(const uint8_t* q, int s, int G) {
     if constexpr (KIND == Q3_K) return q3_k_group<V, VECTOR>(q, s, G);
+    if constexpr (KIND == Q2_K) return q2_k_group<V, VECTOR>(q, s, G);
     return q6_k_group<V, VECTOR>(q, s, G);
 }
 template <int64_t KIND>
 constexpr int k16_shift = KIND == Q3_K ? 2 : 5;
+template <int64_t KIND>
+constexpr bool k16_offset = KIND != Q2_K;  // the weights' bytes exceed them (Q2_K's do not: mins instead)
 
 }  // namespace
 

@@ -1,0 +1,91 @@
+// The K kinds' tiles, one layout a kind (`tile_pieces`, an overload a kind, its `KindOf` the first
+// argument): where each piece of a row's GGUF super-block lies in its tiles, as copy(where in the tile,
+// where in the block, bytes). int8_k.cpp writes the tiles and reads them back by these; its dot products
+// read the vectors where these put them.
+#pragma once
+
+#include <cstdint>
+
+#include "formats.h"
+#include "tiles.h"
+
+namespace {
+
+// Q4_K's tiles: a super-block of R rows at stride 144R holds d[R] and dmin[R] (float16, where the other
+// kinds' d and m lie), 3 vectors of 4R bytes (vector v: each row's scale bytes 4v .. 4v + 3 at 4r),
+// then 32 vectors (3 + 8c + G: row r's qs bytes 32c + 4G .. 32c + 4G + 3 at 4r, sub-block 2c's
+// elements 4G .. 4G + 3 in their low nibbles, sub-block 2c + 1's in their high ones). Row r's pieces
+// of its GGUF block, each as copy(where in the tile, where in the block, bytes); its qs at `qs` in the
+// block (Q5_K's after its qh).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<Q4_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy, int qs = 16) {
+    copy(half.d + at + 2 * r, 0, 2);
+    copy(half.m + at + 2 * r, 2, 2);
+    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
+    for (int c = 0; c < 4; ++c)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, qs + 32 * c + 4 * G, 4);
+}
+
+// Q5_K's tiles: Q4_K's (its qs at 48), then 8 vectors of qh (35 + G: row r's qh bytes 4G .. 4G + 3 at 4r).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<Q5_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    tile_pieces(KindOf<Q4_K>(), half, at, r, copy, 48);
+    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (35 + G) + 4 * r, 16 + 4 * G, 4);
+}
+
+// Q2_K's tiles: a super-block of R rows at stride 84R holds d[R] and dmin[R] (float16, where the other
+// kinds' d and m lie), 4 vectors of scales (vector v: row r's scale bytes 4v .. 4v + 3 at 4r), then 16 of
+// qs (4 + 8h + G: its qs bytes 32h + 4G .. + 3). Piece 4h + j reads group G from qs vector 4 + 8h + G
+// (bits 2j, 2j + 1).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<Q2_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 80, 2);
+    copy(half.m + at + 2 * r, 82, 2);
+    for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 * v, 4);
+    for (int h = 0; h < 2; ++h)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (4 + 8 * h + G) + 4 * r, 16 + 32 * h + 4 * G, 4);
+}
+
+// Q3_K's tiles: a super-block of R rows at stride 110R holds d[R] (float16), then vectors of 4R bytes: 3 of
+// scales (vector v: row r's scale bytes 4v .. 4v + 3 at 4r), 16 of qs (3 + 8h + G: its qs bytes 32h + 4G ..
+// + 3), 8 of hmask (19 + G: its hmask bytes 4G .. + 3). Piece 4h + j reads group G's low 2 bits from qs
+// vector 3 + 8h + G (bits 2j, 2j + 1), its 3rd from hmask vector 19 + G (bit 4h + j).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<Q3_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 108, 2);
+    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 96 + 4 * v, 4);
+    for (int h = 0; h < 2; ++h)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * h + G) + 4 * r, 32 + 32 * h + 4 * G, 4);
+    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (19 + G) + 4 * r, 4 * G, 4);
+}
+
+// IQ4_XS's tiles: a super-block of R rows at stride 136R holds d[R] and scales_h[R] (16 bits, where the
+// other kinds' d and m lie), a vector of 4R bytes of scales_l (row r's 4 at 4r), then 32 vectors (1 + 4s +
+// c: row r's bytes 4c .. 4c + 3 of sub-block s's 16, at 4r: elements 4c .. 4c + 3 in their low nibbles,
+// 16 + 4c .. 16 + 4c + 3 in their high ones).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<IQ4_XS>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 0, 2);
+    copy(half.m + at + 2 * r, 2, 2);
+    copy(half.q + at + 4 * r, 4, 4);
+    for (int s = 0; s < 8; ++s)
+        for (int c = 0; c < 4; ++c) copy(half.q + at + half.vector * (1 + 4 * s + c) + 4 * r, 8 + 16 * s + 4 * c, 4);
+}
+
+// Q6_K's tiles: a super-block of R rows at stride 210R holds d[R] (float16), then vectors of 4R bytes:
+// 4 of scales (vector v: each row's scale bytes 4v .. 4v + 3 at 4r), 32 of ql (4 + 8u + G: row r's ql
+// bytes 32u + 4G .. 32u + 4G + 3 at 4r), 16 of qh (36 + 8h + G: its qh bytes 32h + 4G .. + 3). Piece
+// 4h + k (formats.h's sub-block: 32 weights, scales 8h + 2k and the next) reads group G's low 4 bits
+// from ql vector 4 + 8 (2h + k % 2) + G (the high nibbles for k >= 2), its top 2 from qh vector
+// 36 + 8h + G (bits 2k, 2k + 1).
+template <typename Byte, typename Copy>
+void tile_pieces(KindOf<Q6_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
+    copy(half.d + at + 2 * r, 208, 2);
+    for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 192 + 4 * v, 4);
+    for (int u = 0; u < 4; ++u)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (4 + 8 * u + G) + 4 * r, 32 * u + 4 * G, 4);
+    for (int h = 0; h < 2; ++h)
+        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (36 + 8 * h + G) + 4 * r, 128 + 32 * h + 4 * G, 4);
+}
+
+}  // namespace
