@@ -104,47 +104,52 @@ def _iq4_xs(values: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
+def _mins_and_steps(values: np.ndarray, groups: int, top: int, steps: int):
+    """The kinds of scales and mins: per group of weights, its min (at most 0) and a scale spanning it to
+    its max in `top` steps; per super-block of 256 (`groups` groups), d and dmin the largest of them /
+    `steps`, each group's as an integer of those; each weight the nearest step, clipped. Returns (d, dmin
+    [rows, super-blocks] float16, sc, m [.., groups] and q [.., groups, weights] uint8)."""
+    w = values.reshape(values.shape[0], -1, groups, 256 // groups)
+    low = np.minimum(w.min(-1), 0)
+    scale, least = (w.max(-1) - low) / top, -low  # [rows, super-blocks, groups]
+    d, dmin = (scale.max(-1) / steps).astype(np.float16), (least.max(-1) / steps).astype(np.float16)
+    sc = np.clip(np.round(scale / np.where(d == 0, 1, d).astype(np.float32)[..., None]), 0, steps).astype(np.uint8)
+    m = np.clip(np.round(least / np.where(dmin == 0, 1, dmin).astype(np.float32)[..., None]), 0, steps).astype(np.uint8)
+    step = d.astype(np.float32)[..., None] * sc
+    q = np.round((w + (dmin.astype(np.float32)[..., None] * m)[..., None]) / np.where(step == 0, 1, step)[..., None])
+    return d, dmin, sc, m, np.clip(q, 0, top).astype(np.uint8)
+
+
+def _pairs_of_bits(q: np.ndarray) -> np.ndarray:
+    """2-bit integers [.., 256] of each super-block as 64 bytes (Q2_K's, Q3_K's low bits): element
+    128h + 32j + l in byte 32h + l's bits 2j, 2j + 1."""
+    q = q.reshape(*q.shape[:-1], 2, 4, 32)
+    return ((q & 3) << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(-2, dtype=np.uint8).reshape(*q.shape[:-3], 64)
+
+
 def _k_blocks(values: np.ndarray, bits: int) -> np.ndarray:
     """Q4_K (bits 4) or Q5_K (5): per sub-block of 32, its min (at most 0) and a scale spanning it to its
     max in 2^bits - 1 steps; per super-block of 256, d and dmin the largest of them / 63, each sub-block's
     as 6 bits of those; each weight the nearest step, clipped (formats.py's layouts: 12 bytes of 6-bit
     scales and mins, Q5_K's 32 bytes of 5th bits, 128 of nibbles)."""
-    top, rows = (1 << bits) - 1, values.shape[0]
-    w = values.reshape(rows, -1, 8, 32)  # [rows, super-blocks, sub-blocks, weights]
-    low = np.minimum(w.min(-1), 0)
-    scale, least = (w.max(-1) - low) / top, -low  # [rows, super-blocks, 8]
-    d, dmin = (scale.max(-1) / 63).astype(np.float16), (least.max(-1) / 63).astype(np.float16)
-    sc = np.clip(np.round(scale / np.where(d == 0, 1, d).astype(np.float32)[..., None]), 0, 63).astype(np.uint8)
-    m = np.clip(np.round(least / np.where(dmin == 0, 1, dmin).astype(np.float32)[..., None]), 0, 63).astype(np.uint8)
-    step = d.astype(np.float32)[..., None] * sc
-    q = np.round((w + (dmin.astype(np.float32)[..., None] * m)[..., None]) / np.where(step == 0, 1, step)[..., None])
-    q = np.clip(q, 0, top).astype(np.uint8)
+    d, dmin, sc, m, q = _mins_and_steps(values, 8, (1 << bits) - 1, 63)
     scales = np.concatenate([sc[..., :4] | (sc[..., 4:] >> 4) << 6, m[..., :4] | (m[..., 4:] >> 4) << 6,
                              (sc[..., 4:] & 15) | (m[..., 4:] & 15) << 4], axis=-1)
     parts = [d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), scales]
     if bits == 5:  # qh byte e: bit s the 5th bit of sub-block s's element e
         parts.append(((q >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(-2, dtype=np.uint8))
     parts.append(((q[..., 0::2, :] & 15) | (q[..., 1::2, :] & 15) << 4).reshape(*q.shape[:2], 128))
-    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+    return np.concatenate(parts, axis=-1).reshape(values.shape[0], -1)
 
 
 def _q2_k(values: np.ndarray) -> np.ndarray:
     """Q2_K: per 16 weights, its min (at most 0) and a scale spanning it to its max in 3 steps; per
     super-block of 256, d and dmin the largest of them / 15, each 16's as 4 bits of those; each weight
     the nearest step, clipped (formats.py's layout: a byte of scale and min a 16, qs, d, dmin)."""
-    rows = values.shape[0]
-    w = values.reshape(rows, -1, 16, 16)  # [rows, super-blocks, 16s, weights]
-    low = np.minimum(w.min(-1), 0)
-    scale, least = (w.max(-1) - low) / 3, -low  # [rows, super-blocks, 16]
-    d, dmin = (scale.max(-1) / 15).astype(np.float16), (least.max(-1) / 15).astype(np.float16)
-    sc = np.clip(np.round(scale / np.where(d == 0, 1, d).astype(np.float32)[..., None]), 0, 15).astype(np.uint8)
-    m = np.clip(np.round(least / np.where(dmin == 0, 1, dmin).astype(np.float32)[..., None]), 0, 15).astype(np.uint8)
-    step = d.astype(np.float32)[..., None] * sc
-    q = np.round((w + (dmin.astype(np.float32)[..., None] * m)[..., None]) / np.where(step == 0, 1, step)[..., None])
-    q = np.clip(q, 0, 3).astype(np.uint8).reshape(*sc.shape[:2], 2, 4, 32)  # [.., h, j, l]: element 128h + 32j + l
-    qs = ((q & 3) << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(-2, dtype=np.uint8).reshape(*sc.shape[:2], 64)
-    parts = [sc | m << 4, qs, d[..., None].view(np.uint8), dmin[..., None].view(np.uint8)]
-    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+    d, dmin, sc, m, q = _mins_and_steps(values, 16, 3, 15)
+    parts = [sc | m << 4, _pairs_of_bits(q.reshape(*q.shape[:2], 256)), d[..., None].view(np.uint8),
+             dmin[..., None].view(np.uint8)]
+    return np.concatenate(parts, axis=-1).reshape(values.shape[0], -1)
 
 
 def _q3_k(values: np.ndarray) -> np.ndarray:
@@ -160,13 +165,13 @@ def _q3_k(values: np.ndarray) -> np.ndarray:
     ls = np.clip(np.round(wanted / unit) + 32, 0, 63).astype(np.uint8)  # [rows, super-blocks, 16]
     step = (d.astype(np.float32)[..., None] * (ls.astype(np.float32) - 32)).reshape(rows, -1, 1)
     q = np.clip(np.round(blocks / np.where(step == 0, 1, step)) + 4, 0, 7).astype(np.uint8)
-    q = q.reshape(*ls.shape[:2], 2, 4, 32)  # [rows, super-blocks, h, j, l]: element 128h + 32j + l
-    shifts = np.arange(4, dtype=np.uint8)
-    qs = ((q & 3) << (2 * shifts)[:, None]).sum(-2, dtype=np.uint8).reshape(*ls.shape[:2], 64)
+    q = q.reshape(*ls.shape[:2], 256)  # [rows, super-blocks, element]
     hmask = (((q >> 2) & 1).reshape(*ls.shape[:2], 8, 32) << np.arange(8, dtype=np.uint8)[:, None]).sum(-2, dtype=np.uint8)
-    high = (((ls.reshape(*ls.shape[:2], 4, 4) >> 4) & 3) << (2 * shifts)[:, None]).sum(-2, dtype=np.uint8)  # byte 8 + c
+    shifts = 2 * np.arange(4, dtype=np.uint8)[:, None]
+    high = (((ls.reshape(*ls.shape[:2], 4, 4) >> 4) & 3) << shifts).sum(-2, dtype=np.uint8)  # byte 8 + c
     scales = np.concatenate([(ls[..., :8] & 15) | (ls[..., 8:] & 15) << 4, high], axis=-1)
-    return np.concatenate([hmask, qs, scales, d[..., None].view(np.uint8)], axis=-1).reshape(rows, -1)
+    parts = [hmask, _pairs_of_bits(q), scales, d[..., None].view(np.uint8)]
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
 def write_kind_file(path: Path, kind: str, shape: dict, seed: int = 0) -> Path:

@@ -10,17 +10,23 @@ import torch
 from tests.helpers.tiny import TINY_VOCAB
 
 
+def _tiny_qwen(config_class, model_class, heads: int, kv_heads: int, head_dim: int, seed: int, dtype: torch.dtype,
+               layers: int, overrides: dict):
+    """A random Qwen-family model (hidden 128, explicit head_dim, rotary base 1e6, an untied output layer)."""
+    torch.manual_seed(seed)
+    config = config_class(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                          max_position_embeddings=512, tie_word_embeddings=False, rope_parameters={
+                              "rope_type": "default", "rope_theta": 1e6}, **overrides)
+    return model_class(config).to(dtype).eval()
+
+
 def make_tiny_qwen2(heads: int = 7, kv_heads: int = 1, head_dim: int = 64, seed: int = 0,
                     dtype: torch.dtype = torch.float32, layers: int = 2, sharpen: float = 40.0, **overrides):
     """A random Qwen2 (hidden 128, explicit head_dim) with non-zero q/k/v biases and an untied output layer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                         max_position_embeddings=512, tie_word_embeddings=False, rope_parameters={
-                             "rope_type": "default", "rope_theta": 1e6}, **overrides)
-    model = Qwen2ForCausalLM(config).to(dtype).eval()
+    model = _tiny_qwen(Qwen2Config, Qwen2ForCausalLM, heads, kv_heads, head_dim, seed, dtype, layers, overrides)
     with torch.no_grad():
         for layer in model.model.layers:
             for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -35,12 +41,7 @@ def make_tiny_qwen3(heads: int = 4, kv_heads: int = 2, head_dim: int = 64, seed:
     real ones are) with q/k norms of varied weights and an untied output layer."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                         max_position_embeddings=512, tie_word_embeddings=False, rope_parameters={
-                             "rope_type": "default", "rope_theta": 1e6}, **overrides)
-    model = Qwen3ForCausalLM(config).to(dtype).eval()
+    model = _tiny_qwen(Qwen3Config, Qwen3ForCausalLM, heads, kv_heads, head_dim, seed, dtype, layers, overrides)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.q_norm.weight.normal_(1.0, 0.3)

@@ -114,16 +114,27 @@ def _q4_k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, m
 
 
+def _less_mins(d: torch.Tensor, scales: torch.Tensor, dmin: torch.Tensor, mins: torch.Tensor,
+               q: torch.Tensor) -> torch.Tensor:
+    """The kinds of scales and mins: w = (d * scale) * q - dmin * min for q [..., groups, weights] of
+    `scales` and `mins` [..., groups] (the products exact, the difference one rounding), flat."""
+    return ((d * scales.float()).unsqueeze(-1) * q.float() - (dmin * mins.float()).unsqueeze(-1)).flatten(-2)
+
+
+def _pairs_of_bits(qs: torch.Tensor) -> torch.Tensor:
+    """64 bytes [..., 64] of 2-bit integers (Q2_K's, Q3_K's low bits) as [..., h, j, l]: element 128h + 32j + l
+    in byte 32h + l's bits 2j, 2j + 1."""
+    return (qs.unflatten(-1, (2, 1, 32)).long() >> (2 * torch.arange(4).view(4, 1))) & 3
+
+
 def _q4_k_values(b: torch.Tensor) -> torch.Tensor:
     """Q4_K: float16 d, dmin, 12 bytes of scales (`_q4_k_scales`), 128 bytes qs: sub-block 2c's element e
     in byte 32c + e's low nibble, sub-block 2c + 1's in its high one: w = (d * sc) * q - dmin * m (the
     products exact, the difference one rounding)."""
     sc, m = _q4_k_scales(b[..., 4:16])
     qs = b[..., 16:].unflatten(-1, (4, 32))  # [..., 4, 32]
-    q = torch.stack([qs & 15, qs >> 4], dim=-2).flatten(-3, -2).float()  # [..., 8, 32]
-    d = (_half(b, 0) * sc.float()).unsqueeze(-1)  # [..., 8, 1]
-    dm = (_half(b, 2) * m.float()).unsqueeze(-1)
-    return (d * q - dm).flatten(-2)
+    q = torch.stack([qs & 15, qs >> 4], dim=-2).flatten(-3, -2)  # [..., 8, 32]
+    return _less_mins(_half(b, 0), sc, _half(b, 2), m, q)
 
 
 def _q5_k_values(b: torch.Tensor) -> torch.Tensor:
@@ -133,10 +144,7 @@ def _q5_k_values(b: torch.Tensor) -> torch.Tensor:
     qs = b[..., 48:].unflatten(-1, (4, 32))  # [..., 4, 32]
     low = torch.stack([qs & 15, qs >> 4], dim=-2).flatten(-3, -2)  # [..., 8, 32]
     high = (b[..., 16:48].unsqueeze(-2) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1  # [..., 8, 32]
-    q = (low | (high << 4)).float()
-    d = (_half(b, 0) * sc.float()).unsqueeze(-1)  # [..., 8, 1]
-    dm = (_half(b, 2) * m.float()).unsqueeze(-1)
-    return (d * q - dm).flatten(-2)
+    return _less_mins(_half(b, 0), sc, _half(b, 2), m, low | (high << 4))
 
 
 def _iq4_xs_values(b: torch.Tensor) -> torch.Tensor:
@@ -156,11 +164,8 @@ def _q2_k_values(b: torch.Tensor) -> torch.Tensor:
     one), 64 bytes qs, float16 d and dmin. Element 128h + 32j + l: qs byte 32h + l's bits 2j, 2j + 1:
     w = (d * scale) * q - dmin * min (the products exact, the difference one rounding)."""
     scales = b[..., :16]
-    qs = b[..., 16:80].unflatten(-1, (2, 1, 32)).long() >> (2 * torch.arange(4).view(4, 1))  # [..., h, j, l]
-    q = (qs & 3).flatten(-3).unflatten(-1, (16, 16)).float()  # [..., 16, 16]
-    d = (_half(b, 80) * (scales & 15).float()).unsqueeze(-1)  # [..., 16, 1]
-    dm = (_half(b, 82) * (scales >> 4).float()).unsqueeze(-1)
-    return (d * q - dm).flatten(-2)
+    q = _pairs_of_bits(b[..., 16:80]).flatten(-3).unflatten(-1, (16, 16))  # [..., 16, 16]
+    return _less_mins(_half(b, 80), scales & 15, _half(b, 82), scales >> 4, q)
 
 
 def _q3_k_values(b: torch.Tensor) -> torch.Tensor:
@@ -171,9 +176,8 @@ def _q3_k_values(b: torch.Tensor) -> torch.Tensor:
     low = _nibbles(b[..., 96:104]).long()  # [..., 16]
     high = (b[..., 104:108].long().unsqueeze(-2) >> (2 * torch.arange(4).view(4, 1))) & 3  # [..., a, c]
     scales = (low | (high.flatten(-2) << 4)) - 32  # [..., 16]: scale 4a + c from byte 8 + c's bits 2a
-    qs = b[..., 32:96].unflatten(-1, (2, 1, 32)).long() >> (2 * torch.arange(4).view(4, 1))  # [..., h, j, l]
     hm = b[..., :32].unsqueeze(-2).long() >> torch.arange(8).view(8, 1)  # [..., 4h + j, l]
-    q = (qs & 3).flatten(-3, -2) | ((hm & 1) << 2)  # [..., 8, 32]
+    q = _pairs_of_bits(b[..., 32:96]).flatten(-3, -2) | ((hm & 1) << 2)  # [..., 8, 32]
     d = _half(b, 108) * scales.float()  # [..., 16]
     return (d.unsqueeze(-1) * (q - 4).float().unflatten(-1, (2, 16)).flatten(-3, -2)).flatten(-2)
 

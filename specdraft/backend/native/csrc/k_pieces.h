@@ -11,6 +11,14 @@
 
 namespace {
 
+// Vectors first .. first + n - 1 of a half tile's super-block (`at` bytes on): row r's 4 bytes of each
+// at 4r, the block's bytes from .. from + 4n - 1 in order (copy(where in the tile, where in the block,
+// bytes), as `tile_pieces` takes it).
+template <typename Byte, typename Copy>
+void vectors(const HalfOf<Byte>& half, int64_t at, int r, int first, int from, int n, Copy&& copy) {
+    for (int k = 0; k < n; ++k) copy(half.q + at + half.vector * (first + k) + 4 * r, from + 4 * k, 4);
+}
+
 // Q4_K's tiles: a super-block of R rows at stride 144R holds d[R] and dmin[R] (float16, where the other
 // kinds' d and m lie), 3 vectors of 4R bytes (vector v: each row's scale bytes 4v .. 4v + 3 at 4r),
 // then 32 vectors (3 + 8c + G: row r's qs bytes 32c + 4G .. 32c + 4G + 3 at 4r, sub-block 2c's
@@ -21,16 +29,15 @@ template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q4_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy, int qs = 16) {
     copy(half.d + at + 2 * r, 0, 2);
     copy(half.m + at + 2 * r, 2, 2);
-    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 + 4 * v, 4);
-    for (int c = 0; c < 4; ++c)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * c + G) + 4 * r, qs + 32 * c + 4 * G, 4);
+    vectors(half, at, r, 0, 4, 3, copy);
+    vectors(half, at, r, 3, qs, 32, copy);
 }
 
 // Q5_K's tiles: Q4_K's (its qs at 48), then 8 vectors of qh (35 + G: row r's qh bytes 4G .. 4G + 3 at 4r).
 template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q5_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     tile_pieces(KindOf<Q4_K>(), half, at, r, copy, 48);
-    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (35 + G) + 4 * r, 16 + 4 * G, 4);
+    vectors(half, at, r, 35, 16, 8, copy);
 }
 
 // Q2_K's tiles: a super-block of R rows at stride 84R holds d[R] and dmin[R] (float16, where the other
@@ -41,9 +48,8 @@ template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q2_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     copy(half.d + at + 2 * r, 80, 2);
     copy(half.m + at + 2 * r, 82, 2);
-    for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 4 * v, 4);
-    for (int h = 0; h < 2; ++h)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (4 + 8 * h + G) + 4 * r, 16 + 32 * h + 4 * G, 4);
+    vectors(half, at, r, 0, 0, 4, copy);
+    vectors(half, at, r, 4, 16, 16, copy);
 }
 
 // Q3_K's tiles: a super-block of R rows at stride 110R holds d[R] (float16), then vectors of 4R bytes: 3 of
@@ -53,10 +59,9 @@ void tile_pieces(KindOf<Q2_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy
 template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q3_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     copy(half.d + at + 2 * r, 108, 2);
-    for (int v = 0; v < 3; ++v) copy(half.q + at + half.vector * v + 4 * r, 96 + 4 * v, 4);
-    for (int h = 0; h < 2; ++h)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (3 + 8 * h + G) + 4 * r, 32 + 32 * h + 4 * G, 4);
-    for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (19 + G) + 4 * r, 4 * G, 4);
+    vectors(half, at, r, 0, 96, 3, copy);
+    vectors(half, at, r, 3, 32, 16, copy);
+    vectors(half, at, r, 19, 0, 8, copy);
 }
 
 // IQ4_XS's tiles: a super-block of R rows at stride 136R holds d[R] and scales_h[R] (16 bits, where the
@@ -67,9 +72,8 @@ template <typename Byte, typename Copy>
 void tile_pieces(KindOf<IQ4_XS>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     copy(half.d + at + 2 * r, 0, 2);
     copy(half.m + at + 2 * r, 2, 2);
-    copy(half.q + at + 4 * r, 4, 4);
-    for (int s = 0; s < 8; ++s)
-        for (int c = 0; c < 4; ++c) copy(half.q + at + half.vector * (1 + 4 * s + c) + 4 * r, 8 + 16 * s + 4 * c, 4);
+    vectors(half, at, r, 0, 4, 1, copy);
+    vectors(half, at, r, 1, 8, 32, copy);
 }
 
 // Q6_K's tiles: a super-block of R rows at stride 210R holds d[R] (float16), then vectors of 4R bytes:
@@ -81,11 +85,9 @@ void tile_pieces(KindOf<IQ4_XS>, const HalfOf<Byte>& half, int64_t at, int r, Co
 template <typename Byte, typename Copy>
 void tile_pieces(KindOf<Q6_K>, const HalfOf<Byte>& half, int64_t at, int r, Copy&& copy) {
     copy(half.d + at + 2 * r, 208, 2);
-    for (int v = 0; v < 4; ++v) copy(half.q + at + half.vector * v + 4 * r, 192 + 4 * v, 4);
-    for (int u = 0; u < 4; ++u)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (4 + 8 * u + G) + 4 * r, 32 * u + 4 * G, 4);
-    for (int h = 0; h < 2; ++h)
-        for (int G = 0; G < 8; ++G) copy(half.q + at + half.vector * (36 + 8 * h + G) + 4 * r, 128 + 32 * h + 4 * G, 4);
+    vectors(half, at, r, 0, 192, 4, copy);
+    vectors(half, at, r, 4, 0, 32, copy);
+    vectors(half, at, r, 36, 128, 16, copy);
 }
 
 }  // namespace
