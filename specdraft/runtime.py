@@ -19,6 +19,7 @@ from specdraft.engine import Engine, RequestError
 from specdraft.engine.calibrate import KeptCalibration
 from specdraft.grammar import GrammarCompiler
 from specdraft.models import LoadedModel, Loading, load, load_draft, model_device, release_freed_memory
+from specdraft.models.long_rope import original_context, use_context
 from specdraft.params import cache_dir
 from specdraft.settings import Resolved, Settings
 from specdraft.text import check_text
@@ -60,7 +61,8 @@ def build_runtime(model: str | LoadedModel | None = None, settings: Settings | N
     what `Settings.resolve` decides, and decides nothing itself."""
     plan = (settings or Settings()).resolve(model)
     target = model if plan.loading is None else load(plan.loading)
-    context = plan.context(target.max_context)
+    context = plan.context(target.max_context, original_context(getattr(target.model, "config", None)))
+    use_context(target.model, context)  # LongRoPE's factors: those of the context served
     static = static_shapes(target, plan.max_batch, context, graphs=plan.compiled)
     draft = None if plan.draft is None else load_draft(plan.draft, target)  # once, for every drafter built on `model`
     resources = Resources(static, compiled=plan.compiled, draft=draft)

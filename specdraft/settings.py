@@ -192,13 +192,14 @@ class Resolved:
     def default_drafter(self) -> str:
         return self.drafters[0]
 
-    def context(self, model_context: int) -> int:
+    def context(self, model_context: int, default: int | None = None) -> int:
         """The context served on a model whose own is `model_context`: a `max_context` beyond it is
-        cut to it, with a warning saying so."""
+        cut to it, with a warning saying so; without one, `default` where given (a LongRoPE model's
+        original context: `models.long_rope`), else the model's."""
         if self.max_context and self.max_context > model_context:
             log.warning("max_context (--max-model-len) %d is more than the model's context: serving %d tokens",
                         self.max_context, model_context)
-        return min(self.max_context, model_context) if self.max_context else model_context
+        return min(self.max_context, model_context) if self.max_context else min(default or model_context, model_context)
 
 
 def default(name: str) -> Any:

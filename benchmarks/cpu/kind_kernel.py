@@ -19,7 +19,14 @@ from specdraft.backend.numba_layers import NO_RESIDUAL, project
 
 def synthetic_blocks(rng, kind: native.BlockKind, rows: int, width: int) -> np.ndarray:
     """Random bytes [rows, row bytes] of `kind`'s blocks, but for its float16 fields: random finite values
-    of a weight's scale (random bits would give infinities and NaNs). The kernel's tests read them too."""
+    of a weight's scale (random bits would give infinities and NaNs); a kind of float weights (F16, BF16),
+    random finite weights of that size (float16's smallest among them subnormal). The kernel's tests read
+    them too."""
+    if kind.number in native.FLOATS:
+        import torch
+
+        values = torch.from_numpy(rng.standard_normal((rows, width)).astype(np.float32) * 0.01)
+        return values.to(native.FLOATS[kind.number]).view(torch.uint8).numpy()
     b = rng.integers(0, 256, (rows, width // kind.weights, kind.bytes), dtype=np.uint8)
     for at in kind.float16_at:
         b[..., at : at + 2] = (rng.standard_normal(b.shape[:2]) * 0.01).astype(np.float16)[..., None].view(np.uint8)

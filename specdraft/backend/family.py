@@ -117,6 +117,8 @@ _WEIGHTS = frozenset(f"{part}.weight" for part in ("attn_norm", "attn_q", "attn_
                                                    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))
 _TOP = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.x: a factor per pair of a head's dimensions, each frequency divided by it
+# Phi-3's LongRoPE (its 128k models, Phi-3.5): the factors of a context within the original one, and past it
+LONG_ROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 @dataclass(frozen=True)
 class _Row:
@@ -174,14 +176,17 @@ FAMILIES = {
                                                  ("post_ffw_norm", "post_feedforward_layernorm")),
                                         reads=frozenset({"attention.sliding_window"}))),
     # Phi-3 (and Phi-4): q/k/v and gate/up fused (its files' attn_qkv and ffn_up too), no biases; its
-    # files' sliding window is one llama.cpp turns off and transformers' GGUF config does not read
+    # files' sliding window is one llama.cpp turns off and transformers' GGUF config does not read; its
+    # 128k models' LongRoPE factors and attention factor (`models.long_rope`)
     "phi3": _Row(qkv=False, out=False, mlp=False, gguf_interleaved_qk=False,
                  fused=(Fused("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj"), by_heads=True),
                         Fused("mlp.gate_up_proj", ("gate_proj", "up_proj"))),
-                 file=FileFamily(_TOP, frozenset(f"{part}.weight" for part in ("attn_norm", "attn_qkv", "attn_output",
-                                                                             "ffn_norm", "ffn_up", "ffn_down")),
+                 file=FileFamily(_TOP | set(LONG_ROPE),
+                                 frozenset(f"{part}.weight" for part in ("attn_norm", "attn_qkv", "attn_output",
+                                                                         "ffn_norm", "ffn_up", "ffn_down")),
                                  head_size_key=None, modules=(("attn_qkv", "self_attn.qkv_proj"),
                                                               ("ffn_up", "mlp.gate_up_proj")),
+                                 reads=frozenset({"rope.scaling.attn_factor"}),
                                  ignores=frozenset({"attention.sliding_window"}))),
 }
 # general.architecture -> what the loader reads of its files
@@ -263,15 +268,16 @@ def family_problem(config) -> str | None:
 def _rope_problem(config) -> str | None:
     """What a config's rotary embedding asks that our attention does not do (None: nothing): rotating
     part of each head (Phi-4-mini's partial_rotary_factor), or frequencies that change with the
-    sequence's length (Phi-3's 128k LongRoPE, dynamic NTK). Others (Llama 3's, linear) are the rotary
-    module's own frequencies, which every path takes as they are."""
+    sequence's length (dynamic NTK). Others (Llama 3's, linear) are the rotary module's own frequencies,
+    which every path takes as they are; LongRoPE's (Phi-3's 128k models) are fixed by the context served
+    (`models.long_rope`)."""
     rope = getattr(config, "rope_parameters", None) or {}
     for parameters in [rope, *(value for value in rope.values() if isinstance(value, dict))]:
-        part = parameters.get("partial_rotary_factor", 1.0)
+        part = parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
         if part != 1.0:
             return f"a rotary embedding over part of each head (partial_rotary_factor {part})"
-        if parameters.get("rope_type") in ("longrope", "dynamic"):
-            return f"rotary frequencies that change with the sequence's length ({parameters['rope_type']})"
+        if parameters.get("rope_type") == "dynamic":
+            return "rotary frequencies that change with the sequence's length (dynamic)"
     return None
 
 

@@ -14,6 +14,9 @@
 - `gguf_check`: a GGUF checked before anything else reads it (`check_gguf` -> the kernel wing's
   `GgufLayout`).
 - `gguf_cache`: what a GGUF leaves in the cache dir (its config and tokenizer, its dense conversion).
+- `fused`: a family's fused projections (Phi-3's q/k/v, gate/up) split into their parts on loading.
+- `long_rope`: Phi-3's LongRoPE, its frequencies fixed by the context served (`use_context`), read from a
+  GGUF (`rope_parameters_of`).
 
 The names below are re-exported here, each imported from its module on first use, so that importing
 `specdraft.models.find` (the CLI does) loads no torch."""

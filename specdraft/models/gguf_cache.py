@@ -96,15 +96,22 @@ def cache_gguf_config(gguf: Path) -> Path:
 def gguf_config(gguf: Path):
     """A GGUF's config as transformers reads its metadata, with a head's size set from the file's
     `attention.key_length` where the config has a field for it that transformers leaves at its
-    default (Qwen3's: 128 whatever the file says)."""
+    default (Qwen3's: 128 whatever the file says), and a Phi-3 file's LongRoPE, which it leaves unread
+    (`long_rope.rope_parameters_of`)."""
     from gguf import GGUFReader
     from transformers import AutoConfig
+
+    from specdraft.models.long_rope import rope_parameters_of
 
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     reader = GGUFReader(str(gguf))
     field = reader.get_field(f"{reader.get_field('general.architecture').contents()}.attention.key_length")
     if field is not None and hasattr(config, "head_dim"):
         config.head_dim = int(field.contents())
+    long_rope = rope_parameters_of(gguf, config)
+    if long_rope is not None:  # Phi3Config puts its own original context into its rope parameters: both, then
+        config.rope_parameters = {**config.rope_parameters, **long_rope}
+        config.original_max_position_embeddings = long_rope["original_max_position_embeddings"]
     return config
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
-from specdraft.backend.family import FILE_FAMILIES, ROPE_FREQS, FileFamily
+from specdraft.backend.family import FILE_FAMILIES, LONG_ROPE, ROPE_FREQS, FileFamily
 from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.errors import BadModelFileError
 
@@ -296,10 +296,24 @@ def _check_arithmetic(path: Path, architecture: str, metadata: dict[str, object]
             raise _bad(path, f"tensor {t.name!r} is not one specdraft's {architecture} loader reads: the model "
                              "would be decoded without it, which specdraft does not do")
         pairs = None if head is None else head // 2
-        if t.name == ROPE_FREQS and (t.kind != GGMLQuantizationType.F32 or len(t.shape) != 1
-                                     or pairs not in (None, t.shape[0])):
+        if t.name in (ROPE_FREQS, *LONG_ROPE) and (t.kind != GGMLQuantizationType.F32 or len(t.shape) != 1
+                                                   or pairs not in (None, t.shape[0])):
             raise _bad(path, f"tensor {t.name!r} is {t.kind.name} of shape {t.shape}, not float32 rotary factors, "
                              f"one per pair of a head's dimensions ({pairs})")
+    _check_long_rope(path, architecture, metadata, {t.name for t in tensors})
+
+
+def _check_long_rope(path: Path, architecture: str, metadata: dict[str, object], names: set[str]) -> None:
+    """LongRoPE whole or not at all: both sets of factors, and the original context they switch at; an
+    attention factor (cos and sin scaled) only beside them (`models.long_rope` reads them)."""
+    held = [name for name in LONG_ROPE if name in names]
+    if held and (len(held) < 2 or f"{architecture}.rope.scaling.original_context_length" not in metadata):
+        raise _bad(path, f"it holds {', '.join(held)} without {', '.join(sorted(set(LONG_ROPE) - set(held))) or 'its original context'}"
+                         " (LongRoPE needs both sets of factors and the original context length)")
+    factor = metadata.get(f"{architecture}.rope.scaling.attn_factor", 1.0)
+    if not held and factor != 1.0:
+        raise _bad(path, f"{architecture}.rope.scaling.attn_factor is {factor!r}: the rotary embedding's cos and sin "
+                         "scaled without LongRoPE's factors, which specdraft does not implement")
 
 
 def _read(name: str, family: FileFamily) -> bool:

@@ -32,6 +32,7 @@ from specdraft.errors import ModelNotFoundError
 from specdraft.models.gguf_cache import cache_gguf_config, convert_gguf, gguf_tokenizer, lean_tokenizer
 from specdraft.models.fused import unfuse
 from specdraft.models.gguf_check import ROPE_FREQS, check_gguf
+from specdraft.models.long_rope import use_context
 from specdraft.models.loaded import LoadedModel, model_device
 from specdraft.models.plan import Loading, plan_load
 from specdraft.models.verdict import dense_note
@@ -138,6 +139,7 @@ def load(loading: Loading) -> LoadedModel:
         _use_rope_freqs(model, gguf, layout)
     model.to(loading.device).eval()
     model.requires_grad_(False)
+    use_context(model)  # LongRoPE: the short factors, until a runtime serves more (`long_rope`)
     if native and built is None:  # loaded dense after all: read the blocks now
         native = blocks.use_gguf_blocks(model, gguf) > 0
     computes = _use_int8(model, loading.int8_asked) if native and loading.arithmetic == "int8" else "float32"

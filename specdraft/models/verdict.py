@@ -13,7 +13,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from specdraft.backend import native
-from specdraft.backend.family import ROPE_FREQS
+from specdraft.backend.family import LONG_ROPE, ROPE_FREQS
 from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.errors import BadModelFileError
 from specdraft.models.gguf_check import check_gguf
@@ -24,8 +24,9 @@ NATIVE_NAMES = tuple(kind.name for kind in native.KINDS.values())
 
 def weights_of(tensors: tuple[TensorInfo, ...]) -> list[TensorInfo]:
     """The tensors a linear layer or the embedding holds (what native weights may read): not norms,
-    biases or Llama 3's rotary factors."""
-    return [t for t in tensors if t.name.endswith(".weight") and "norm" not in t.name and t.name != ROPE_FREQS]
+    biases or rotary factors (Llama 3's, Phi-3's LongRoPE)."""
+    return [t for t in tensors if t.name.endswith(".weight") and "norm" not in t.name
+            and t.name not in (ROPE_FREQS, *LONG_ROPE)]
 
 
 def _census(weights: list[TensorInfo]) -> str:
@@ -41,18 +42,25 @@ def _census(weights: list[TensorInfo]) -> str:
                      for name, _ in size.most_common())
 
 
+def read_as_blocks(t: TensorInfo) -> bool:
+    """Whether the kernel reads the weight `t` as the file's blocks (`native.kind_of`), not a float32 copy."""
+    return native.kind_of(t.kind.name, t.shape[0]) is not None
+
+
 def _why_dense(kinds: set[str]) -> str:
     floats = kinds & {GGMLQuantizationType.F32.name}
-    others = sorted(kinds - floats)
+    odd = sorted((kinds - floats) & set(NATIVE_NAMES))  # F16, BF16 rows of a width not a multiple of 32
+    others = sorted(kinds - floats - set(odd))
     why = [f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not a kind the kernel reads "
            f"(it reads {', '.join(NATIVE_NAMES)})"] if others else []
+    why += [f"{', '.join(odd)} rows not whole 32s of weights"] if odd else []
     return "; ".join(why + (["F32 is float32 already"] if floats else []))
 
 
 def dense_note(path: Path, layout: GgufLayout) -> str | None:
     """The one line a native load says where some of a file's weights load as float32 copies (None: none
     do): how many, in which kinds, why, and what the kernel reads."""
-    dense = [t for t in weights_of(layout.tensors) if t.kind.name not in NATIVE_NAMES]
+    dense = [t for t in weights_of(layout.tensors) if not read_as_blocks(t)]
     if not dense:
         return None
     return (f"{path.name}: {len(dense)} weights load as float32 copies, not native blocks: {_census(dense)}: "
@@ -76,8 +84,8 @@ def describe(path: Path) -> list[str]:
     except BadModelFileError as exc:
         return [f"{path}: does not load: {exc.problem}"]
     weights = weights_of(layout.tensors)
-    blocks = [t for t in weights if t.kind.name in NATIVE_NAMES]
-    dense = [t for t in weights if t.kind.name not in NATIVE_NAMES]
+    blocks = [t for t in weights if read_as_blocks(t)]
+    dense = [t for t in weights if not read_as_blocks(t)]
     lines = [f"{path}: {layout.architecture}, {len(weights)} weight tensors"]
     if blocks:
         lines.append(f"  read as the file's blocks: {_census(blocks)}")

@@ -4,7 +4,9 @@ the kernel states the kind as Python does; its dequantisation (by torch, by the 
 from the int8 arithmetic's tiles) is gguf's, bitwise; its float32 dot products are those of gguf's
 values as float32 rows, bitwise, and within rounding of a float64 product; its int8 dot products are
 within the activations' quantisation error (per block; a K kind's per super-block of 256) of the
-float64 product with gguf's values, and bitwise the same on every build and for a token in any pass. A kind added to `KINDS` is checked here as it is added."""
+float64 product with gguf's values, and bitwise the same on every build and for a token in any pass (a kind
+of float weights': float32's on its tokens rounded to the kind). A kind added to `KINDS` is checked here as
+it is added."""
 
 from __future__ import annotations
 
@@ -90,7 +92,10 @@ def test_every_kinds_int8_dot_products_hold_ggufs_values_on_every_build(kind):
         assert np.all(np.abs(want - exact) <= bound), f"{n} tokens: beyond the quantisation's error"
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
+INTEGER_KINDS = [kind for kind in KINDS if kind.number not in native.FLOATS]
+
+
+@pytest.mark.parametrize("kind", INTEGER_KINDS, ids=[kind.name for kind in INTEGER_KINDS])
 def test_every_kinds_int8_sums_at_the_extremes_are_bitwise_the_same_on_every_build(kind):
     """Every weight at its largest code (bytes 0xff) or scales at their most negative (0x80), against
     activations all at +-127: sums at their largest, where a build that sums in int16 (AVX2 without
@@ -109,6 +114,42 @@ def test_every_kinds_int8_sums_at_the_extremes_are_bitwise_the_same_on_every_bui
             assert np.isfinite(want).all()
             for name, kernel in built.items():
                 assert np.array_equal(projected(kernel.calls("int8"), tiles, kind.number, x[:n]), want), f"{name}, {byte:#x}"
+
+
+def rounding_probes(dtype) -> np.ndarray:
+    """Activations that meet every case of rounding float32 to `dtype`: ties to even both ways, values just
+    past a tie, the largest finite values and past them (infinity), subnormals of the kind and zeros."""
+    import torch
+
+    info = torch.finfo(dtype)
+    ulp_at_one = 2.0 ** -(info.bits - 1 - (8 if dtype == torch.bfloat16 else 5))  # the kind's ulp at 1
+    ties = np.array([1 + ulp_at_one / 2, 1 + 1.5 * ulp_at_one, -(1 + ulp_at_one / 2)], np.float32)
+    near = np.nextafter(ties, np.float32(np.inf))
+    edges = np.array([info.max, -info.max, info.max * (1 + ulp_at_one / 4), info.smallest_normal,
+                      info.smallest_normal / 3, info.smallest_normal / 1000, 0.0, -0.0], np.float32)
+    return np.concatenate([ties, near, edges])
+
+
+@pytest.mark.parametrize("number", sorted(native.FLOATS), ids=lambda n: native.NAMES[n])
+def test_a_float_kinds_int8_arithmetic_is_float32s_on_its_tokens_rounded_to_the_kind_on_every_build(number):
+    """F16's (BF16's) int8 arithmetic rounds each activation to float16 (bfloat16) as torch (and llama.cpp)
+    round, nearest and ties to even, and sums as the float32 arithmetic does: bitwise, for random tokens
+    and for tokens of every rounding case, at every pass width."""
+    import torch
+
+    kind, rng = native.KINDS[number], np.random.default_rng(30 + number)
+    w = synthetic_blocks(rng, kind, ROWS, WIDTH)
+    probes = rounding_probes(native.FLOATS[number])
+    for name, kernel in builds().items():
+        tiles = kernel.tile(w, number)
+        assert np.array_equal(tiles, w), f"{name}: a float kind's tiles are its rows"
+        for n in COUNTS:
+            x = (rng.standard_normal((n, WIDTH)) * 10.0 ** rng.integers(-3, 3, (n, 1))).astype(np.float32)
+            x[:, : probes.size] = probes
+            rounded = torch.from_numpy(x).to(native.FLOATS[number]).float().numpy()
+            want = projected(kernel.calls(), w, number, rounded)
+            got = projected(kernel.calls("int8"), tiles, number, x)
+            assert np.array_equal(got, want, equal_nan=True), f"{name}, {n} tokens"
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.weights > native.BLOCK], ids=lambda k: k.name)
@@ -160,3 +201,11 @@ def test_the_catalogue_files_tensors_of_every_kind_are_read_as_gguf_dequantises_
                 assert np.array_equal(got, projected(kernel.calls(), rows, native.F32, x[:n])), f"{tensor.name}, {build}"
             int8[build] = projected(kernel.calls("int8"), kernel.tile(w, kind.number), kind.number, x)
         assert all(np.array_equal(y, int8["portable"]) for y in int8.values()), tensor.name
+
+
+def test_the_kernel_reads_a_tensor_by_its_gguf_type_and_width():
+    """`kind_of`: every kind's GGUF type by name; F16 and BF16 rows only as whole 32s (GGUF's block types
+    always hold whole blocks); other types not (they load as float32 copies)."""
+    assert all(native.kind_of(kind.name, 256) == kind.number for kind in KINDS)
+    assert native.kind_of("F16", 96) == native.F16 and native.kind_of("F16", 100) is None
+    assert native.kind_of("BF16", 40) is None and native.kind_of("TQ2_0", 256) is None and native.kind_of("F32", 256) is None

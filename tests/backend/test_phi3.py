@@ -4,8 +4,9 @@ held fused by its model (and its files), split on loading into the modules every
 random Phi-3 built in-process: split, the stock forward gives the fused model's logits bitwise; our
 forward gives the stock model's across rows and packed passes; numba's compiled layers equal the
 eager ones for every token count; verify passes equal plain steps bitwise; greedy speculative output
-equals plain greedy and Hugging Face `generate`'s. A rotary embedding over part of each head
-(Phi-4-mini) or one switched by length (Phi-3's 128k LongRoPE) is refused by name. Files written by
+equals plain greedy and Hugging Face `generate`'s. Its 128k models' LongRoPE, fixed by the context served,
+is transformers' rotation for that context. A rotary embedding over part of each head (Phi-4-mini) or one
+switched by each pass's length (dynamic NTK) is refused by name. Files written by
 llama.cpp's converter: `tests/models/test_converted_files.py`."""
 
 from __future__ import annotations
@@ -56,13 +57,47 @@ def test_at_phi3_minis_shapes_its_parts_give_the_fused_projections_outputs_bitwi
         assert torch.equal(joined, torch.nn.functional.linear(x, weight))
 
 
-def test_a_rotary_embedding_over_part_of_a_head_or_switched_by_length_is_refused():
+def test_a_rotary_embedding_over_part_of_a_head_or_switched_by_each_passs_length_is_refused():
     partial = make_tiny_phi3(unfused=False).config
     partial.rope_parameters["partial_rotary_factor"] = 0.75
     assert family_problem(partial) == "a rotary embedding over part of each head (partial_rotary_factor 0.75)"
-    longrope = make_tiny_phi3(unfused=False).config
-    longrope.rope_parameters["rope_type"] = "longrope"
-    assert family_problem(longrope) == "rotary frequencies that change with the sequence's length (longrope)"
+    dynamic = make_tiny_phi3(unfused=False).config
+    dynamic.rope_parameters["rope_type"] = "dynamic"
+    assert family_problem(dynamic) == "rotary frequencies that change with the sequence's length (dynamic)"
+    assert family_problem(make_tiny_phi3(long_rope=32).config) is None  # LongRoPE: fixed by the context served
+
+
+def test_long_rope_is_fixed_by_the_context_served_and_is_transformers_rotation_for_it():
+    """LongRoPE's frequencies fixed once (`long_rope.use_context`): within the original context (what a model
+    loads with) the short ones, and our forward gives transformers' own model's logits there; serving
+    more, the long ones, and a sequence past the original context (which transformers, fed it whole,
+    rotates by the long ones) gives its logits too, prefilled in chunks that start within the original."""
+    from specdraft.backend import RowModel
+    from specdraft.models.long_rope import original_context, use_context
+
+    ours, theirs = make_tiny_phi3(seed=7, long_rope=32), make_tiny_phi3(seed=7, long_rope=32)
+    assert original_context(ours.config) == 32 and original_context(make_tiny_phi3().config) is None
+    short = [(7 * i + 3) % 90 + 3 for i in range(30)]
+    longer = [(5 * i + 1) % 90 + 3 for i in range(45)]
+    for context, ids in ((None, short), (256, longer)):
+        use_context(ours, context)
+        rows = RowModel(ours, prefill_chunk=7)
+        rows.add("r", active=True)
+        torch.testing.assert_close(rows.prefill("r", ids), stock_logits(theirs, ids)[-1], rtol=0, atol=1e-4)
+    rotary = ours.model.rotary_emb
+    assert rotary.rope_type == "default" and rotary.attention_scaling == theirs.model.rotary_emb.attention_scaling > 1
+    assert torch.equal(rotary.inv_freq, theirs.model.rotary_emb.inv_freq)  # transformers' long ones, after `longer`
+    use_context(ours)
+    assert not torch.equal(rotary.inv_freq, theirs.model.rotary_emb.inv_freq)  # the short ones again
+
+
+def test_a_long_rope_model_speculates_as_it_decodes_and_as_hugging_face_within_its_original_context():
+    from specdraft.models.long_rope import use_context
+
+    model = make_tiny_phi3(seed=9, long_rope=64)
+    use_context(model)  # as the loader fixes it
+    verify_passes_equal_plain_steps(model)
+    greedy_equals_plain_and_hugging_face(model, [[33, 34, 35, 36] * 4, list(range(1, 20))], tokens=24)
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
@@ -81,3 +116,19 @@ def test_the_compiled_steps_verify_passes_equal_its_plain_steps_bitwise():
 def test_greedy_speculative_output_equals_plain_greedy_and_hugging_face():
     prompts = [[33, 34, 35, 36] * 6, list(range(1, 30)), [5, 17, 42, 9, 9, 13]]
     greedy_equals_plain_and_hugging_face(make_tiny_phi3(seed=5), prompts)
+
+
+def test_a_runtime_serves_a_long_rope_models_original_context_unless_asked_for_more():
+    """The context served decides LongRoPE's factors: the original one by default (the short factors, as
+    loaded), a longer one asked for (`max_context`) the long ones; the model's own cut stays."""
+    from specdraft.runtime import build_runtime
+    from specdraft.settings import Settings
+    from tests.helpers.tiny import loaded
+
+    model = make_tiny_phi3(seed=4, long_rope=32)
+    short = model.model.rotary_emb.inv_freq.clone()
+    contexts = []
+    for asked in (None, 400):
+        runtime = build_runtime(loaded(model), Settings(device="cpu", max_context=asked, calibrate=False))
+        contexts.append((runtime.engine.max_context, torch.equal(model.model.rotary_emb.inv_freq, short)))
+    assert contexts == [(32, True), (400, False)]

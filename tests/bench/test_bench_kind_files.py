@@ -25,7 +25,7 @@ def greedy(loaded, prompt: list[int], steps: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "IQ4_XS", "Q3_K", "Q2_K"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "IQ4_XS", "Q3_K", "Q2_K", "F16", "BF16"])
 def test_a_kind_file_reads_its_projections_as_blocks_and_decodes_as_read_dense(kind, tmp_path):
     from specdraft.models import load_model
 

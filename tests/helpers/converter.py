@@ -58,11 +58,29 @@ def convert(model_dir: Path, out: Path, outtype: str = "q8_0") -> Path:
     return out
 
 
-def tiny_family_dir(family: str, path: Path, seed: int = 0) -> Path:
+LLAMA_CPP_BIN = "SPECDRAFT_LLAMA_CPP_BIN"  # a llama.cpp build's bin folder (benchmarks/results/cpu/int8/README.md)
+
+
+def llama_quantize(source: Path, out: Path, kind: str) -> Path:
+    """`source` (a GGUF) quantised to `kind` (Q4_K_M, IQ4_XS, ...) by llama.cpp's own `llama-quantize`, from
+    the benchmark-only build whose bin folder SPECDRAFT_LLAMA_CPP_BIN names; a test skips, saying why,
+    where none is named (building llama.cpp takes minutes a machine, more than a test run affords)."""
+    folder = os.environ.get(LLAMA_CPP_BIN)
+    tool = Path(folder or ".") / "llama-quantize"
+    if not folder or not tool.is_file():
+        pytest.skip(f"no llama-quantize: set {LLAMA_CPP_BIN} to the bin folder of a llama.cpp build "
+                    f"(benchmarks/results/cpu/int8/README.md), {'not set' if not folder else f'{tool} is missing'}")
+    done = subprocess.run([str(tool), str(source), str(out), kind, "2"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def tiny_family_dir(family: str, path: Path, seed: int = 0, **shape) -> Path:
     """A random model of `family` (llama: 2 layers, a tied head; qwen2: q/k/v biases; qwen3: q/k norms,
     heads wider than hidden / heads; gemma3_text: 6 layers, 5 sliding over 8 tokens, heads of 256; phi3:
     q/k/v and gate/up fused, a sliding window its file keeps and llama.cpp ignores) at a real tokenizer's
-    vocabulary (`_tokenizer_source`; Phi-3's kind trained here), with it."""
+    vocabulary (`_tokenizer_source`; Phi-3's kind trained here), with it; `shape`: config fields in place
+    of the tiny ones (hidden_size 256 for rows of whole K super-blocks)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
@@ -74,7 +92,7 @@ def tiny_family_dir(family: str, path: Path, seed: int = 0) -> Path:
         vocab, bos, eos = len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id
     shape = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                 bos_token_id=bos, eos_token_id=eos)
+                 bos_token_id=bos, eos_token_id=eos) | shape
     own = {"llama": dict(tie_word_embeddings=True), "qwen2": dict(tie_word_embeddings=False),
            "qwen3": dict(tie_word_embeddings=False, head_dim=32),
            # Gemma 3's files hold no layer pattern (llama.cpp and transformers take 5 sliding layers, then a

@@ -70,18 +70,32 @@ def make_tiny_gemma3(seed: int = 0, dtype: torch.dtype = torch.float32, window: 
     return model
 
 
-def make_tiny_phi3(seed: int = 0, dtype: torch.dtype = torch.float32, sharpen: float = 4.0, unfused: bool = True):
+def long_rope_parameters(original: int, pairs: int = 8, seed: int = 0) -> dict:
+    """A Phi-3 config's LongRoPE (its 128k models'): random short and long factors for `pairs` pairs of a
+    head's dimensions (the long ones larger, as Phi-3.5's), switching past `original` tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    short = (1.0 + torch.rand(pairs, generator=generator) * 0.2).tolist()
+    long = (1.0 + torch.rand(pairs, generator=generator) * 30.0).tolist()
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
+            "original_max_position_embeddings": original}  # (Phi3Config also wants it as its own field)
+
+
+def make_tiny_phi3(seed: int = 0, dtype: torch.dtype = torch.float32, sharpen: float = 4.0, unfused: bool = True,
+                   long_rope: int | None = None):
     """A random Phi-3 of two layers, 4 query heads over 2 of 16, q/k/v and gate/up fused as its model
-    holds them, then split as the loader splits them (`unfuse`; `unfused=False`: left fused)."""
+    holds them, then split as the loader splits them (`unfuse`; `unfused=False`: left fused); `long_rope`:
+    with LongRoPE switching past that many tokens (`long_rope_parameters`), left as transformers makes it."""
     from transformers import Phi3Config, Phi3ForCausalLM
 
     from specdraft.backend.family import family_of
     from specdraft.models.fused import unfuse
 
     torch.manual_seed(seed)
+    rope = {} if long_rope is None else {"rope_parameters": long_rope_parameters(long_rope, seed=seed),
+                                         "original_max_position_embeddings": long_rope}
     config = Phi3Config(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, **rope)
     model = Phi3ForCausalLM(config).to(dtype).eval()
     with torch.no_grad():
         for name, tensor in model.named_parameters():

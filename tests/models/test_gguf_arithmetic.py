@@ -225,13 +225,14 @@ def test_heads_of_another_size_than_width_over_heads_pass_where_the_loader_takes
     assert check_gguf(write_small(tmp_path / "wide.gguf", keys=keys, tensors=factors)).architecture == "llama"
 
 
-def test_every_tensor_a_family_reads_is_one_transformers_maps_or_llama3s_factors():
+def test_every_tensor_a_family_reads_is_one_transformers_maps_or_rotary_factors():
+    from specdraft.backend.family import LONG_ROPE
     from specdraft.backend.native.gguf_file import transformers_name
 
     for family in FAMILIES.values():
-        names = {*family.file.top, *(f"blk.7.{part}" for part in family.file.layer)} - {ROPE_FREQS}
+        names = {*family.file.top, *(f"blk.7.{part}" for part in family.file.layer)} - {ROPE_FREQS, *LONG_ROPE}
         assert names and all(transformers_name(name, family.file.modules) is not None for name in names), names
-    assert ROPE_FREQS in FAMILIES["llama"].file.top
+    assert ROPE_FREQS in FAMILIES["llama"].file.top and set(LONG_ROPE) <= FAMILIES["phi3"].file.top
     gemma = FAMILIES["gemma3_text"].file.modules  # its ffn_norm is its MLP's input norm, not Llama's post-attention one
     assert transformers_name("blk.2.ffn_norm.weight", gemma) == "model.layers.2.pre_feedforward_layernorm.weight"
     assert transformers_name("blk.2.ffn_norm.weight") == "model.layers.2.post_attention_layernorm.weight"
@@ -244,16 +245,28 @@ def test_a_sliding_window_is_read_where_the_family_implements_it(tmp_path):
     assert check_gguf(path).architecture == "gemma3"
 
 
-def test_a_phi3_files_window_passes_unread_and_its_128k_factors_are_refused(tmp_path):
+def test_a_phi3_files_window_passes_unread_and_its_128k_factors_are_read_whole_or_refused(tmp_path):
     """Phi-3's files set its config's sliding window, which llama.cpp turns off and transformers' GGUF
-    config does not read: its family ignores it. Its 128k models' LongRoPE factors are tensors no loader
-    of ours reads, refused by name."""
+    config does not read: its family ignores it. Its 128k models' LongRoPE (both sets of factors, the
+    original context, an attention factor) is read (`models.long_rope`); a part of it is refused by name,
+    and so is an attention factor without it."""
     path = write_small(tmp_path / "phi3.gguf", "phi3", keys={"attention.sliding_window": 2047}, projection="attn_qkv")
     assert check_gguf(path).architecture == "phi3"
-    factors = {"rope_factors_long.weight": np.ones(SMALL_WIDTH // SMALL_HEADS // 2, np.float32)}
-    path = write_small(tmp_path / "phi3-128k.gguf", "phi3", tensors=factors, projection="attn_qkv")
-    with pytest.raises(BadModelFileError, match="tensor 'rope_factors_long.weight' is not one specdraft's phi3 loader"):
-        check_gguf(path)
+    pairs = SMALL_WIDTH // SMALL_HEADS // 2
+    factors = {name: np.ones(pairs, np.float32) for name in ("rope_factors_short.weight", "rope_factors_long.weight")}
+    scaling = {"rope.scaling.original_context_length": 4096, "rope.scaling.attn_factor": 1.19}
+    path = write_small(tmp_path / "phi3-128k.gguf", "phi3", keys=scaling, tensors=factors, projection="attn_qkv")
+    assert check_gguf(path).architecture == "phi3"
+    for name, keys, tensors, match in [
+            ("long-only", scaling, {"rope_factors_long.weight": factors["rope_factors_long.weight"]},
+             "rope_factors_long.weight without rope_factors_short.weight"),
+            ("no-context", {"rope.scaling.attn_factor": 1.19}, factors, "without its original context"),
+            ("factor-only", {"rope.scaling.attn_factor": 1.19}, {}, "phi3.rope.scaling.attn_factor is 1.19"),
+            ("wrong-shape", scaling, {**factors, "rope_factors_long.weight": np.ones(pairs + 1, np.float32)},
+             "not float32 rotary factors, one per pair")]:
+        path = write_small(tmp_path / f"phi3-{name}.gguf", "phi3", keys=keys, tensors=tensors, projection="attn_qkv")
+        with pytest.raises(BadModelFileError, match=match):
+            check_gguf(path)
 
 
 def test_a_tiny_qwen2_model_file_passes(tmp_path):

@@ -110,8 +110,10 @@ def test_the_defaults_resolve_to_one_value(kernel, gguf):
     assert (plan.k, plan.max_batch, plan.policy) == (DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_MAX_BATCH, DEFAULT_POLICY)
     assert plan.compiled and plan.calibrate and plan.prefix_cache_bytes == 1024 << 20
     assert (plan.context(2048), plan.max_context) == (2048, None)  # the model's own
+    assert plan.context(131072, 4096) == 4096  # a LongRoPE model's original context (its short factors)
     plan = Settings(device="cpu", max_context=100, enforce_eager=True, prefix_cache_mb=0).resolve(gguf)
     assert (plan.context(2048), plan.context(50), plan.compiled, plan.prefix_cache_bytes) == (100, 50, False, 0)
+    assert Settings(device="cpu", max_context=8192).resolve(gguf).context(131072, 4096) == 8192  # asked: served
 
 
 def test_the_engine_and_the_settings_share_their_defaults():

@@ -1,5 +1,6 @@
 """The native kernel wing: a GGUF model's weights as its own blocks (`formats.KINDS`: Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, IQ4_NL, and the K kinds Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS), read in place on CPU by a
+Q5_1, Q8_0, IQ4_NL, the K kinds Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS, and float16 and bfloat16 weights,
+F16 and BF16), read in place on CPU by a
 compiled C++ kernel that lives here too (`csrc/`).
 
 The embedded model's file holds Q4_1 projections and a Q8_0 embedding that is also its output layer:
@@ -9,8 +10,8 @@ times a sub-block's 6- or 8-bit scale first: the products are exact, a sum round
 float32 copy holds it), so reading the blocks and expanding them in the kernel gives the dense
 model's values from a fraction of the bytes. The kernel sums float32 rows and blocks in one order
 (`csrc/float32.cpp` says which), so that native and dense weights give bitwise the same logits; its
-int8 arithmetic (`csrc/int8.cpp`) meets the blocks with each token quantised,
-in one order on every build.
+int8 arithmetic (`csrc/int8.cpp`) meets the blocks with each token quantised (F16's and BF16's: rounded
+to the kind, then summed as float32's), in one order on every build.
 
 Its parts, by job:
 - `formats`: the block kinds, one entry each (`KINDS`: size, float16 fields, dequantisation by torch).
@@ -39,9 +40,9 @@ Its parts, by job:
 from specdraft.backend.native.build import PATHS
 from specdraft.backend.native.calls import (MAX_JOB_QUERIES, MAX_SPAN, Attention, Projection, call, job_queries,
                                             project_blocks, project_native)
-from specdraft.backend.native.formats import (BLOCK, BLOCK_BYTES, F32, IQ4_NL, IQ4_XS, KINDS, NAMES, Q2_K, Q3_K,
+from specdraft.backend.native.formats import (BF16, BLOCK, BLOCK_BYTES, F16, F32, FLOATS, IQ4_NL, IQ4_XS, KINDS, NAMES, Q2_K, Q3_K,
                                               Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, BlockKind, dequantize,
-                                              unit)
+                                              kind_of, unit)
 from specdraft.backend.native.gguf_file import rotary_order, use_gguf_blocks
 from specdraft.backend.native.library import TILE_ROWS, Kernel, kernel, kernel_problem
 from specdraft.backend.native.pages import huge_page_buffer
@@ -49,9 +50,10 @@ from specdraft.backend.native.modules import (ARITHMETICS, BlockEmbedding, Block
                                               use_arithmetic)
 from specdraft.backend.native.readers import Reader, Storage, reader
 
-__all__ = ["ARITHMETICS", "Attention", "BLOCK", "BLOCK_BYTES", "BlockEmbedding", "BlockKind", "BlockLinear", "F32",
+__all__ = ["ARITHMETICS", "Attention", "BF16", "BLOCK", "BLOCK_BYTES", "BlockEmbedding", "BlockKind", "BlockLinear", "F16",
+           "F32", "FLOATS",
            "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K",
            "KINDS", "Kernel", "MAX_JOB_QUERIES", "MAX_SPAN", "NAMES", "PATHS", "Projection", "Q4_0", "Q4_1", "Q4_K",
            "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Reader",
-           "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "huge_page_buffer", "int8_problem", "job_queries", "kernel",
+           "Storage", "TILE_ROWS", "call", "dense_values", "dequantize", "huge_page_buffer", "int8_problem", "job_queries", "kernel", "kind_of",
            "kernel_problem", "project_blocks", "project_native", "reader", "rotary_order", "unit", "use_arithmetic", "use_gguf_blocks"]

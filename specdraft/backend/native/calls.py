@@ -13,7 +13,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from specdraft.backend.native.formats import BLOCK, F32
+from specdraft.backend.native.formats import BF16, BLOCK, F16, F32
 
 Projection = namedtuple("Projection", ["kind", "w", "rows", "row_bytes", "width", "x", "n", "xs", "y", "ys", "bias",
                                        "residual", "rs", "qx", "xd", "xsum", "xtotal"])
@@ -89,10 +89,11 @@ def expand(w, kind, y, kernel):  # pragma: no cover - compiled
 def _quantized(x, width, kind, quantize):  # pragma: no cover - compiled
     """The tokens x [n, width] quantised for the int8 arithmetic by `specdraft_quantize` at address
     `quantize` (0: the float32 arithmetic, or float32 weights: empty arrays): (q, d, s, totals), as
-    `Projection`'s qx, xd, xsum, xtotal."""
+    `Projection`'s qx, xd, xsum, xtotal (F16's and BF16's q: the tokens rounded, as float32 bytes)."""
     n = x.shape[0]
     int8 = quantize != 0 and kind != F32
-    q = np.empty((n if int8 else 0, width), np.int8)
+    floats = kind == F16 or kind == BF16  # its tokens rounded, float32: 4 bytes a value
+    q = np.empty((n if int8 else 0, width * 4 if floats else width), np.int8)
     d = np.empty((n if int8 else 0, width // BLOCK), np.float32)
     s = np.empty_like(d)
     totals = np.empty(d.shape, np.int32)

@@ -4,8 +4,8 @@ block's weights and bytes, where its float16 fields lie, and its dequantisation 
 values the dense copy holds).
 
 Blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL, whose nibbles index a table of 16 int8
-weights) and the K kinds' super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: sub-blocks
-with their own scales). Every value is gguf's float32, bitwise: the products are exact in float32
+weights), the K kinds' super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: sub-blocks
+with their own scales), and float16 and bfloat16 weights read 32 at a time as a block (F16, BF16: `FLOATS`). Every value is gguf's float32, bitwise: the products are exact in float32
 (float16 scales times integers of at most 8 bits), so each value is exact or, with an offset (Q4_1's
 m, Q4_K's mins), the one rounding of its sum.
 
@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 # kinds: float32 rows, and GGUF's block types (the kernel's numbers)
-F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K, Q2_K = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
+F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K, Q2_K, F16, BF16 = range(15)
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,14 @@ def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
     return (d.unsqueeze(-1) * q).flatten(-2)
 
 
+def _float_values(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """F16, BF16: 32 weights of `dtype` as they lie (64 bytes): w = the weight (exact in float32)."""
+    return lambda b: b.contiguous().view(dtype).float()
+
+
+FLOATS = {F16: torch.float16, BF16: torch.bfloat16}  # the kinds of float weights: no integers, no tiles; the int8
+# arithmetic rounds its tokens to the kind (as llama.cpp's dot products for it do) and sums as the float32 one
+
 KINDS = {
     Q4_0: BlockKind(Q4_0, "Q4_0", weights=32, bytes=18, float16_at=(0,), values=_q4_0_values),
     Q4_1: BlockKind(Q4_1, "Q4_1", weights=32, bytes=20, float16_at=(0, 2), values=_q4_1_values),
@@ -208,10 +216,23 @@ KINDS = {
     Q2_K: BlockKind(Q2_K, "Q2_K", weights=256, bytes=84, float16_at=(80, 82), values=_q2_k_values),
     Q3_K: BlockKind(Q3_K, "Q3_K", weights=256, bytes=110, float16_at=(108,), values=_q3_k_values),
     Q6_K: BlockKind(Q6_K, "Q6_K", weights=256, bytes=210, float16_at=(208,), values=_q6_k_values),
+    **{number: BlockKind(number, name, weights=32, bytes=64, float16_at=(), values=_float_values(FLOATS[number]))
+       for number, name in ((F16, "F16"), (BF16, "BF16"))},
 }
 NAMES = {F32: "F32", **{number: kind.name for number, kind in KINDS.items()}}  # GGUF's names for them
 BLOCK = 32  # weights the kernel reads together (kBlock): a block, or a K kind's sub-block
 BLOCK_BYTES = {number: kind.bytes for number, kind in KINDS.items()}
+
+
+_BY_NAME = {kind.name: number for number, kind in KINDS.items()}
+
+
+def kind_of(type_name: str, width: int) -> int | None:
+    """The kind the kernel reads a GGUF tensor of type `type_name` (`F16`, `Q4_K`, ...) with rows of `width`
+    weights as, or None where it does not (another type, or F16 and BF16 rows that are not whole 32s: GGUF's
+    block types always hold whole blocks). Such tensors load as float32 copies."""
+    number = _BY_NAME.get(type_name)
+    return number if number is not None and width % KINDS[number].weights == 0 else None
 
 
 def unit(kind: int) -> tuple[int, int]:

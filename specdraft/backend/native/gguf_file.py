@@ -17,11 +17,10 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from specdraft.backend.family import FAMILIES, Family, family_of
-from specdraft.backend.native.formats import KINDS
+from specdraft.backend.native.formats import kind_of
 from specdraft.backend.native.layout import GgufLayout, TensorInfo
 from specdraft.backend.native.modules import BlockEmbedding, BlockLinear
 
-_READ = {kind.name: number for number, kind in KINDS.items()}  # the GGUF types read as blocks; the rest stay dense
 _TOP = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
 _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -66,7 +65,8 @@ def read_gguf(gguf: Path, layout: GgufLayout | None = None, family: Family | Non
     if layout is None:
         from gguf import GGUFReader
 
-        found = [(t.name, t.tensor_type, np.asarray(t.data)) for t in GGUFReader(str(gguf)).tensors]
+        # each as bytes, as the layout's (gguf gives F32, F16 tensors as their values)
+        found = [(t.name, t.tensor_type, np.asarray(t.data).view(np.uint8)) for t in GGUFReader(str(gguf)).tensors]
     else:
         found = [(info.name, info.kind, _bytes(gguf, layout.data_start, info)) for info in layout.tensors]
     named = {name: GgufTensor(kind, data) for raw, kind, data in found
@@ -128,13 +128,14 @@ def dense_tensor(tensors: dict[str, GgufTensor], name: str, family: Family) -> t
 
 
 def gguf_blocks(tensors: dict[str, GgufTensor], family: Family) -> dict[str, tuple[np.ndarray, int]]:
-    """Every weight of a linear layer or the embedding (`read_gguf`'s) of a kind in `KINDS`, by its
+    """Every weight of a linear layer or the embedding (`read_gguf`'s) the kernel reads as blocks (`kind_of`), by its
     transformers name: (blocks [rows, row bytes] uint8 in transformers' row order, kind). Other
     types are left out (they stay dense), and so are biases and norms. An untied output layer is
     the file's `output.weight`."""
     out = {}
     for name, tensor in tensors.items():
-        kind = _READ.get(tensor.kind.name)
+        weights, size = GGML_QUANT_SIZES[tensor.kind]
+        kind = kind_of(tensor.kind.name, tensor.data.shape[-1] // size * weights)
         if kind is not None and name.endswith(".weight") and "norm" not in name:
             out[name] = (_in_model_order(name, tensor.data, family), kind)
     return out

@@ -16,11 +16,18 @@
 
 extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t end) {
     const specdraft::Out out{p->y, p->ys, p->bias, p->residual, p->rs};
-    if (p->qx != nullptr && p->kind != F32) {  // int8 arithmetic: the tokens quantised already (`specdraft_quantize`)
+    bool floats = true;
+    with_kind(p->kind, [&](auto k) { floats = Traits<k>::floats; });
+    if (p->qx == nullptr) {  // float32 arithmetic
+        specdraft::project_float32(*p, start, end, out);
+    } else if (!floats) {  // int8 arithmetic: the tokens quantised already (`specdraft_quantize`)
         specdraft::project_int8(*p, start, end, out);
-        return;
+    } else {  // a kind of float weights' int8 arithmetic: the float32 one on its tokens rounded (`specdraft_quantize`)
+        Projection rounded = *p;
+        rounded.x = reinterpret_cast<const float*>(p->qx);
+        rounded.xs = p->width;
+        specdraft::project_float32(rounded, start, end, out);
     }
-    specdraft::project_float32(*p, start, end, out);
 }
 
 // The formats and the boundary as the kernel states them, for Python to compare with its own

@@ -6,7 +6,7 @@
 //     d * (q - 16), IQ4_NL's d * table[q], IQ4_XS's (d * (scale - 32)) * table[q], Q4_K's and Q5_K's (d *
 //     scale) * q - dmin * min, Q6_K's (d * scale) * (q - 32), Q3_K's (d * (scale - 32)) * (q - 4), Q2_K's (d
 //     * scale) * q - dmin * min: each product is exact in float32, so the value is exact or the one rounding
-//     of the sum, the value a dequantised float32 copy holds);
+//     of the sum, the value a dequantised float32 copy holds; F16's and BF16's weights as they lie, exact);
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
 //     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
 //   - the 8 lanes are then added in one fixed tree: j + (j + 4), then + 2, then + 1.
@@ -225,6 +225,16 @@ inline void block_values<Q3_K>(const uint8_t* p, int sub, Lanes v[4]) {
         const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 2)), _mm256_set1_epi32(4));
         v[i] = _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q));
     }
+}
+
+template <>  // F16, BF16: 32 weights as they lie, each converted (exactly)
+inline void block_values<F16>(const uint8_t* p, int, Lanes v[4]) {
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * i)));
+}
+template <>
+inline void block_values<BF16>(const uint8_t* p, int, Lanes v[4]) {
+    for (int i = 0; i < 4; ++i)
+        v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 16 * i))), 16));
 }
 
 inline void store(float* p, Lanes v) { _mm256_storeu_ps(p, v); }

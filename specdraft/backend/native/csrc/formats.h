@@ -4,7 +4,7 @@
 // tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a dequantised
 // float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds (Q2_K, Q3_K, Q4_K,
 // Q5_K, Q6_K, IQ4_XS: a super-block of sub-blocks with their own scales); IQ4_NL's and IQ4_XS's integers
-// index a table. Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >>
+// index a table; F16's and BF16's "blocks" are 32 float weights (`Floats`: no integers, no tiles). Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >>
 // piece_shift, as its sub-block b & (pieces - 1). `with_kind` is the one place a kind's number becomes the
 // code compiled for it: every entry point calls it once, and below it the kind is a template argument. A new
 // kind is its number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
@@ -18,7 +18,7 @@
 
 namespace {
 
-enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9, IQ4_XS = 10, Q3_K = 11, Q2_K = 12 };  // as `native.formats` numbers them
+enum Kind : int64_t { F32 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q4_K = 4, Q6_K = 5, Q4_0 = 6, Q5_1 = 7, IQ4_NL = 8, Q5_K = 9, IQ4_XS = 10, Q3_K = 11, Q2_K = 12, F16 = 13, BF16 = 14 };  // as `native.formats` numbers them
 constexpr int64_t kBlock = 32;     // weights the arithmetics read together: a block, or a K kind's sub-block (a piece)
 constexpr int64_t kSuper = 256;    // weights in a K kind's block (its super-block)
 
@@ -39,6 +39,43 @@ float half_to_float(uint16_t h) {
         }
         bits = sign | uint32_t(113 - shift) << 23 | ((mantissa & 0x3ff) << 13);
     }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// A float32 rounded to float16's nearest (ties to even; past float16's range, infinity), as F16C's
+// vcvtps2ph and llama.cpp's fp32_to_fp16 round it.
+uint16_t float_to_half(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    x &= 0x7fffffff;
+    if (x >= (127u + 16) << 23) return uint16_t(sign | (x > 0x7f800000u ? 0x7e00 : 0x7c00));  // infinity, NaN
+    if (x < 113u << 23) {  // below float16's normals: its subnormals, the rounding by a float32 sum
+        const uint32_t magic_bits = ((127u - 15) + (23 - 10) + 1) << 23;
+        float v, magic;
+        std::memcpy(&v, &x, 4);
+        std::memcpy(&magic, &magic_bits, 4);
+        v += magic;
+        uint32_t r;
+        std::memcpy(&r, &v, 4);
+        return uint16_t(sign | (r - magic_bits));
+    }
+    x += (uint32_t(15 - 127) << 23) + 0xfff + ((x >> 13) & 1);  // rebias, and round the 13 bits dropped to even
+    return uint16_t(sign | (x >> 13));
+}
+
+// A float32 rounded to bfloat16's nearest (ties to even; a NaN kept, quiet), as llama.cpp's fp32_to_bf16.
+uint16_t float_to_bfloat(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000u) return uint16_t((x >> 16) | 64);
+    return uint16_t((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+float bfloat_to_float(uint16_t h) {
+    const uint32_t bits = uint32_t(h) << 16;
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
@@ -219,7 +256,7 @@ struct Traits;
 // tiles ahead (tiles.h's `asks_ahead`); `halves16`, whether its tokens' sums are kept per 16 (Q6_K's scales);
 // `lookup`, whether its integers index a table of int8 weights (IQ4_NL's `table`: then `offset` is what the
 // bytes looked up for vpdpbusd exceed them by, and the weights are signed 8-bit ones wherever they are
-// multiplied).
+// multiplied); `floats`, whether its weights are floats (F32, F16, BF16: no tiles, no integers).
 template <int64_t WEIGHTS, int64_t BYTES, int BITS, int SCALES, int QS = 0, int32_t OFFSET = 0, bool AHEAD = true,
           bool HALVES16 = false>
 struct Facts {
@@ -228,14 +265,41 @@ struct Facts {
     static constexpr int pieces = int(WEIGHTS / kBlock), piece_shift = super ? 3 : 0;
     static constexpr int bits = BITS, scales = SCALES, qs = QS;
     static constexpr int32_t offset = OFFSET;
-    static constexpr bool ahead = AHEAD, halves16 = HALVES16, lookup = false;
+    static constexpr bool ahead = AHEAD, halves16 = HALVES16, lookup = false, floats = false;
 };
 
 template <>
 struct Traits<F32> {
     static constexpr const char* name = "F32";
     static constexpr int64_t weights = 1, bytes = 4;  // a unit: one float32 weight
-    static constexpr bool dense = true, super = false;
+    static constexpr bool dense = true, super = false, floats = true;
+    static float token(float x) { return x; }  // the int8 arithmetic's token: as it is
+};
+
+// The kinds of float16 and bfloat16 weights (64 bytes: 32 weights as they lie, each exact in float32;
+// TO_FLOAT reads one, FROM_FLOAT rounds a float32 to one). Their int8 arithmetic quantises nothing: it
+// rounds each token's activations to the kind (`token`, as llama.cpp's dot products for the kind round
+// theirs), then sums as the float32 one does (each product then exact in float32, so a fused multiply-add
+// and a product then a sum give the same).
+template <float (*TO_FLOAT)(uint16_t), uint16_t (*FROM_FLOAT)(float)>
+struct Floats {
+    static constexpr int64_t weights = kBlock, bytes = 2 * kBlock;
+    static constexpr bool dense = false, super = false, floats = true;
+    static constexpr int pieces = 1, piece_shift = 0;
+    static float token(float x) { return TO_FLOAT(FROM_FLOAT(x)); }
+    static void piece(const uint8_t* p, int, float* o) {
+        for (int j = 0; j < kBlock; ++j) o[j] = TO_FLOAT(load_u16(p + 2 * j));
+    }
+};
+
+template <>
+struct Traits<F16> : Floats<half_to_float, float_to_half> {
+    static constexpr const char* name = "F16";
+};
+
+template <>
+struct Traits<BF16> : Floats<bfloat_to_float, float_to_bfloat> {
+    static constexpr const char* name = "BF16";
 };
 
 template <>
@@ -316,7 +380,7 @@ struct Traits<Q6_K> : Facts<kSuper, 210, 6, 1, 0, 0, true, true> {
 
 template <int64_t... K>
 struct KindList {};
-using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K, Q2_K>;  // every kind with an entry above
+using Kinds = KindList<F32, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K, Q2_K, F16, BF16>;  // every kind with an entry above
 
 template <int64_t KIND>
 using KindOf = std::integral_constant<int64_t, KIND>;

@@ -401,7 +401,7 @@ void project_kind(const Projection& p, int64_t start, int64_t end, const Out& ou
 
 void specdraft::project_int8(const Projection& p, int64_t start, int64_t end, const Out& out) {
     with_kind(p.kind, [&](auto k) {
-        if constexpr (!Traits<k>::dense) project_kind<k>(p, start, end, out);
+        if constexpr (!Traits<k>::floats) project_kind<k>(p, start, end, out);
     });
 }
 

@@ -28,7 +28,7 @@ struct Projection {
     const float* bias;       // [out]
     const float* residual;   // [n, rs], or null: none
     int64_t rs;
-    int8_t* qx;              // [n, width]: the tokens quantised (`specdraft_quantize`), or null: float32 arithmetic
+    int8_t* qx;              // [n, width]: the tokens quantised (`specdraft_quantize`; F16's, BF16's rounded, float32 [n, width]), or null: float32 arithmetic
     float* xd;               // [n, width / 32]: each quantised block's scale (a K kind's: its super-block's)
     float* xsum;             // [n, width / 32]: each quantised block's scale times the sum of its values
     int32_t* xtotal;         // [n, width / 32]: the sum of each quantised block's values

@@ -1,6 +1,6 @@
 // The int8 arithmetic's tokens (int8.cpp says what it computes): each token's activations quantised
-// per block of 32 for the kinds of 32 weights, per super-block of 256 for the K kinds, once a pass
-// (`specdraft_quantize`), before any projection reads them.
+// per block of 32 for the kinds of 32 weights, per super-block of 256 for the K kinds, rounded to
+// float16 (bfloat16) for F16 (BF16), once a pass (`specdraft_quantize`), before any projection reads them.
 
 #include <cmath>
 #include <cstddef>
@@ -87,9 +87,27 @@ void quantize_super(const float* x, int8_t* q, float* d, float* s, int32_t* tota
     }
 }
 
+// A token of a kind of float weights (F16, BF16) rounded to it (`Traits::token`), as float32 values
+// into out[width]: F16's 8 at a time by F16C where the build has it (the same rounding, to nearest even).
+template <int64_t KIND>
+void round_token(const float* x, int64_t width, float* out) {
+    int64_t j = 0;
+#ifdef SPECDRAFT_AVX2
+    if constexpr (KIND == F16) {
+        for (; j + 8 <= width; j += 8) {
+            const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm256_storeu_ps(out + j, _mm256_cvtph_ps(h));
+        }
+    }
+#endif
+    for (; j < width; ++j) out[j] = Traits<KIND>::token(x[j]);
+}
+
 template <int64_t KIND>
 void quantize_token(const float* x, int64_t width, int8_t* q, float* d, float* s, int32_t* total) {
-    if constexpr (Traits<KIND>::super) {
+    if constexpr (Traits<KIND>::floats) {
+        round_token<KIND>(x, width, reinterpret_cast<float*>(q));
+    } else if constexpr (Traits<KIND>::super) {
         for (int64_t b = 0; b < width / kBlock; b += kSuper / kBlock)
             quantize_super<KIND>(x + b * kBlock, q + b * kBlock, d + b, s + b, total + b);
     } else {
@@ -100,12 +118,14 @@ void quantize_token(const float* x, int64_t width, int8_t* q, float* d, float* s
 }  // namespace
 
 // Tokens [start, end) of x quantised for the int8 arithmetic of `kind` into qx, xd, xsum and xtotal
-// (the blocks of `width`). Reads kind, x, xs, width, qx, xd, xsum and xtotal.
+// (the blocks of `width`); for a kind of float weights, rounded into qx as float32 [n, width] (4 width
+// bytes a token). Reads kind, x, xs, width, qx, xd, xsum and xtotal.
 extern "C" void specdraft_quantize(const Projection* p, int64_t start, int64_t end) {
     const int64_t blocks = p->width / kBlock;
     with_kind(p->kind, [&](auto k) {
         for (int64_t t = start; t < end; ++t)
-            quantize_token<k>(p->x + t * p->xs, p->width, p->qx + t * p->width, p->xd + t * blocks, p->xsum + t * blocks,
+            quantize_token<k>(p->x + t * p->xs, p->width, p->qx + t * p->width * (Traits<k>::floats ? 4 : 1),
+                              p->xd + t * blocks, p->xsum + t * blocks,
                               p->xtotal + t * blocks);
     });
 }

@@ -66,7 +66,9 @@ void tile_row_values(const uint8_t* tiles, int64_t rows, int64_t row_bytes, int6
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
     with_kind(kind, [&](auto k) {
         using K = Traits<k>;
-        if constexpr (!K::dense) {
+        if constexpr (K::floats) {  // float weights (F16, BF16): no integers to lay out, the rows as they lie
+            std::memcpy(out, w, size_t(rows * row_bytes));
+        } else {
             for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
                 const HalfOf<uint8_t> half = half_tile<k>(out, rows, row_bytes, g);
                 for (int64_t b = 0; b < row_bytes / K::bytes; ++b) {
@@ -88,7 +90,9 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
 extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
                                       int64_t width, const int64_t* ids, int64_t n, float* out) {
     with_kind(kind, [&](auto k) {
-        if constexpr (!Traits<k>::dense) {
+        if constexpr (Traits<k>::floats) {
+            for (int64_t i = 0; i < n; ++i) expand_row<k>(tiles + ids[i] * row_bytes, width, out + i * width);
+        } else {
             for (int64_t i = 0; i < n; ++i)
                 for (int64_t b = 0; b < width / Traits<k>::weights; ++b)
                     tile_row_values<k>(tiles, rows, row_bytes, ids[i] / kTileRows, b, int(ids[i] % kTileRows),
