@@ -47,7 +47,8 @@ class Family:
     (`post_attention_layernorm`, `post_feedforward_layernorm`; the MLP's input norm is then
     `pre_feedforward_layernorm`); `activation`: the MLP gate's, "silu" or "gelu_tanh"; `fused`: the
     projections its model holds fused (`Fused`), split on loading; `model_type`: the config's, for
-    messages."""
+    messages; `rotary_dim`: the dimensions of each head its rotary embedding turns, where that is part of
+    the head (`rotated`)."""
 
     model_type: str
     heads: int
@@ -68,6 +69,13 @@ class Family:
     sandwich_norms: bool = False
     activation: str = "silu"
     fused: tuple[Fused, ...] = ()
+    rotary_dim: int | None = None
+
+    @property
+    def rotated(self) -> int:
+        """The dimensions of each head the rotary embedding turns: its first `rotary_dim` (Phi-4-mini's
+        partial rotary, its cos and sin that wide), else all of it."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
     def part_rows(self, fused: Fused, rows: int) -> tuple[int, ...]:
         """The rows of each of a fused projection's parts (of `rows` in all): q, k and v by the heads'
@@ -102,7 +110,9 @@ class FileFamily:
     norm), the metadata keys it implements that others' files must not set (`reads`), and those its
     files set that llama.cpp and transformers' GGUF loader both leave unread for the family
     (`ignores`: Phi-3's sliding window, which llama.cpp turns off), so that the file decodes as
-    theirs without them."""
+    theirs without them; `partial_rotary`: whether a rotary embedding over part of each head
+    (`rope.dimension_count` below the head size: Phi-4-mini's) is read, as the config's
+    `partial_rotary_factor` (`models.gguf_cache.gguf_config`)."""
 
     top: frozenset[str]
     layer: frozenset[str]
@@ -111,6 +121,7 @@ class FileFamily:
     modules: tuple[tuple[str, str], ...] = ()
     reads: frozenset[str] = frozenset()
     ignores: frozenset[str] = frozenset()
+    partial_rotary: bool = False
 
 
 _WEIGHTS = frozenset(f"{part}.weight" for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -177,7 +188,7 @@ FAMILIES = {
                                         reads=frozenset({"attention.sliding_window"}))),
     # Phi-3 (and Phi-4): q/k/v and gate/up fused (its files' attn_qkv and ffn_up too), no biases; its
     # files' sliding window is one llama.cpp turns off and transformers' GGUF config does not read; its
-    # 128k models' LongRoPE factors and attention factor (`models.long_rope`)
+    # 128k models' LongRoPE factors and attention factor (`models.long_rope`); Phi-4-mini's partial rotary
     "phi3": _Row(qkv=False, out=False, mlp=False, gguf_interleaved_qk=False,
                  fused=(Fused("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj"), by_heads=True),
                         Fused("mlp.gate_up_proj", ("gate_proj", "up_proj"))),
@@ -187,7 +198,7 @@ FAMILIES = {
                                  head_size_key=None, modules=(("attn_qkv", "self_attn.qkv_proj"),
                                                               ("ffn_up", "mlp.gate_up_proj")),
                                  reads=frozenset({"rope.scaling.attn_factor"}),
-                                 ignores=frozenset({"attention.sliding_window"}))),
+                                 ignores=frozenset({"attention.sliding_window"}), partial_rotary=True)),
 }
 # general.architecture -> what the loader reads of its files
 FILE_FAMILIES = {row.file.architecture or model_type: row.file for model_type, row in FAMILIES.items()}
@@ -267,15 +278,15 @@ def family_problem(config) -> str | None:
 
 def _rope_problem(config) -> str | None:
     """What a config's rotary embedding asks that our attention does not do (None: nothing): rotating
-    part of each head (Phi-4-mini's partial_rotary_factor), or frequencies that change with the
+    part of each head where that is no whole pairs of dimensions, or frequencies that change with the
     sequence's length (dynamic NTK). Others (Llama 3's, linear) are the rotary module's own frequencies,
     which every path takes as they are; LongRoPE's (Phi-3's 128k models) are fixed by the context served
-    (`models.long_rope`)."""
+    (`models.long_rope`); a partial one (Phi-4-mini's) turns the first `Family.rotated` dimensions."""
     rope = getattr(config, "rope_parameters", None) or {}
+    part, (_, _, head_dim) = _partial_rotary(config), attention_shape(config)
+    if part != 1.0 and (not 0 < head_dim * part < head_dim or head_dim * part % 2):
+        return f"a rotary embedding over part of each head (partial_rotary_factor {part}) that is not whole pairs of its {head_dim} dimensions"
     for parameters in [rope, *(value for value in rope.values() if isinstance(value, dict))]:
-        part = parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
-        if part != 1.0:
-            return f"a rotary embedding over part of each head (partial_rotary_factor {part})"
         if parameters.get("rope_type") == "dynamic":
             return "rotary frequencies that change with the sequence's length (dynamic)"
     return None
@@ -308,4 +319,16 @@ def family_of(config) -> Family | None:
                   norm_eps=float(config.rms_norm_eps), gguf_interleaved_qk=row.gguf_interleaved_qk,
                   qk_norm=row.qk_norm, window=window, sliding=sliding, local_rope=local,
                   norm_offset=row.norm_offset, sandwich_norms=row.sandwich_norms, activation=_activation(config),
-                  fused=row.fused)
+                  fused=row.fused, rotary_dim=_rotary_dim(config))
+
+
+def _partial_rotary(config) -> float:
+    """The part of each head a config's rotary embedding turns (its `partial_rotary_factor`, 1 where none)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return float(rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0))
+
+
+def _rotary_dim(config) -> int | None:
+    """The dimensions of each head the rotary embedding turns where it is part of the head (None: all)."""
+    part, (_, _, head_dim) = _partial_rotary(config), attention_shape(config)
+    return None if part == 1.0 else int(head_dim * part)

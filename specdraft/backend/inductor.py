@@ -61,10 +61,13 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [N, heads, head_dim] at cos/sin [N, head_dim] (transformers' `rotate_half`)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    """Rotary embedding of x [N, heads, head_dim] at cos/sin [N, rotated] (transformers' `rotate_half`) over
+    each head's first `rotated` dimensions (all of it, or a partial rotary's part: the rest as they are)."""
+    turned, kept = x[..., : cos.shape[-1]], x[..., cos.shape[-1] :]
+    half = turned.shape[-1] // 2
+    rotated = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
+    out = turned * cos[:, None] + rotated * sin[:, None]
+    return out if kept.shape[-1] == 0 else torch.cat((out, kept), dim=-1)
 
 
 # Each part also returns the inputs of its projections (normed rows, the MLP's activations): as

@@ -63,6 +63,16 @@ class Pass:
         return y.view(self.batch, self.steps, heads, head_dim).transpose(1, 2).to(dtype)
 
 
+def rotate_part(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' rotary embedding of q and k over each head's first cos.shape[-1] dimensions (all of it,
+    or a partial rotary's part, Phi-3's `apply_rotary_pos_emb`: the rest as they are)."""
+    turned = cos.shape[-1]
+    if turned == q.shape[-1]:
+        return apply_rotary_pos_emb(q, k, cos, sin)
+    q_turned, k_turned = apply_rotary_pos_emb(q[..., :turned], k[..., :turned], cos, sin)
+    return torch.cat([q_turned, q[..., turned:]], dim=-1), torch.cat([k_turned, k[..., turned:]], dim=-1)
+
+
 def attend_by_sdpa(p: Pass, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
                    gqa: bool, slides: bool) -> torch.Tensor:
     """Write the layer's new keys and values ([batch, kv_heads, T, head_dim]) into the cache, then
@@ -103,7 +113,7 @@ class EagerLayers:
             v = p.heads(attention.v_proj(h), self.num_kv_heads, self.head_dim, self.dtype)
             if self.qk_norm:  # each head's own, before the rotary embedding
                 q, k = attention.q_norm(q).to(self.dtype), attention.k_norm(k).to(self.dtype)
-            q, k = apply_rotary_pos_emb(q, k, *p.rotary_of(self.slides[i]))  # [batch, heads, T, head_dim]
+            q, k = rotate_part(q, k, *p.rotary_of(self.slides[i]))  # [batch, heads, T, head_dim]
             out = attend_by_sdpa(p, i, q, k, v, self.dtype, self.num_kv_heads != self.num_heads, self.slides[i])
             x = self._after_attention(layer, x, attention.o_proj(out).to(self.dtype))
         return x

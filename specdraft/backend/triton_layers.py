@@ -51,6 +51,8 @@ def unavailable(model: torch.nn.Module, layers: Sequence[torch.nn.Module], dtype
         return "the kernels have no (1 + w) or sandwich norms, nor a rotary base per layer type (Gemma's), yet"
     if family.qk_norm:
         return "the kernels have no per-head q/k norms (Qwen3's) yet"
+    if family.rotated != head_dim:
+        return f"the kernels have no rotary embedding over part of a head ({family.rotated} of {head_dim}) yet"
     if family.window is not None:
         return f"the kernels have no sliding window ({family.window} tokens) yet"
     if not all(silu_mlp(layer.mlp) for layer in layers):

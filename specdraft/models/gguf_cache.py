@@ -96,8 +96,9 @@ def cache_gguf_config(gguf: Path) -> Path:
 def gguf_config(gguf: Path):
     """A GGUF's config as transformers reads its metadata, with a head's size set from the file's
     `attention.key_length` where the config has a field for it that transformers leaves at its
-    default (Qwen3's: 128 whatever the file says), and a Phi-3 file's LongRoPE, which it leaves unread
-    (`long_rope.rope_parameters_of`)."""
+    default (Qwen3's: 128 whatever the file says), and what it leaves unread of Phi-3's files: a rotary
+    embedding over part of each head (`rope.dimension_count`), LongRoPE (`long_rope.rope_parameters_of`).
+    (`check_gguf` has refused such a file of any other family.)"""
     from gguf import GGUFReader
     from transformers import AutoConfig
 
@@ -108,6 +109,10 @@ def gguf_config(gguf: Path):
     field = reader.get_field(f"{reader.get_field('general.architecture').contents()}.attention.key_length")
     if field is not None and hasattr(config, "head_dim"):
         config.head_dim = int(field.contents())
+    turned = reader.get_field(f"{reader.get_field('general.architecture').contents()}.rope.dimension_count")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if turned is not None and int(turned.contents()) != head_dim:  # a partial rotary (Phi-4-mini), unread
+        config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": int(turned.contents()) / head_dim}
     long_rope = rope_parameters_of(gguf, config)
     if long_rope is not None:  # Phi3Config puts its own original context into its rope parameters: both, then
         config.rope_parameters = {**config.rope_parameters, **long_rope}

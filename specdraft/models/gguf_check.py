@@ -295,7 +295,7 @@ def _check_arithmetic(path: Path, architecture: str, metadata: dict[str, object]
         if not _read(t.name, FILE_FAMILIES[architecture]):
             raise _bad(path, f"tensor {t.name!r} is not one specdraft's {architecture} loader reads: the model "
                              "would be decoded without it, which specdraft does not do")
-        pairs = None if head is None else head // 2
+        pairs = None if head is None else metadata.get(f"{architecture}.rope.dimension_count", head) // 2
         if t.name in (ROPE_FREQS, *LONG_ROPE) and (t.kind != GGMLQuantizationType.F32 or len(t.shape) != 1
                                                    or pairs not in (None, t.shape[0])):
             raise _bad(path, f"tensor {t.name!r} is {t.kind.name} of shape {t.shape}, not float32 rotary factors, "
@@ -346,9 +346,10 @@ def _head_size(path: Path, architecture: str, metadata: dict[str, object]) -> in
 
     head_from, head = size("attention.key_length", per_head)
     loaded_from, loaded = size(FILE_FAMILIES[architecture].head_size_key, per_head)
+    turned = size("rope.dimension_count", head)[1]
+    partial = FILE_FAMILIES[architecture].partial_rotary and isinstance(turned, int) and 0 < turned < head and turned % 2 == 0
     sizes = (  # (what, its size, what another size than the key heads' asks for)
-        (key("rope.dimension_count"), size("rope.dimension_count", head)[1],
-         "rotary embedding on part of each head (partial rotary)"),
+        (key("rope.dimension_count"), head if partial else turned, "rotary embedding on part of each head (partial rotary)"),
         (key("attention.value_length"), size("attention.value_length", per_head)[1],
          "value heads of another size than key heads"),
         (f"the head size transformers loads it with ({loaded_from})", loaded,

@@ -5,8 +5,9 @@ random Phi-3 built in-process: split, the stock forward gives the fused model's 
 forward gives the stock model's across rows and packed passes; numba's compiled layers equal the
 eager ones for every token count; verify passes equal plain steps bitwise; greedy speculative output
 equals plain greedy and Hugging Face `generate`'s. Its 128k models' LongRoPE, fixed by the context served,
-is transformers' rotation for that context. A rotary embedding over part of each head (Phi-4-mini) or one
-switched by each pass's length (dynamic NTK) is refused by name. Files written by
+is transformers' rotation for that context; a rotary embedding over part of each head (Phi-4-mini's) runs
+every CPU path. One over part of a pair of dimensions, or one switched by each pass's length (dynamic NTK),
+is refused by name. Files written by
 llama.cpp's converter: `tests/models/test_converted_files.py`."""
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ def test_at_phi3_minis_shapes_its_parts_give_the_fused_projections_outputs_bitwi
         assert torch.equal(joined, torch.nn.functional.linear(x, weight))
 
 
-def test_a_rotary_embedding_over_part_of_a_head_or_switched_by_each_passs_length_is_refused():
-    partial = make_tiny_phi3(unfused=False).config
-    partial.rope_parameters["partial_rotary_factor"] = 0.75
-    assert family_problem(partial) == "a rotary embedding over part of each head (partial_rotary_factor 0.75)"
+def test_a_rotary_embedding_over_part_of_pairs_or_switched_by_each_passs_length_is_refused():
+    odd = make_tiny_phi3(unfused=False).config
+    odd.rope_parameters["partial_rotary_factor"] = 0.3  # 4.8 of 16 dimensions
+    assert family_problem(odd) == ("a rotary embedding over part of each head (partial_rotary_factor 0.3) that is not "
+                                   "whole pairs of its 16 dimensions")
+    assert family_problem(make_tiny_phi3(partial=0.75).config) is None and family_of(make_tiny_phi3(partial=0.75).config).rotated == 12
     dynamic = make_tiny_phi3(unfused=False).config
     dynamic.rope_parameters["rope_type"] = "dynamic"
     assert family_problem(dynamic) == "rotary frequencies that change with the sequence's length (dynamic)"
@@ -132,3 +135,32 @@ def test_a_runtime_serves_a_long_rope_models_original_context_unless_asked_for_m
         runtime = build_runtime(loaded(model), Settings(device="cpu", max_context=asked, calibrate=False))
         contexts.append((runtime.engine.max_context, torch.equal(model.model.rotary_emb.inv_freq, short)))
     assert contexts == [(32, True), (400, False)]
+
+
+@pytest.mark.parametrize("partial, long_rope", [(0.5, None), (0.75, 64)])
+def test_a_partial_rotary_runs_every_cpu_path_as_the_stock_model(partial, long_rope, monkeypatch):
+    """Phi-4-mini's rotary embedding over each head's first part (with LongRoPE, as Phi-4-mini's): our
+    forward gives the stock model's logits across rows and packed passes; numba's layers equal the eager
+    ones; verify passes equal plain steps bitwise; greedy speculative output equals plain and Hugging
+    Face's; inductor's parts (a draft's layers) give the eager layers' logits."""
+    from specdraft.models.long_rope import use_context
+    from tests.helpers.family_checks import inductor_equals_eager
+
+    model = make_tiny_phi3(seed=13, partial=partial, long_rope=long_rope)
+    use_context(model)  # as the loader fixes it
+    assert model.model.rotary_emb.inv_freq.shape == (int(16 * partial) // 2,)
+    own_forward_equals_stock(model, atol=1e-4)
+    numba_equals_eager(model, atol=2e-5)
+    verify_passes_equal_plain_steps(model)
+    greedy_equals_plain_and_hugging_face(model, [[33, 34, 35, 36] * 4, list(range(1, 20))], tokens=24)
+    inductor_equals_eager(model, list(range(3, 30)), monkeypatch)  # last: numba is kept off from here on
+
+
+def test_the_triton_kernels_refuse_a_partial_rotary_by_name():
+    """(Under Triton's interpreter, as the test suite runs on CPU.)"""
+    pytest.importorskip("triton")
+    from specdraft.backend.triton_layers import unavailable
+
+    model = make_tiny_phi3(partial=0.5)
+    why = unavailable(model, list(model.model.layers), torch.float32, family_of(model.config))
+    assert why == "the kernels have no rotary embedding over part of a head (8 of 16) yet"

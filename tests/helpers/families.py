@@ -81,18 +81,23 @@ def long_rope_parameters(original: int, pairs: int = 8, seed: int = 0) -> dict:
 
 
 def make_tiny_phi3(seed: int = 0, dtype: torch.dtype = torch.float32, sharpen: float = 4.0, unfused: bool = True,
-                   long_rope: int | None = None):
+                   long_rope: int | None = None, partial: float = 1.0):
     """A random Phi-3 of two layers, 4 query heads over 2 of 16, q/k/v and gate/up fused as its model
     holds them, then split as the loader splits them (`unfuse`; `unfused=False`: left fused); `long_rope`:
-    with LongRoPE switching past that many tokens (`long_rope_parameters`), left as transformers makes it."""
+    with LongRoPE switching past that many tokens (`long_rope_parameters`), left as transformers makes it;
+    `partial`: the part of each head its rotary embedding turns (Phi-4-mini's 0.75)."""
     from transformers import Phi3Config, Phi3ForCausalLM
 
     from specdraft.backend.family import family_of
     from specdraft.models.fused import unfuse
 
     torch.manual_seed(seed)
-    rope = {} if long_rope is None else {"rope_parameters": long_rope_parameters(long_rope, seed=seed),
+    pairs = int(16 * partial) // 2
+    rope = {} if long_rope is None else {"rope_parameters": long_rope_parameters(long_rope, pairs, seed=seed),
                                          "original_max_position_embeddings": long_rope}
+    if partial != 1.0:
+        rope["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, **rope.get("rope_parameters", {}),
+                                   "partial_rotary_factor": partial}
     config = Phi3Config(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                         pad_token_id=0, bos_token_id=1, eos_token_id=2, **rope)

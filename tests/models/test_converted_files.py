@@ -32,9 +32,11 @@ from tests.helpers.passes import pass_logits
 pytestmark = pytest.mark.slow
 
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text", "phi3"]
-# every family at Q8_0, and the float kinds the converter writes (F16, BF16) in two of them, Phi-3 with
-# LongRoPE (its 128k models' factors, switching past 128 tokens here; these tests stay within them)
-LONG_ROPE = dict(rope_parameters=long_rope_parameters(128), original_max_position_embeddings=128)
+# every family at Q8_0, and the float kinds the converter writes (F16, BF16) in two of them, Phi-3 as
+# Phi-4-mini: LongRoPE (its factors switching past 128 tokens here; these tests stay within them) over
+# part of each head (half of it here)
+LONG_ROPE = dict(rope_parameters={**long_rope_parameters(128, pairs=4), "partial_rotary_factor": 0.5},
+                 original_max_position_embeddings=128)
 CASES = [*((family, "q8_0", {}) for family in FAMILIES), ("llama", "f16", {}), ("phi3", "bf16", LONG_ROPE)]
 KINDS = {"q8_0": blocks.Q8_0, "f16": blocks.F16, "bf16": blocks.BF16}  # the converter's outtype -> our kind
 PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return", "The capital of France is"]
@@ -71,11 +73,13 @@ def test_the_converters_file_reads_its_blocks_natively(converted):
     # the rotation transformers gives the file (LongRoPE's short factors: read from the file, not left out)
     ours, theirs = (dict(m.model.rotary_emb.named_buffers()) for m in (model, dense))  # Gemma's: a set a layer type
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[name], theirs[name]) for name in ours)
-    assert original_context(model.config) == original_context(dense.config) == (128 if family == "phi3" and kind == blocks.BF16 else None)
     fused = [model.model.layers[0].get_submodule(f.module) for f in family_of(model.config).fused]
     assert all(isinstance(module, Joined) for module in fused)  # split into the parts, no weights of its own
     head = {"qwen3": 32, "gemma3_text": 256}.get(family, 16)
     assert family_of(model.config).shape == family_of(dense.config).shape == (4, 2, head)
+    phi4 = family == "phi3" and kind == blocks.BF16  # LongRoPE over half of each head
+    assert original_context(model.config) == original_context(dense.config) == (128 if phi4 else None)
+    assert family_of(model.config).rotated == family_of(dense.config).rotated == (8 if phi4 else head)
 
 
 def test_the_float32_arithmetic_gives_transformers_logits_bitwise_and_its_greedy_output(converted):

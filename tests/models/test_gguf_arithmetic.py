@@ -218,6 +218,16 @@ def test_heads_of_sizes_the_loader_does_not_take_are_refused(case, tmp_path):
     refused(write_small(tmp_path / "heads.gguf", family, keys=dict(keys)), HEADS[case])
 
 
+def test_a_phi3_files_rotary_embedding_over_part_of_each_head_passes_and_is_read(tmp_path):
+    """Phi-4-mini's partial rotary (`rope.dimension_count` below the head size), which Phi-3's loader
+    reads into the config (`gguf_cache.gguf_config`; `tests/models/test_converted_files.py` decodes such
+    a file); an odd count, no whole pairs, is refused."""
+    keys = {"rope.dimension_count": HEAD // 2}
+    assert check_gguf(write_small(tmp_path / "phi4.gguf", "phi3", keys=keys, projection="attn_qkv")).architecture == "phi3"
+    refused(write_small(tmp_path / "odd.gguf", "phi3", keys={"rope.dimension_count": HEAD // 2 + 1}, projection="attn_qkv"),
+            "phi3.rope.dimension_count is 9, not the key head size 16")
+
+
 def test_heads_of_another_size_than_width_over_heads_pass_where_the_loader_takes_it(tmp_path):
     """Llama's config takes a head's size from rope.dimension_count (transformers' GGUF mapping)."""
     keys = {"attention.key_length": 2 * HEAD, "attention.value_length": 2 * HEAD, "rope.dimension_count": 2 * HEAD}

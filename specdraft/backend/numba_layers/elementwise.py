@@ -101,8 +101,9 @@ def head_norm(y, start, heads, head_dim, weight, eps):  # pragma: no cover - com
 
 @njit(cache=True)
 def rotate(y, start, heads, head_dim, cos, sin):  # pragma: no cover - compiled
-    """Rotary embedding in place on y[:, start : start + heads * head_dim] (transformers' `rotate_half`)."""
-    half = head_dim // 2
+    """Rotary embedding in place on y[:, start : start + heads * head_dim] (transformers' `rotate_half`) over
+    each head's first cos.shape[1] dimensions (all of it, or Phi-4-mini's partial rotary: the rest as they are)."""
+    half = cos.shape[1] // 2
     for t in range(y.shape[0]):
         for head in range(heads):
             o = start + head * head_dim
