@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = [*range(1, 18), 33]  # pass widths compared bitwise
 SHAPES = {"Q4_0": (8960, 1536), "Q4_1": (8960, 1536), "Q5_0": (4864, 896), "Q5_1": (4864, 896), "Q8_0": (8960, 1536),
           "IQ4_NL": (8960, 1536), "Q4_K": (8960, 1536), "Q5_K": (8960, 1536), "IQ4_XS": (8960, 1536), "Q3_K": (8960, 1536), "Q2_K": (8960, 1536),
-          "Q6_K": (1536, 8960)}
+          "Q6_K": (1536, 8960), "F16": (8960, 1536), "BF16": (8960, 1536)}
 
 
 def shared_kinds(old: Kernel) -> list[native.BlockKind]:

@@ -10,7 +10,8 @@
 //   - each (row, token) sums in 8 lanes: lane j takes elements j, j + 8, j + 16, ... in order, each
 //     a fused multiply-add (one rounding); past the row's end the lanes add nothing;
 //   - the 8 lanes are then added in one fixed tree: j + (j + 4), then + 2, then + 1.
-// (8 lanes, not 16: a pass's tile then holds 2 rows x 6 tokens of sums in AVX2's 16 registers.)
+// (8 lanes, not 16: a pass's tile then holds 2 rows x 6 tokens of sums in AVX2's 16 registers; AVX-512
+// builds hold two such sums a register, float32_pairs.h.)
 // The kernels differ only in how they reach those values: a decode token (T = 1) expands the blocks
 // of 8 rows at a time in registers; a short pass (up to 8 tokens: a verify step) expands a row's
 // blocks in registers once for all its tokens; a longer one expands 2 rows at a time into scratch
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "for_count.h"
 #include "formats.h"
 #include "projection.h"
 
@@ -285,6 +287,8 @@ inline void store(float* p, const Lanes& v) { std::memcpy(p, v.v, sizeof(v.v)); 
 
 #endif
 
+#include "float32_pairs.h"
+
 // One decode token, R rows: from their blocks, expanded in registers, or float32 rows. (The kernels
 // below are compiled per kind, so that each reads its blocks as if it were the only one.)
 template <int64_t kind, int R>
@@ -408,6 +412,9 @@ template <int R, int T>
 void pass_tokens(const float* values, int64_t width, const float* x, int64_t xs, int64_t t0, int64_t first,
                  const Out& out) {
     float sums[R * T];
+#ifdef SPECDRAFT_PAIRS
+    if (R == 2 && width % kLanes == 0) dense_pair<T>(values, width, width, x + t0 * xs, xs, sums); else
+#endif
     dense_tile<R, T>(values, width, width, x + t0 * xs, xs, sums);
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < T; ++t) out.put(t0 + t, first + r, sums[r * T + t]);
@@ -418,13 +425,8 @@ void pass_rows(const float* values, int64_t width, const float* x, int64_t xs, i
                const Out& out) {
     int64_t t = 0;
     for (; t + kTokens <= n; t += kTokens) pass_tokens<R, kTokens>(values, width, x, xs, t, first, out);
-    switch (n - t) {  // the last tokens, fewer than kTokens
-        case 5: pass_tokens<R, 5>(values, width, x, xs, t, first, out); break;
-        case 4: pass_tokens<R, 4>(values, width, x, xs, t, first, out); break;
-        case 3: pass_tokens<R, 3>(values, width, x, xs, t, first, out); break;
-        case 2: pass_tokens<R, 2>(values, width, x, xs, t, first, out); break;
-        case 1: pass_tokens<R, 1>(values, width, x, xs, t, first, out); break;
-    }
+    if (t < n)  // the last tokens, fewer than kTokens
+        for_count<kTokens - 1>(n - t, [&](auto T) { pass_tokens<R, T>(values, width, x, xs, t, first, out); });
 }
 
 template <int64_t kind, int T>
@@ -446,18 +448,15 @@ void project_kind(const Projection& p, int64_t start, int64_t end, const Out& ou
         return;
     }
     if (n <= kShort) {  // a short pass (a verify step's k + 1 tokens): each row's blocks expanded once, in registers
+#ifdef SPECDRAFT_PAIRS
+        int64_t paired = start;  // rows computed in pairs; the rest below
+        if (Traits<kind>::floats && short_pass_in_pairs<kind>(p, paired, end, out)) return;
+        start = paired;
+#endif
         for (int64_t r = start; r < end; ++r) {
             for (int64_t i = 0; i < row_bytes; i += 64) prefetch(w + (r + 1) * row_bytes + i);  // the next row
             const uint8_t* row = w + r * row_bytes;
-            switch (n) {
-                case 8: short_pass_row<kind, 8>(row, width, x, xs, r, out); break;
-                case 7: short_pass_row<kind, 7>(row, width, x, xs, r, out); break;
-                case 6: short_pass_row<kind, 6>(row, width, x, xs, r, out); break;
-                case 5: short_pass_row<kind, 5>(row, width, x, xs, r, out); break;
-                case 4: short_pass_row<kind, 4>(row, width, x, xs, r, out); break;
-                case 3: short_pass_row<kind, 3>(row, width, x, xs, r, out); break;
-                case 2: short_pass_row<kind, 2>(row, width, x, xs, r, out); break;
-            }
+            for_count<kShort>(n, [&](auto T) { short_pass_row<kind, T>(row, width, x, xs, r, out); });
         }
         return;
     }
