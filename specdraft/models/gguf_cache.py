@@ -106,14 +106,15 @@ def gguf_config(gguf: Path):
 
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     reader = GGUFReader(str(gguf))
-    field = reader.get_field(f"{reader.get_field('general.architecture').contents()}.attention.key_length")
+    architecture = reader.get_field("general.architecture").contents()
+    field = reader.get_field(f"{architecture}.attention.key_length")
     if field is not None and hasattr(config, "head_dim"):
         config.head_dim = int(field.contents())
-    turned = reader.get_field(f"{reader.get_field('general.architecture').contents()}.rope.dimension_count")
+    turned = reader.get_field(f"{architecture}.rope.dimension_count")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if turned is not None and int(turned.contents()) != head_dim:  # a partial rotary (Phi-4-mini), unread
         config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": int(turned.contents()) / head_dim}
-    long_rope = rope_parameters_of(gguf, config)
+    long_rope = rope_parameters_of(reader, config)
     if long_rope is not None:  # Phi3Config puts its own original context into its rope parameters: both, then
         config.rope_parameters = {**config.rope_parameters, **long_rope}
         config.original_max_position_embeddings = long_rope["original_max_position_embeddings"]

@@ -17,8 +17,6 @@ which transformers' GGUF config leaves unread: `rope_parameters_of` reads them i
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -52,12 +50,10 @@ def use_context(model: torch.nn.Module, context: int | None = None) -> None:
     rotary.rope_type = "default"  # its forward then rotates by inv_freq as set, whatever a pass's positions
 
 
-def rope_parameters_of(gguf: Path, config) -> dict | None:
-    """A GGUF's LongRoPE as a config's `rope_parameters` (None where the file has none): its short and
-    long factors, original context and attention factor, beside the config's rotary base."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf))
+def rope_parameters_of(reader, config) -> dict | None:
+    """A GGUF's LongRoPE (`reader`: gguf's `GGUFReader` of it) as a config's `rope_parameters` (None where
+    the file has none): its short and long factors, original context and attention factor, beside the
+    config's rotary base."""
     factors = {t.name: np.asarray(t.data, np.float32).tolist() for t in reader.tensors if t.name in LONG_ROPE}
     if not factors:
         return None
