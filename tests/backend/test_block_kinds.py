@@ -144,7 +144,9 @@ def test_a_float_kinds_int8_arithmetic_is_float32s_on_its_tokens_rounded_to_the_
     probes = rounding_probes(native.FLOATS[number])
     for name, kernel in builds().items():
         tiles = kernel.tile(w, number)
-        assert np.array_equal(tiles, w), f"{name}: a float kind's tiles are its rows"
+        # tiles of 8 rows, each 8 weights (16 bytes) of the 8 rows side by side
+        laid = w.reshape(ROWS // 8, 8, -1, 16).transpose(0, 2, 1, 3).reshape(w.shape)
+        assert np.array_equal(tiles, laid), f"{name}: a float kind's tiles"
         for n in COUNTS:
             x = (rng.standard_normal((n, WIDTH)) * 10.0 ** rng.integers(-3, 3, (n, 1))).astype(np.float32)
             x[:, : probes.size] = probes

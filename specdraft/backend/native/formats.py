@@ -200,8 +200,9 @@ def _float_values(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda b: b.contiguous().view(dtype).float()
 
 
-FLOATS = {F16: torch.float16, BF16: torch.bfloat16}  # the kinds of float weights: no integers, no tiles; the int8
-# arithmetic rounds its tokens to the kind (as llama.cpp's dot products for it do) and sums as the float32 one
+FLOATS = {F16: torch.float16, BF16: torch.bfloat16}  # the kinds of float weights: no integers; the int8 arithmetic
+# rounds its tokens to the kind (as llama.cpp's dot products for it do) and sums as the float32 one, over tiles
+# of 8 rows whose 8-weight groups lie side by side (the kernel's `float_tile_at`)
 
 KINDS = {
     Q4_0: BlockKind(Q4_0, "Q4_0", weights=32, bytes=18, float16_at=(0,), values=_q4_0_values),

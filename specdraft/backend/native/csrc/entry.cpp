@@ -22,11 +22,11 @@ extern "C" void specdraft_project(const Projection* p, int64_t start, int64_t en
         specdraft::project_float32(*p, start, end, out);
     } else if (!floats) {  // int8 arithmetic: the tokens quantised already (`specdraft_quantize`)
         specdraft::project_int8(*p, start, end, out);
-    } else {  // a kind of float weights' int8 arithmetic: the float32 one on its tokens rounded (`specdraft_quantize`)
+    } else {  // a kind of float weights' int8 arithmetic: the float32 one over its tiles, on its tokens rounded (`specdraft_quantize`)
         Projection rounded = *p;
         rounded.x = reinterpret_cast<const float*>(p->qx);
         rounded.xs = p->width;
-        specdraft::project_float32(rounded, start, end, out);
+        specdraft::project_float_tiles(rounded, start, end, out);
     }
 }
 

@@ -4,7 +4,7 @@
 // tiles and quantised tokens follow, and its dequantisation to float32 (`piece`, the values a dequantised
 // float32 copy holds, gguf's bitwise). Blocks hold 32 weights, or 256 for the K kinds (Q2_K, Q3_K, Q4_K,
 // Q5_K, Q6_K, IQ4_XS: a super-block of sub-blocks with their own scales); IQ4_NL's and IQ4_XS's integers
-// index a table; F16's and BF16's "blocks" are 32 float weights (`Floats`: no integers, no tiles). Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >>
+// index a table; F16's and BF16's "blocks" are 32 float weights (`Floats`: no integers; their tiles, projection.h's `float_tile_at`). Both arithmetics read a row in pieces of 32 weights (kBlock): piece b lies in block b >>
 // piece_shift, as its sub-block b & (pieces - 1). `with_kind` is the one place a kind's number becomes the
 // code compiled for it: every entry point calls it once, and below it the kind is a template argument. A new
 // kind is its number, its entry here and in `Kinds`, and its two dot products (float32.cpp's `block_values`,
@@ -256,7 +256,7 @@ struct Traits;
 // tiles ahead (tiles.h's `asks_ahead`); `halves16`, whether its tokens' sums are kept per 16 (Q6_K's scales);
 // `lookup`, whether its integers index a table of int8 weights (IQ4_NL's `table`: then `offset` is what the
 // bytes looked up for vpdpbusd exceed them by, and the weights are signed 8-bit ones wherever they are
-// multiplied); `floats`, whether its weights are floats (F32, F16, BF16: no tiles, no integers).
+// multiplied); `floats`, whether its weights are floats (F32, F16, BF16: no integers, none of int8.cpp's tiles).
 template <int64_t WEIGHTS, int64_t BYTES, int BITS, int SCALES, int QS = 0, int32_t OFFSET = 0, bool AHEAD = true,
           bool HALVES16 = false>
 struct Facts {
@@ -287,8 +287,9 @@ struct Floats {
     static constexpr bool dense = false, super = false, floats = true;
     static constexpr int pieces = 1, piece_shift = 0;
     static float token(float x) { return TO_FLOAT(FROM_FLOAT(x)); }
+    static float value(const uint8_t* p) { return TO_FLOAT(load_u16(p)); }
     static void piece(const uint8_t* p, int, float* o) {
-        for (int j = 0; j < kBlock; ++j) o[j] = TO_FLOAT(load_u16(p + 2 * j));
+        for (int j = 0; j < kBlock; ++j) o[j] = value(p + 2 * j);
     }
 };
 

@@ -50,8 +50,19 @@ struct Out {
     }
 };
 
+// The float kinds' (F16's, BF16's) tiles, in which the int8 arithmetic reads them: rows in tiles of 8,
+// a tile's 8 rows' weights 8g .. 8g + 7 side by side (8 x 16 bytes), so that a decode tile reads one
+// stream and two rows' 8 weights lie together (a 512-bit register's). Row r's weights 8g .. at
+// float_tile_at(r, g, row_bytes); its next 8, kFloatStep bytes on.
+constexpr int64_t kFloatTileRows = 8, kFloatGroup = 16, kFloatStep = kFloatTileRows * kFloatGroup;
+inline int64_t float_tile_at(int64_t r, int64_t g, int64_t row_bytes) {
+    return r / kFloatTileRows * kFloatTileRows * row_bytes + g * kFloatStep + r % kFloatTileRows * kFloatGroup;
+}
+
 // The float32 arithmetic (float32.cpp): rows [start, end) of every token.
 void project_float32(const Projection& p, int64_t start, int64_t end, const Out& out);
+// The same over a float kind's tiles (`float_tile_at`): the int8 arithmetic's, on its tokens rounded.
+void project_float_tiles(const Projection& p, int64_t start, int64_t end, const Out& out);
 
 // The int8 arithmetic (int8.cpp): rows [start, end) of every token, the tokens quantised already
 // (`specdraft_quantize`).

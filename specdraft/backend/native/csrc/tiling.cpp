@@ -1,5 +1,6 @@
 // Tiling: a GGUF row's blocks of KIND as the int8 arithmetic's tiles (`specdraft_tile`, the same bytes
-// rearranged as int8.cpp lays them; the K kinds' pieces as int8_k.cpp's `tile_pieces` say), and the
+// rearranged as int8.cpp lays them; the K kinds' pieces as int8_k.cpp's `tile_pieces` say; the float
+// kinds' weights as projection.h's `float_tile_at` says), and the
 // float32 values the tiles hold back (`specdraft_tile_values`, for the tests: the values a GGUF row
 // dequantises to).
 
@@ -66,8 +67,13 @@ void tile_row_values(const uint8_t* tiles, int64_t rows, int64_t row_bytes, int6
 extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int64_t row_bytes, uint8_t* out) {
     with_kind(kind, [&](auto k) {
         using K = Traits<k>;
-        if constexpr (K::floats) {  // float weights (F16, BF16): no integers to lay out, the rows as they lie
+        if constexpr (K::dense) {  // float32 rows: as they lie
             std::memcpy(out, w, size_t(rows * row_bytes));
+        } else if constexpr (K::floats) {  // float weights (F16, BF16): each 8 weights as they lie, a tile's rows side by side
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t g = 0; g < row_bytes / specdraft::kFloatGroup; ++g)
+                    std::memcpy(out + specdraft::float_tile_at(r, g, row_bytes), w + r * row_bytes + g * specdraft::kFloatGroup,
+                                specdraft::kFloatGroup);
         } else {
             for (int64_t g = 0; g < rows / kTileRows; ++g) {  // each half tile's rows
                 const HalfOf<uint8_t> half = half_tile<k>(out, rows, row_bytes, g);
@@ -90,8 +96,12 @@ extern "C" void specdraft_tile(int64_t kind, const uint8_t* w, int64_t rows, int
 extern "C" void specdraft_tile_values(int64_t kind, const uint8_t* tiles, int64_t rows, int64_t row_bytes,
                                       int64_t width, const int64_t* ids, int64_t n, float* out) {
     with_kind(kind, [&](auto k) {
-        if constexpr (Traits<k>::floats) {
+        if constexpr (Traits<k>::dense) {
             for (int64_t i = 0; i < n; ++i) expand_row<k>(tiles + ids[i] * row_bytes, width, out + i * width);
+        } else if constexpr (Traits<k>::floats) {  // each 8 weights where the tiles hold them
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t j = 0; j < width; ++j)
+                    out[i * width + j] = Traits<k>::value(tiles + specdraft::float_tile_at(ids[i], j / 8, row_bytes) + 2 * (j % 8));
         } else {
             for (int64_t i = 0; i < n; ++i)
                 for (int64_t b = 0; b < width / Traits<k>::weights; ++b)
