@@ -59,7 +59,8 @@ class Kernel:
 
     def tile(self, w: np.ndarray, kind: int, out: np.ndarray | None = None) -> np.ndarray:
         """GGUF rows w [out, row bytes] of `kind` (out a multiple of 8) as the int8 arithmetic's tiles:
-        the same bytes rearranged, 16 rows interleaved (csrc/int8.cpp says how); written into `out`
+        the same bytes rearranged, 16 rows interleaved (csrc/int8.cpp says how; F16's and BF16's 8 rows,
+        csrc/projection.h's `float_tile_at`); written into `out`
         where given (w's shape, contiguous, not w), else into a new array."""
         assert kind != F32 and w.shape[0] % TILE_ROWS == 0 and w.dtype == np.uint8
         w = np.ascontiguousarray(w)

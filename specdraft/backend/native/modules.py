@@ -39,7 +39,8 @@ class BlockLinear(torch.nn.Module):
     [out] (a parameter, as the dense layer's; or None), computing in `arithmetic` (`ARITHMETICS`). As
     a module, float32 dequantises and runs `FewRowsLinear`'s arithmetic, the dense layer's result; int8 runs the kernel's int8 arithmetic
     (float32 activations on CPU; elsewhere it dequantises, as float32). In the int8 arithmetic the
-    blocks are held as the kernel's tiles (`Kernel.tile`: the same bytes, 16 rows interleaved)."""
+    blocks are held as the kernel's tiles (`Kernel.tile`: the same bytes, 16 rows interleaved; F16's and
+    BF16's weights 8 rows)."""
 
     def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, arithmetic: str = "float32",
                  bias: torch.Tensor | None = None) -> None:

@@ -216,10 +216,15 @@ template <int R, int T>
 void pass_tokens(const float* values, int64_t width, const float* x, int64_t xs, int64_t t0, int64_t first,
                  const Out& out) {
     float sums[R * T];
+    bool paired = false;
 #ifdef SPECDRAFT_PAIRS
-    if (R % 2 == 0 && width % kLanes == 0) dense_pairs<R / 2, T>(values, width, width, x + t0 * xs, xs, sums); else
+    if constexpr (R % 2 == 0)
+        if (width % kLanes == 0) {
+            dense_pairs<R / 2, T>(values, width, width, x + t0 * xs, xs, sums);
+            paired = true;
+        }
 #endif
-    dense_tile<R, T>(values, width, width, x + t0 * xs, xs, sums);
+    if (!paired) dense_tile<R, T>(values, width, width, x + t0 * xs, xs, sums);
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < T; ++t) out.put(t0 + t, first + r, sums[r * T + t]);
 }
@@ -269,7 +274,7 @@ void project_kind(const Projection& p, int64_t start, int64_t end, const Out& ou
         }
         return;
     }
-    static thread_local std::vector<float> scratch;  // a longer pass: rows expanded into scratch, tiles of 2 x 6
+    static thread_local std::vector<float> scratch;  // a longer pass: rows expanded into scratch, tiles of 2 x 6 (8 x 6: below)
     constexpr bool dense = Traits<kind>::dense;
     constexpr int64_t expanded = Tiled ? kRows : kPassRows;  // rows expanded at once (a float kind's tile)
     if (!dense) scratch.resize(expanded * width);
@@ -300,8 +305,8 @@ void specdraft::project_float32(const Projection& p, int64_t start, int64_t end,
 }
 
 void specdraft::project_float_tiles(const Projection& p, int64_t start, int64_t end, const Out& out) {
-    with_kind(p.kind, [&](auto k) {
-        if constexpr (Traits<k>::floats && !Traits<k>::dense) project_kind<k, true>(p, start, end, out);
+    with_kind(p.kind, [&](auto k) {  // float32 rows' "tiles" are the rows as they lie (`specdraft_tile`)
+        if constexpr (Traits<k>::floats) project_kind<k, !Traits<k>::dense>(p, start, end, out);
     });
 }
 

@@ -59,7 +59,7 @@ void rows_pairs(const uint8_t* first, const uint8_t* second, int64_t width, cons
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) acc[q][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < width / kBlock; ++b) {
-        Lanes low[4], high[4];
+        Lanes low[4], high[4];  // P = 1's two rows' values (not Tiled)
         if constexpr (!Tiled) {
             piece_values<kind>(first, b, low);
             piece_values<kind>(second, b, high);
@@ -72,9 +72,10 @@ void rows_pairs(const uint8_t* first, const uint8_t* second, int64_t width, cons
         for (int i = 0; i < 4; ++i) {
             Pair v[P];
 #pragma GCC unroll 4
-            for (int q = 0; q < P; ++q)
-                v[q] = Tiled ? float_pair<kind>(first + 2 * q * specdraft::kFloatGroup + (4 * b + i) * specdraft::kFloatStep)
-                             : joined(low[i], high[i]);
+            for (int q = 0; q < P; ++q) {
+                if constexpr (Tiled) v[q] = float_pair<kind>(first + 2 * q * specdraft::kFloatGroup + (4 * b + i) * specdraft::kFloatStep);
+                else v[q] = joined(low[i], high[i]);
+            }
 #pragma GCC unroll 8
             for (int t = 0; t < T; ++t) {
                 const Pair xv = both(load(x + t * xs + b * kBlock + 8 * i));

@@ -61,7 +61,8 @@ inline int64_t float_tile_at(int64_t r, int64_t g, int64_t row_bytes) {
 
 // The float32 arithmetic (float32.cpp): rows [start, end) of every token.
 void project_float32(const Projection& p, int64_t start, int64_t end, const Out& out);
-// The same over a float kind's tiles (`float_tile_at`): the int8 arithmetic's, on its tokens rounded.
+// The same over a float kind's tiles (`float_tile_at`): the int8 arithmetic's, on its tokens rounded. Rows
+// [start, end) are whole tiles (start and end multiples of 8), as every int8 call's are.
 void project_float_tiles(const Projection& p, int64_t start, int64_t end, const Out& out);
 
 // The int8 arithmetic (int8.cpp): rows [start, end) of every token, the tokens quantised already
