@@ -46,11 +46,10 @@ inline void put_pairs(Pair (&acc)[P][T], int64_t r, const Out& out) {
 }
 
 // P pairs of rows against the T tokens (stride xs) of a short pass: `row_tokens`' sums of each into out. Rows
-// r and r + 1 at `first` and `second` (P = 1, their values joined a register); in a float kind's tiles
-// (Tiled), rows r .. r + 2P - 1 side by side from `first`, a pair's 16 weights one load (`second`: where
-// the same rows of the next tile lie, asked for ahead).
+// r and r + 1 at `first` and `row_bytes` on (P = 1, their values joined a register); in a float kind's tiles
+// (Tiled), rows r .. r + 2P - 1 side by side from `first`, a pair's 16 weights one load.
 template <int64_t kind, bool Tiled, int P, int T>
-void rows_pairs(const uint8_t* first, const uint8_t* second, int64_t width, const float* x, int64_t xs, int64_t r,
+void rows_pairs(const uint8_t* first, int64_t row_bytes, int64_t width, const float* x, int64_t xs, int64_t r,
                 const Out& out) {
     static_assert(P == 1 || Tiled, "pairs of rows side by side: a float kind's tiles");
     Pair acc[P][T];
@@ -62,11 +61,11 @@ void rows_pairs(const uint8_t* first, const uint8_t* second, int64_t width, cons
         Lanes low[4], high[4];  // P = 1's two rows' values (not Tiled)
         if constexpr (!Tiled) {
             piece_values<kind>(first, b, low);
-            piece_values<kind>(second, b, high);
-        } else {  // this pass's lines of the same piece a tile on (`second`: there): memory and arithmetic overlap
+            piece_values<kind>(first + row_bytes, b, high);
+        } else {  // this pass's lines of the same piece a tile on: memory and arithmetic overlap
             for (int i = 0; i < 4; ++i)
                 for (int line = 0; line < 2 * P * specdraft::kFloatGroup; line += 64)
-                    prefetch(second + (4 * b + i) * specdraft::kFloatStep + line);
+                    prefetch(first + kRows * row_bytes + (4 * b + i) * specdraft::kFloatStep + line);
         }
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
@@ -100,9 +99,7 @@ bool short_pass_in_pairs(const Projection& p, int64_t& start, int64_t end, const
         for (; start + 2 * P <= end; start += 2 * P) {
             if (!Tiled)
                 for (int64_t i = 0; i < 2 * p.row_bytes; i += 64) prefetch(p.w + (start + 2) * p.row_bytes + i);  // the next two
-            const uint8_t* first = row_at<Tiled>(p.w, p.row_bytes, start);
-            const uint8_t* second = Tiled ? first + kRows * p.row_bytes : row_at<Tiled>(p.w, p.row_bytes, start + 1);
-            rows_pairs<kind, Tiled, P, T>(first, second, p.width, p.x, p.xs, start, out);
+            rows_pairs<kind, Tiled, P, T>(row_at<Tiled>(p.w, p.row_bytes, start), p.row_bytes, p.width, p.x, p.xs, start, out);
         }
     });
     return start == end;
