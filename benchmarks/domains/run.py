@@ -73,6 +73,21 @@ def run_specdraft(llm: LLM, drafter: str, prompt_ids: list[int], params: Samplin
     }
 
 
+def step_costs(llm: LLM) -> dict:
+    """What the engine's cost model measured by the end of the run (each the median of its last timings,
+    `specdraft.policy.costs`): a plain step of one row, T(1, 1), and per costly source a drafted token's
+    pass (the tokens it feeds first, its catch-up on the last step's, included) and a token of catch-up
+    on steps it sat out (a prompt's among them), each also as a share of the plain step."""
+    costs = llm.engine.policy.costs
+    plain = costs.verify_seconds(1, 1)
+    per_token = {source: {"draft_token_s": timings.seconds, "draft_token_over_plain_step": timings.seconds / plain}
+                 for source, timings in costs.drafting.items()}
+    for source, timings in costs.catch_up.items():
+        per_token.setdefault(source, {}).update(catch_up_token_s=timings.seconds,
+                                                 catch_up_token_over_plain_step=timings.seconds / plain)
+    return {"plain_step_s": plain, "sources": per_token}
+
+
 def run_repeated(ours: dict, ids: list[int], repeats: int) -> dict[str, dict]:
     """Each of our methods on `ids`, `repeats` rounds interleaved (round r starts at the r-th method, so
     none always follows the same one): each method's run of median speed (the lower middle one for an
@@ -331,6 +346,7 @@ def main() -> None:
         "runs_per_prompt": args.repeats,  # specdraft's methods; each prompt's row is its run of median speed
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "prompts_per_domain": args.prompts,
+        "step_costs": step_costs(llms[0]),
         "cells": [
             {"domain": d, "method": m, "family": family(m), "prompts": rows}
             for (d, m), rows in cells.items()

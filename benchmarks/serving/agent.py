@@ -28,7 +28,7 @@ from benchmarks.serving.ceiling import UNBOUNDED, copy_ceiling
 from benchmarks.common import RESULTS, cli, machine, step_columns, step_stats, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.domains.methods import OURS, PEERS, REFERENCE, Methods, display_order
-from benchmarks.domains.report import bar_plot
+from benchmarks.domains.plots import bar_plot
 from specdraft.models import load_model
 from specdraft.runtime import encode_prompt
 

@@ -31,7 +31,7 @@ from benchmarks.serving.agent import bucket
 from benchmarks.common import RESULTS, cli, live_server, machine, step_columns, step_stats, write_results
 from benchmarks.domains.datasets import load_conversations
 from benchmarks.serving.load import body, stream
-from benchmarks.domains.report import bar_plot
+from benchmarks.domains.plots import bar_plot
 
 SERVE = ("--max-batch-size", "16", "--max-queue", "64", "--drafters", "none,ngram")
 NO_CACHE = ("--prefix-cache-mb", "0")

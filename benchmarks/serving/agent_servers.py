@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, cli, free_port, live_server, machine, wait_healthy, write_results
 from benchmarks.domains.datasets import load_conversations
-from benchmarks.domains.report import bar_plot
+from benchmarks.domains.plots import bar_plot
 from benchmarks.serving.agent import by_turn
 from specdraft.models import find
 

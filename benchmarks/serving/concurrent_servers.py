@@ -26,7 +26,7 @@ import httpx
 
 from benchmarks.common import RESULTS, cli, live_server, machine, write_results
 from benchmarks.domains.datasets import DOMAINS, load_domain
-from benchmarks.domains.report import bar_plot
+from benchmarks.domains.plots import bar_plot
 from benchmarks.serving.agent_servers import llama_server
 from benchmarks.serving.load import stream
 from specdraft.models import find

@@ -215,7 +215,10 @@ class Stages:
                 continue
             for row, draft in zip(group, result.drafts):
                 row.costly = draft
-            step.drafting.append(DraftingTiming(group[0].source, max(wanted), seconds, result.pass_seconds,
+            # The positions it drafted, not those asked: a call that only caught up (a row still too far
+            # behind to draft) drafted none, and its time is catch-up's alone.
+            drafted = max(len(draft) for draft in result.drafts)
+            step.drafting.append(DraftingTiming(group[0].source, drafted, seconds, result.pass_seconds,
                                                 result.catch_up.tokens, result.catch_up.seconds))
 
     def chosen_drafts(self, step: Step) -> None:

@@ -263,12 +263,13 @@ class DraftPolicy:
             self.estimates.observe_plans(report.plans)
             self._choices += _has_choice(report.plans)
         for drafting in report.drafting:
-            # Priced by the part's own timing of one drafting pass where it gives one (its catching up
-            # is priced apart), else by the call.
+            # Priced by the part's own timing of one drafting pass where it gives one, else by the call
+            # over the positions it drafted; its catching up is priced apart, never as drafting.
             if drafting.pass_seconds is not None:
                 self.costs.observe_draft(drafting.source, 1, drafting.pass_seconds)
             elif drafting.positions:
-                self.costs.observe_draft(drafting.source, drafting.positions, drafting.seconds)
+                self.costs.observe_draft(drafting.source, drafting.positions,
+                                         max(drafting.seconds - drafting.catch_up_seconds, 0.0))
             self.costs.observe_catch_up(drafting.source, drafting.catch_up_tokens, drafting.catch_up_seconds)
         if report.verify is not None and report.verify.steady:
             lengths = report.verify.lengths

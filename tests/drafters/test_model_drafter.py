@@ -130,6 +130,37 @@ def test_policy_learns_the_hybrids_parts_apart(pair):
     assert "hybrid/model" in priced and not any(s.startswith("hybrid:") for s in priced)
 
 
+def test_a_call_that_only_catches_up_is_reported_as_drafting_nothing(pair, monkeypatch):
+    """A row too far behind catches up a chunk a call and drafts nothing until it is in step: such a
+    call reaches the policy as no positions drafted (its time is the catch-up's), never as the
+    positions asked, which priced the prompt's catch-up as drafted tokens."""
+    target, draft = pair
+    engine = engine_for(target, draft, max_batch=1, policy="fixed")
+    model = engine.drafters["model"]
+    monkeypatch.setattr(type(model.rows.chunks), "widest", property(lambda self: 8))
+    drafted, real_propose = [], ModelDrafter.propose_costly
+
+    def propose(self, request_ids, max_lengths):
+        result = real_propose(self, request_ids, max_lengths)
+        drafted.append(max(len(d) for d in result.drafts))
+        return result
+
+    monkeypatch.setattr(ModelDrafter, "propose_costly", propose)
+    timings, record = [], engine.policy.record
+
+    def recorded(report):
+        timings.extend(report.drafting)
+        record(report)
+
+    monkeypatch.setattr(engine.policy, "record", recorded)
+    prompt = list(range(1, 41))  # 40 tokens: five calls of 8 before the first draft
+    [done] = engine.run([(prompt, SamplingParams(max_tokens=12), SpeculationParams("model"))])
+    assert done.token_ids == hf_greedy(target, prompt, len(done.token_ids))
+    assert drafted[0] == 0 and max(drafted) > 0  # calls that only caught up, then drafts
+    assert [t.positions for t in timings if t.source == "model"] == drafted
+    assert all(t.catch_up_tokens > 0 for t in timings if t.positions == 0)
+
+
 def test_probabilistic_drafts_with_the_model_drafters_real_q():
     """N = 100,000 verifications of drafts drawn from the model drafter's real q: the first emitted
     token is distributed as p (TV < 0.01); accepting every draft instead would not be."""

@@ -11,7 +11,7 @@ from specdraft.engine import Engine
 from specdraft.params import SamplingParams
 from specdraft.policy import EXPLORE_EVERY, CostModel, DraftPolicy, RowPlan, StepReport, Verified
 from specdraft.policy.costs import least_squares
-from specdraft.policy.report import CallTiming
+from specdraft.policy.report import CallTiming, DraftingTiming
 from specdraft.verifier import Verifier
 from tests.helpers.tiny import TINY_VOCAB, ScriptedDrafter, ToyTokenizer, hf_greedy
 
@@ -242,6 +242,21 @@ def test_a_costly_drafter_pays_for_what_it_must_catch_up_on():
     assert policy.choose([row]) == {"r0": 5}
     assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=5)]) == {"r0": 0}
     assert policy.choose([RowPlan("r0", "model", 5, False, 5, backlog=300, remaining=2000)]) == {"r0": 5}
+
+
+def test_a_drafting_calls_catch_up_is_never_priced_as_drafting():
+    """A call that only caught up (its row still too far behind to draft: no position drafted) teaches
+    the catch-up's cost and not the drafting's; a call that caught up and then drafted, with no pass of
+    its own timed, is priced as drafting less what it spent catching up. Before, a prompt's catch-up
+    over the 5 positions asked priced a drafted token at 0.18 s, and the policy never drafted again."""
+    policy = DraftPolicy(5)
+    policy.costs.observe_draft("model", 1, 0.010)
+    policy.record(StepReport(drafting=(DraftingTiming("model", 0, 0.900, None, 256, 0.900),)))
+    assert policy.costs.draft_seconds("model", 1) == pytest.approx(0.010)
+    assert policy.costs.catch_up_seconds("model", 1) == pytest.approx(0.900 / 256)
+    for _ in range(7):  # the window of timings: the new ones only
+        policy.record(StepReport(drafting=(DraftingTiming("model", 5, 0.350, None, 100, 0.300),)))
+    assert policy.costs.draft_seconds("model", 1) == pytest.approx(0.010)
 
 
 def test_a_catch_up_is_spread_only_over_the_steps_the_costly_drafter_serves():
