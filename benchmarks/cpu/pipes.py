@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import RESULTS, cli, machine, write_results
-from specdraft.backend.native.build import _compiler
+from specdraft.backend.native.build import cxx
 
 SOURCE = r"""
 #include <stdio.h>
@@ -66,7 +66,7 @@ KINDS = {  # what each line measures, per nanosecond of one core
 
 def rates() -> dict[str, float]:
     """Each line's figure (per ns of one core; `clock` in GHz), compiled and run here."""
-    compiler = _compiler()
+    compiler = cxx()
     if compiler is None:
         raise SystemExit("pipes: no C++ compiler found (set CXX, or install g++)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,7 +21,6 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from benchmarks.peers.llama_cpp import PLAIN as LLAMA_CPP_PLAIN, PREFIX as LLAMA_CPP
 
 BASELINE = "specdraft-none"
@@ -428,12 +427,12 @@ def _per_prompt(results: dict, method: str = "specdraft-ngram", threshold: float
 
 def write_report(results: dict, out_dir: Path) -> None:
     """Write results.json (input plus computed summary), results.md and the PNG plots into out_dir."""
+    from benchmarks.domains.plots import plot_accepted, plot_speedup  # they import this module: here, not above
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = summarize(results)
     plots = []
-    from benchmarks.domains.plots import plot_accepted, plot_speedup  # the charts read this module's summaries
-
     if summaries:
         plot_speedup(summaries, out_dir / "speedup.png")
         plots.append("speedup.png")

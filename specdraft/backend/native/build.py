@@ -22,7 +22,8 @@ def sources(source: Path = CSRC) -> list[Path]:
     return sorted(source.glob("*.cpp")) + sorted(source.glob("*.h"))
 
 
-def _compiler() -> str | None:
+def cxx() -> str | None:
+    """The C++ compiler the kernel is built with (CXX, else the first on PATH; None: there is none)."""
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 
@@ -62,7 +63,7 @@ def build(path: str, source: Path = CSRC) -> Path:
     revision's, for a benchmark to compare with: `benchmarks.cpu.kernel_ab`)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
-    compiler = _compiler()
+    compiler = cxx()
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
