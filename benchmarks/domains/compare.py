@@ -14,7 +14,8 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import RESULTS, cli, write_results
-from benchmarks.domains.report import method_order, summarize
+from benchmarks.domains.names import method_order
+from benchmarks.domains.report import summarize
 
 
 def figures(results: dict) -> dict[tuple[str, str], dict]:

@@ -1,6 +1,6 @@
 """The per-domain benchmark's charts (`report.write_report` draws them beside its tables): speed-ups per
 domain and method, and each drafter's accepted length per step; and the grouped bars the serving
-benchmarks draw too (`bar_plot`)."""
+benchmarks draw too (`bar_plot`). They read plain series, not the report's summaries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks.domains.report import CellSummary, is_peer, method_order
+from benchmarks.domains.names import is_peer
 
 
 def grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str,
@@ -39,16 +39,13 @@ def bar_plot(path: Path, groups: list[str], series: dict[str, list[float | None]
     fig.savefig(path, dpi=120)
 
 
-def plot_speedup(summaries: list[CellSummary], path: Path) -> None:
-    domains = list(dict.fromkeys(s.domain for s in summaries))
-    methods = method_order([s.method for s in summaries])
-    by_key = {(s.domain, s.method): s for s in summaries}
-    fig = Figure(figsize=(12, 4.5), layout="constrained")
-    axes = fig.subplots(1, 2)
-    for ax, attr, title in ((axes[0], "speedup_vs_none", "vs specdraft-none"), (axes[1], "speedup_vs_hf", "vs hf-generate")):
-        series = {m: [getattr(by_key[(d, m)], attr) if (d, m) in by_key else None for d in domains] for m in methods}
+def plot_speedup(domains: list[str], speedups: dict[str, dict[str, list[float | None]]], path: Path) -> None:
+    """One panel per baseline (`speedups`: its title -> each method's speed-up per domain), side by side."""
+    fig = Figure(figsize=(6 * len(speedups), 4.5), layout="constrained")
+    axes = fig.subplots(1, len(speedups), squeeze=False)[0]
+    for ax, (title, series) in zip(axes, speedups.items()):
         grouped_bars(ax, domains, series, "speedup (median tok/s ratio)", f"Speedup {title}")
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, dpi=120)
 
 

@@ -21,21 +21,10 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.peers.llama_cpp import PLAIN as LLAMA_CPP_PLAIN, PREFIX as LLAMA_CPP
+from benchmarks.domains.names import BASELINE, HF_PLAIN, LLAMA_CPP, family, is_peer, method_order
+from benchmarks.domains.plots import plot_accepted, plot_speedup
 
-BASELINE = "specdraft-none"
-HF_PLAIN = "hf-generate"
-PEERS = ("hf-", LLAMA_CPP)  # the peers' methods begin so; every other method is ours
 DASH = "—"
-
-
-def is_peer(method: str) -> bool:
-    return method.startswith(PEERS)
-
-
-def family(method: str) -> str:
-    """Whose method it is: "hf", "llama.cpp" or "specdraft"."""
-    return "hf" if method.startswith("hf-") else "llama.cpp" if method.startswith(LLAMA_CPP) else "specdraft"
 
 
 @dataclass(frozen=True)
@@ -130,19 +119,6 @@ def summarize_cell(cell: dict, baseline_tps: float | None, hf_tps: float | None,
         lossless_count=sum(known),
         lossless_known=len(known),
     )
-
-
-def method_order(methods: list[str]) -> list[str]:
-    """Ours first (none leading), then Hugging Face (plain generate leading), then llama.cpp (its plain
-    decoding leading); otherwise first-seen order."""
-    seen = list(dict.fromkeys(methods))
-
-    def key(method: str) -> tuple:
-        peer = next((i + 1 for i, prefix in enumerate(PEERS) if method.startswith(prefix)), 0)
-        lead = method in (BASELINE, HF_PLAIN, LLAMA_CPP_PLAIN)
-        return (peer, not lead, seen.index(method))
-
-    return sorted(seen, key=key)
 
 
 def summarize(results: dict) -> list[CellSummary]:
@@ -427,14 +403,17 @@ def _per_prompt(results: dict, method: str = "specdraft-ngram", threshold: float
 
 def write_report(results: dict, out_dir: Path) -> None:
     """Write results.json (input plus computed summary), results.md and the PNG plots into out_dir."""
-    from benchmarks.domains.plots import plot_accepted, plot_speedup  # they import this module: here, not above
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = summarize(results)
     plots = []
     if summaries:
-        plot_speedup(summaries, out_dir / "speedup.png")
+        domains = list(dict.fromkeys(s.domain for s in summaries))
+        by_key = {(s.domain, s.method): s for s in summaries}
+        speedups = {title: {m: [getattr(by_key[(d, m)], attr) if (d, m) in by_key else None for d in domains]
+                            for m in method_order([s.method for s in summaries])}
+                    for attr, title in (("speedup_vs_none", "vs specdraft-none"), ("speedup_vs_hf", "vs hf-generate"))}
+        plot_speedup(domains, speedups, out_dir / "speedup.png")
         plots.append("speedup.png")
     ours = [m for m in method_order([c["method"] for c in results["cells"]]) if not is_peer(m)]
     for method in ours:

@@ -28,7 +28,8 @@ from benchmarks.peers import llama_cpp
 from benchmarks.common import RESULTS, cli, machine
 from benchmarks.domains.datasets import DOMAINS, load_domain
 from benchmarks.domains.methods import decode_rate
-from benchmarks.domains.report import family, write_report
+from benchmarks.domains.names import family
+from benchmarks.domains.report import write_report
 from specdraft import LLM, SamplingParams, SpeculationParams
 from specdraft.models import LoadedModel, load_model, resolve
 from specdraft.runtime import encode_prompt
