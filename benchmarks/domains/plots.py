@@ -70,5 +70,3 @@ def plot_accepted(results: dict, method: str, path: Path) -> bool:
     fig.suptitle(f"{method}: accepted length per step (k = {results.get('k', '?')})")
     fig.savefig(path, dpi=120)
     return True
-
-

@@ -363,8 +363,11 @@ def _step_costs(results: dict) -> list[str]:
     costs = results.get("step_costs")
     if not costs or not costs["sources"]:
         return []
-    rows = [[f"`{source}`", _f(c.get("draft_token_s", 0) * 1e3), _f(c.get("draft_token_over_plain_step"), 3),
-             _f(c.get("catch_up_token_s", 0) * 1e3), _f(c.get("catch_up_token_over_plain_step"), 3)]
+    def ms(value: float | None) -> str:
+        return _f(None if value is None else value * 1e3)
+
+    rows = [[f"`{source}`", ms(c.get("draft_token_s")), _f(c.get("draft_token_over_plain_step"), 3),
+             ms(c.get("catch_up_token_s")), _f(c.get("catch_up_token_over_plain_step"), 3)]
             for source, c in sorted(costs["sources"].items())]
     return [f"## Step costs the engine measured (a plain step: {costs['plain_step_s'] * 1e3:.2f} ms)", "",
             *_table(["costly source", "a drafted token (ms)", "/ plain step", "a caught-up token (ms)", "/ plain step"],

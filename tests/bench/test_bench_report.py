@@ -117,6 +117,18 @@ def test_write_report_writes_every_file(results, tmp_path):
     assert order == ["specdraft-none", "specdraft-ngram", "hf-generate", "hf-prompt-lookup-k10", "hf-prompt-lookup-k3"]
 
 
+def test_the_engines_step_costs_are_tabled_against_its_plain_step(results, tmp_path):
+    results["step_costs"] = {"plain_step_s": 0.025, "sources": {
+        "model": {"draft_token_s": 0.0085, "draft_token_over_plain_step": 0.34, "catch_up_token_s": 0.003,
+                  "catch_up_token_over_plain_step": 0.12},
+        "hybrid/model": {"catch_up_token_s": 0.004, "catch_up_token_over_plain_step": 0.16}}}  # it never drafted
+    write_report(results, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert "## Step costs the engine measured (a plain step: 25.00 ms)" in md
+    assert "| `model` | 8.50 | 0.340 | 3.00 | 0.120 |" in md
+    assert "| `hybrid/model` | — | — | 4.00 | 0.160 |" in md
+
+
 def test_llama_cpp_methods_are_peers_and_our_fastest_is_set_against_theirs(results, tmp_path):
     results["cells"] += [
         {"domain": "code", "method": "llama.cpp-lookup-k3", "family": "llama.cpp",
