@@ -20,48 +20,38 @@ from pathlib import Path
 from benchmarks.common import RESULTS, cli, machine, write_results
 from specdraft.backend.native.build import cxx
 
-SOURCE = r"""
-#include <stdio.h>
+LINES = {  # what each line measures, per nanosecond of one core; the loop body's 4 independent chains
+    "clock": ("dependent adds (one a cycle): the clock, GHz", "add $1, %%rax\\n"),
+    "vpmaddubsw": ("vpmaddubsw alone", "vpmaddubsw %%ymm0, %%ymm1, %%ymm{d}\\n"),
+    "vpaddw": ("vpaddw alone", "vpaddw %%ymm0, %%ymm1, %%ymm{d}\\n"),
+    "vpmaddwd": ("vpmaddwd alone", "vpmaddwd %%ymm0, %%ymm1, %%ymm{d}\\n"),
+    "product": ("vpmaddubsw + its vpaddw (a product of 32 weights and int8s, summed in int16)",
+                "vpmaddubsw %%ymm0, %%ymm1, %%ymm{d}\\n vpaddw %%ymm{d}, %%ymm{acc}, %%ymm{acc}\\n"),
+    "broadcast_product": ("the same after the token's group broadcast from memory (the kernel's inner loop)",
+                          "vpbroadcastd {off}(%0), %%ymm{d}\\n vpmaddubsw %%ymm{d}, %%ymm1, %%ymm{d}\\n"
+                          " vpaddw %%ymm{d}, %%ymm{acc}, %%ymm{acc}\\n"),
+}
+CLOBBERS = '"rax", ' + ", ".join(f'"xmm{i}"' for i in range(2, 10))
+
+
+def source() -> str:
+    """The C program: per line, 10^8 iterations of 8 x its 4 chains, and the line's count per ns."""
+    loops = []
+    for name, (_, chain) in LINES.items():
+        body = "".join(chain.format(d=2 + i, acc=6 + i, off=4 * i) for i in range(4))
+        loops.append(f"""    t = now();
+    for (long i = 0; i < n; i++) asm volatile(R8("{body}") :: "r"(group) : {CLOBBERS});
+    printf("{name} %.4f\\n", 32.0 * n / (now() - t) * 1e-9);""")
+    return """#include <stdio.h>
 #include <stdint.h>
 #include <time.h>
 static double now(void) { struct timespec a; clock_gettime(CLOCK_MONOTONIC, &a); return a.tv_sec + a.tv_nsec * 1e-9; }
 #define R8(X) X X X X X X X X
 static int32_t group[64] __attribute__((aligned(64)));
 int main(void) {
-    const long n = 100000000;  /* iterations of 32 instructions of a kind (8 x 4) */
-    double t = now();
-    for (long i = 0; i < n; i++) asm volatile(R8("add $1, %%rax\n add $1, %%rax\n add $1, %%rax\n add $1, %%rax\n") ::: "rax");
-    printf("clock %.4f\n", 32.0 * n / (now() - t) * 1e-9);
-#define RATE(NAME, BODY, CLOBBER...) t = now(); \
-    for (long i = 0; i < n; i++) asm volatile(R8(BODY) :: "r"(group) : CLOBBER); \
-    printf(NAME " %.4f\n", 32.0 * n / (now() - t) * 1e-9);
-    RATE("vpmaddubsw", "vpmaddubsw %%ymm0, %%ymm1, %%ymm2\n vpmaddubsw %%ymm0, %%ymm1, %%ymm3\n"
-         "vpmaddubsw %%ymm0, %%ymm1, %%ymm4\n vpmaddubsw %%ymm0, %%ymm1, %%ymm5\n", "xmm2", "xmm3", "xmm4", "xmm5")
-    RATE("vpaddw", "vpaddw %%ymm0, %%ymm1, %%ymm2\n vpaddw %%ymm0, %%ymm1, %%ymm3\n"
-         "vpaddw %%ymm0, %%ymm1, %%ymm4\n vpaddw %%ymm0, %%ymm1, %%ymm5\n", "xmm2", "xmm3", "xmm4", "xmm5")
-    RATE("vpmaddwd", "vpmaddwd %%ymm0, %%ymm1, %%ymm2\n vpmaddwd %%ymm0, %%ymm1, %%ymm3\n"
-         "vpmaddwd %%ymm0, %%ymm1, %%ymm4\n vpmaddwd %%ymm0, %%ymm1, %%ymm5\n", "xmm2", "xmm3", "xmm4", "xmm5")
-    RATE("product", "vpmaddubsw %%ymm0, %%ymm1, %%ymm2\n vpaddw %%ymm2, %%ymm6, %%ymm6\n"
-         "vpmaddubsw %%ymm0, %%ymm1, %%ymm3\n vpaddw %%ymm3, %%ymm7, %%ymm7\n"
-         "vpmaddubsw %%ymm0, %%ymm1, %%ymm4\n vpaddw %%ymm4, %%ymm8, %%ymm8\n"
-         "vpmaddubsw %%ymm0, %%ymm1, %%ymm5\n vpaddw %%ymm5, %%ymm9, %%ymm9\n",
-         "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9")
-    RATE("broadcast_product", "vpbroadcastd (%0), %%ymm2\n vpmaddubsw %%ymm2, %%ymm1, %%ymm2\n vpaddw %%ymm2, %%ymm6, %%ymm6\n"
-         "vpbroadcastd 4(%0), %%ymm3\n vpmaddubsw %%ymm3, %%ymm1, %%ymm3\n vpaddw %%ymm3, %%ymm7, %%ymm7\n"
-         "vpbroadcastd 8(%0), %%ymm4\n vpmaddubsw %%ymm4, %%ymm1, %%ymm4\n vpaddw %%ymm4, %%ymm8, %%ymm8\n"
-         "vpbroadcastd 12(%0), %%ymm5\n vpmaddubsw %%ymm5, %%ymm1, %%ymm5\n vpaddw %%ymm5, %%ymm9, %%ymm9\n",
-         "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9")
-    return 0;
-}
-"""
-KINDS = {  # what each line measures, per nanosecond of one core
-    "clock": "dependent adds (one a cycle): the clock, GHz",
-    "vpmaddubsw": "vpmaddubsw alone",
-    "vpaddw": "vpaddw alone",
-    "vpmaddwd": "vpmaddwd alone",
-    "product": "vpmaddubsw + its vpaddw (a product of 32 weights and int8s, summed in int16)",
-    "broadcast_product": "the same after the token's group broadcast from memory (the kernel's inner loop)",
-}
+    const long n = 100000000;
+    double t;
+""" + "\n".join(loops) + "\n    return 0;\n}\n"
 
 
 def rates() -> dict[str, float]:
@@ -70,9 +60,9 @@ def rates() -> dict[str, float]:
     if compiler is None:
         raise SystemExit("pipes: no C++ compiler found (set CXX, or install g++)")
     with tempfile.TemporaryDirectory() as tmp:
-        source, binary = Path(tmp) / "pipes.c", Path(tmp) / "pipes"
-        source.write_text(SOURCE)
-        subprocess.run([compiler, "-x", "c", "-O2", "-mavx2", str(source), "-o", str(binary)], check=True)
+        program, binary = Path(tmp) / "pipes.c", Path(tmp) / "pipes"
+        program.write_text(source())
+        subprocess.run([compiler, "-x", "c", "-O2", "-mavx2", str(program), "-o", str(binary)], check=True)
         out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
     return {name: float(value) for name, value in (line.split() for line in out.splitlines())}
 
@@ -101,12 +91,13 @@ def main() -> None:
     args = parser.parse_args()
     measured = rates()
     clock = measured["clock"]
-    result = {"machine": machine(), "per_ns": measured,
+    where = machine()
+    result = {"machine": where, "per_ns": measured,
               "per_cycle": {k: v / clock for k, v in measured.items() if k != "clock"}, "cores": args.cores}
-    lines = [f"# The 256-bit pipes' limit on the int8 products ({machine()})", "",
+    lines = [f"# The 256-bit pipes' limit on the int8 products ({where})", "",
              "`python -m benchmarks.cpu.pipes`: one core, loops of 32 independent instructions compiled with "
              "`-mavx2` (no VNNI, no AVX-512).", "", "| instruction(s) | per ns, one core | per cycle |", "| --- | --- | --- |"]
-    lines += [f"| {KINDS[k]} | {v:.2f} | {'—' if k == 'clock' else f'{v / clock:.2f}'} |" for k, v in measured.items()]
+    lines += [f"| {LINES[k][0]} | {v:.2f} | {'—' if k == 'clock' else f'{v / clock:.2f}'} |" for k, v in measured.items()]
     if args.model:
         weights = model_weights(args.model)
         products = sum(weights.values()) * args.tokens / 32

@@ -81,11 +81,12 @@ def step_costs(llm: LLM) -> dict:
     on steps it sat out (a prompt's among them), each also as a share of the plain step."""
     costs = llm.engine.policy.costs
     plain = costs.verify_seconds(1, 1)
-    per_token = {source: {"draft_token_s": timings.seconds, "draft_token_over_plain_step": timings.seconds / plain}
-                 for source, timings in costs.drafting.items()}
-    for source, timings in costs.catch_up.items():
-        per_token.setdefault(source, {}).update(catch_up_token_s=timings.seconds,
-                                                 catch_up_token_over_plain_step=timings.seconds / plain)
+    per_token: dict[str, dict] = {}
+    for name, priced, measured in (("draft_token", costs.draft_seconds, costs.drafting),
+                                   ("catch_up_token", costs.catch_up_seconds, costs.catch_up)):
+        for source in measured:  # the sources it has timings of
+            seconds = priced(source, 1)
+            per_token.setdefault(source, {}).update({f"{name}_s": seconds, f"{name}_over_plain_step": seconds / plain})
     return {"plain_step_s": plain, "sources": per_token}
 
 

@@ -161,3 +161,23 @@ def test_speedups_after_the_first_token_are_medians_of_decode_rates_where_every_
     # prose holds the first two rows of each: medians 32 and 10; the Hugging Face methods report none
     table = md[md.index("## After the first token"):md.index("## code")]
     assert "| specdraft-ngram | 3.33x (40.0) | 3.20x (32.0) |" in table and "hf-generate" not in table
+
+
+def test_step_costs_are_the_cost_models_per_token_prices_against_its_plain_step():
+    from types import SimpleNamespace
+
+    from benchmarks.domains.run import step_costs
+    from specdraft.policy.costs import CostModel
+
+    costs = CostModel()
+    costs.observe_verify(1, 1, 0.020)
+    costs.observe_draft("model", 1, 0.008)
+    costs.observe_catch_up("model", 100, 0.300)
+    costs.observe_catch_up("hybrid/model", 10, 0.040)  # caught up, never drafted
+    llm = SimpleNamespace(engine=SimpleNamespace(policy=SimpleNamespace(costs=costs)))
+    measured = step_costs(llm)
+    assert measured["plain_step_s"] == pytest.approx(0.020)
+    assert measured["sources"]["model"] == pytest.approx({"draft_token_s": 0.008, "draft_token_over_plain_step": 0.4,
+                                                          "catch_up_token_s": 0.003, "catch_up_token_over_plain_step": 0.15})
+    assert measured["sources"]["hybrid/model"] == pytest.approx({"catch_up_token_s": 0.004,
+                                                                 "catch_up_token_over_plain_step": 0.2})
